@@ -1,0 +1,437 @@
+"""`python -m client bench`: load the server, measure it with vLLM's definitions.
+
+Modes (one sweep per run):
+
+* concurrency sweep (``--concurrency 1,4,16``): all requests are released at once and at
+  most N are in flight (vLLM's ``--max-concurrency`` with an infinite request rate);
+* request-rate sweep (``--request-rate 1,2,4``): arrivals are a gamma process with shape
+  ``--burstiness`` (1 = Poisson), exactly vLLM's ``get_request``; ``--max-concurrency``
+  optionally caps what is in flight;
+* ``--one-at-a-time``: strictly sequential requests, the way the original article served.
+
+Every request streams. Token counts: the OpenAI routes are asked for
+``stream_options.include_usage`` and give exact ``prompt_tokens``/``completion_tokens``.
+The predict route's stream is text only, so after each sweep point (off the clock) every
+request is replayed once without streaming, with the same greedy sampling and seed; when
+the replay's text equals the streamed text its ``usage`` is the request's exact count
+(``output_tokens_source: "replay"``), otherwise the number of text chunks is used and the
+record says ``"chunks"``. The predict route is driven with ``streaming_interval=1`` so
+each chunk is one step of generation and ITL is per token (a chunk may still hold more
+than one token when the server holds back an incomplete character or a possible stop
+string, or when two chunks arrive in one network read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from client.client import DEFAULT_URL, AsyncClient
+from client.datasets import PromptItem, fit_length, load_prompts, synthetic_prompts
+from client.errors import ClientError
+from client.metrics import RequestRecord, compute_metrics, parse_slos
+from client.types import Api, SamplingParams
+
+
+@dataclass
+class BenchConfig:
+    url: str = DEFAULT_URL
+    backend: Api = "predict"
+    model: str | None = None
+    chat: bool = False
+    dataset: str | None = None
+    num_prompts: int = 50
+    input_len: int = 128
+    output_len: int = 128
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    request_rate: list[float] | None = None
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    one_at_a_time: bool = False
+    warmup: int = 2
+    seed: int = 0
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    streaming_interval: int = 1
+    slos: dict[str, float] = field(default_factory=dict)
+    percentiles: list[float] = field(default_factory=lambda: [50.0, 90.0, 99.0])
+    token_count: str = "replay"
+    timeout: float = 600.0
+    retries: int = 0
+    ready_timeout: float = 0.0
+    out: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class Point:
+    label: str
+    mode: str
+    concurrency: int | None
+    request_rate: float | None
+    burstiness: float | None
+
+
+class Progress:
+    """A plain progress bar on stderr."""
+
+    def __init__(self, total: int, label: str, enabled: bool = True) -> None:
+        self.total, self.label, self.enabled = total, label, enabled
+        self.done = self.failed = 0
+        self.start = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+        self._last_line = -1
+
+    def update(self, ok: bool) -> None:
+        self.done += 1
+        self.failed += 0 if ok else 1
+        if not self.enabled:
+            return
+        step = max(1, self.total // 10)
+        if self.tty or self.done == self.total or self.done // step != self._last_line:
+            self._last_line = self.done // step
+            width = 30
+            filled = int(width * self.done / max(1, self.total))
+            bar = "#" * filled + "-" * (width - filled)
+            end = "\r" if self.tty and self.done < self.total else "\n"
+            sys.stderr.write(
+                f"{self.label:>16} [{bar}] {self.done}/{self.total} "
+                f"failed={self.failed} {time.perf_counter() - self.start:6.1f}s{end}"
+            )
+            sys.stderr.flush()
+
+
+def sampling_for(cfg: BenchConfig, item: PromptItem) -> SamplingParams:
+    """Deterministic by default: greedy (top_k=1 on predict, temperature 0 on OpenAI
+    servers, as vLLM's benchmark sends) with a fixed seed."""
+    out_len = item.output_len or cfg.output_len
+    if cfg.backend == "predict":
+        return SamplingParams(
+            max_new_tokens=out_len,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k if cfg.top_k is not None else 1,
+            top_p=cfg.top_p,
+            seed=cfg.seed,
+            streaming_interval=cfg.streaming_interval,
+        )
+    return SamplingParams(
+        max_new_tokens=out_len,
+        temperature=cfg.temperature if cfg.temperature is not None else 0.0,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        seed=cfg.seed,
+    )
+
+
+def arrival_gaps(n: int, rate: float, burstiness: float, rng: random.Random) -> list[float]:
+    """Seconds to wait before each of n requests: vLLM's ``get_request``. The first goes
+    at once; each gap after it is Gamma(shape=burstiness, scale=1/(rate*burstiness)), so
+    the mean rate is ``rate`` and burstiness 1 is a Poisson process."""
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError("rate and burstiness must be positive")
+    if rate == float("inf"):
+        return [0.0] * n
+    theta = 1.0 / (rate * burstiness)
+    return [0.0] + [rng.gammavariate(burstiness, theta) for _ in range(max(0, n - 1))]
+
+
+async def timed_request(client: AsyncClient, cfg: BenchConfig, item: PromptItem, index: int,
+                        run_start: float) -> RequestRecord:
+    """One streamed request timed the way vLLM's request functions time it."""
+    record = RequestRecord(index=index)
+    sampling = sampling_for(cfg, item)
+    start = time.perf_counter()
+    record.start = start - run_start
+    pieces: list[str] = []
+    try:
+        stream = await client.stream(item.prompt, messages=item.messages, sampling=sampling)
+        last = start
+        async for piece in stream:
+            now = time.perf_counter()
+            if not pieces:
+                record.ttft = now - start
+            else:
+                record.itl.append(now - last)
+            last = now
+            pieces.append(piece)
+        record.latency = time.perf_counter() - start
+        if not pieces:
+            record.ttft = record.latency  # nothing streamed: the answer's end is its first byte
+        record.generated_text = "".join(pieces)
+        record.chunks = len(pieces)
+        record.finish_reason = stream.finish_reason
+        if stream.usage is not None:
+            record.prompt_tokens = stream.usage.prompt_tokens
+            record.output_tokens = stream.usage.completion_tokens
+            record.output_tokens_source = "usage"
+        else:
+            record.output_tokens = len(pieces)
+            record.output_tokens_source = "chunks"
+        record.success = True
+    except ClientError as exc:
+        record.latency = time.perf_counter() - start
+        record.error = f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a benchmark records every failure and goes on
+        record.latency = time.perf_counter() - start
+        record.error = f"{type(exc).__name__}: {exc}"
+    return record
+
+
+async def replay_counts(client: AsyncClient, cfg: BenchConfig, items: Sequence[PromptItem],
+                        records: list[RequestRecord], parallel: int) -> None:
+    """Predict route: exact token counts from a non-streaming replay of each request."""
+    sem = asyncio.Semaphore(max(1, parallel))
+
+    async def one(item: PromptItem, record: RequestRecord) -> None:
+        if not record.success:
+            return
+        sampling = sampling_for(cfg, item)
+        async with sem:
+            try:
+                done = await client.predict(item.prompt, messages=item.messages, sampling=sampling)
+            except ClientError as exc:
+                record.error = f"replay failed ({exc}); output_tokens counted from chunks"
+                return
+        if done.usage is None:
+            return
+        record.prompt_tokens = done.usage.prompt_tokens
+        if done.output == record.generated_text:
+            record.output_tokens = done.usage.completion_tokens
+            record.output_tokens_source = "replay"
+            record.finish_reason = record.finish_reason or done.finish_reason
+        else:
+            record.error = "replay text differs from the stream; output_tokens counted from chunks"
+
+    await asyncio.gather(*(one(i, r) for i, r in zip(items, records, strict=True)))
+
+
+async def run_point(client: AsyncClient, cfg: BenchConfig, items: Sequence[PromptItem],
+                    point: Point) -> tuple[list[RequestRecord], float]:
+    """Send every item under the point's load; return the records and the run's duration."""
+    progress = Progress(len(items), point.label, cfg.progress)
+    limit = point.concurrency if point.mode != "rate" else cfg.max_concurrency
+    sem = asyncio.Semaphore(limit) if limit else None
+
+    async def limited(i: int, item: PromptItem, run_start: float) -> RequestRecord:
+        if sem is None:
+            record = await timed_request(client, cfg, item, i, run_start)
+        else:
+            async with sem:
+                record = await timed_request(client, cfg, item, i, run_start)
+        progress.update(record.success)
+        return record
+
+    run_start = time.perf_counter()
+    if point.mode == "sequential":
+        records = []
+        for i, item in enumerate(items):
+            record = await timed_request(client, cfg, item, i, run_start)
+            progress.update(record.success)
+            records.append(record)
+    else:
+        gaps = (arrival_gaps(len(items), point.request_rate, cfg.burstiness,
+                             random.Random(cfg.seed))
+                if point.mode == "rate" and point.request_rate else [0.0] * len(items))
+        tasks: list[asyncio.Task[RequestRecord]] = []
+        for i, item in enumerate(items):
+            if gaps[i] > 0:
+                await asyncio.sleep(gaps[i])
+            tasks.append(asyncio.create_task(limited(i, item, run_start)))
+        records = list(await asyncio.gather(*tasks))
+    duration = time.perf_counter() - run_start
+    return records, duration
+
+
+def sweep_points(cfg: BenchConfig) -> list[Point]:
+    if cfg.one_at_a_time:
+        return [Point("one-at-a-time", "sequential", 1, None, None)]
+    if cfg.request_rate:
+        return [Point(f"rate={r:g}/s", "rate", cfg.max_concurrency, r, cfg.burstiness)
+                for r in cfg.request_rate]
+    return [Point(f"concurrency={c}", "concurrency", c, None, None) for c in cfg.concurrency]
+
+
+async def prepare_prompts(client: AsyncClient, cfg: BenchConfig) -> tuple[list[PromptItem], dict[str, Any]]:
+    rng = random.Random(cfg.seed)
+    info: dict[str, Any] = {}
+    if cfg.dataset:
+        pool = load_prompts(cfg.dataset, chat=cfg.chat)
+        items = [pool[i % len(pool)] for i in range(cfg.num_prompts)]
+        info["source"] = cfg.dataset
+        return items, info
+
+    async def count_tokens(text: str) -> int:
+        kw: dict[str, Any] = ({"messages": [{"role": "user", "content": text}]} if cfg.chat
+                              else {"prompt": text})
+        done = await client.predict(**kw, sampling=SamplingParams(max_new_tokens=1, seed=cfg.seed))
+        if done.usage is None:
+            raise ClientError("the server sent no usage; cannot size synthetic prompts")
+        return done.usage.prompt_tokens
+
+    fit = await fit_length(count_tokens, cfg.input_len, rng)
+    items = synthetic_prompts(cfg.num_prompts, fit, cfg.input_len, cfg.output_len, rng, cfg.chat)
+    info.update(source="synthetic", words=fit.words_for(cfg.input_len),
+                fit_overhead_tokens=fit.overhead, fit_tokens_per_word=fit.per_word)
+    return items, info
+
+
+def format_report(label: str, m: dict[str, Any]) -> str:
+    """A text table in the layout of vLLM's benchmark_serving output."""
+    def f(v: Any, spec: str = ".2f") -> str:
+        return "n/a" if v is None else format(v, spec)
+
+    lines = [f"{' ' + label + ' ':=^56}",
+             f"{'Successful requests:':<40} {m['completed']}",
+             f"{'Failed requests:':<40} {m['failed']}",
+             f"{'Benchmark duration (s):':<40} {f(m['duration_s'])}",
+             f"{'Total input tokens:':<40} {m['total_input_tokens']}",
+             f"{'Total generated tokens:':<40} {m['total_output_tokens']}",
+             f"{'Request throughput (req/s):':<40} {f(m['request_throughput'])}",
+             f"{'Output token throughput (tok/s):':<40} {f(m['output_throughput'])}",
+             f"{'Total token throughput (tok/s):':<40} {f(m['total_token_throughput'])}"]
+    if m.get("request_goodput") is not None:
+        lines.append(f"{'Request goodput (req/s):':<40} {f(m['request_goodput'])}")
+    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
+              "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    for key, title in titles.items():
+        lines.append(f"{' ' + title + ' ':-^56}")
+        for stat in ("mean", "median", "p90", "p99"):
+            name = f"{stat}_{key}_ms"
+            if name in m:
+                lines.append(f"{(stat.capitalize() if stat in ('mean', 'median') else stat.upper()) + ' ' + key.upper() + ' (ms):':<40} {f(m[name])}")
+    lines.append("=" * 56)
+    return "\n".join(lines)
+
+
+async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    points = sweep_points(cfg)
+    max_in_flight = max([p.concurrency or 0 for p in points] + [cfg.max_concurrency or 0, 1])
+    async with AsyncClient(cfg.url, timeout=cfg.timeout, retries=cfg.retries, api=cfg.backend,
+                           model=cfg.model, max_connections=max(64, max_in_flight * 2)) as client:
+        if cfg.ready_timeout > 0:
+            await client.wait_until_ready(cfg.ready_timeout)
+        items, prompt_info = await prepare_prompts(client, cfg)
+        if cfg.warmup > 0:
+            warm = Point("warmup", "concurrency", min(cfg.warmup, max_in_flight), None, None)
+            warm_records, _ = await run_point(client, cfg, items[: cfg.warmup] or items[:1], warm)
+            failed = [r.error for r in warm_records if not r.success]
+            if len(failed) == len(warm_records):
+                raise ClientError(f"every warm-up request failed: {failed[0]}")
+        runs: list[dict[str, Any]] = []
+        for point in points:
+            records, duration = await run_point(client, cfg, items, point)
+            if cfg.backend == "predict" and cfg.token_count == "replay":
+                await replay_counts(client, cfg, items, records, point.concurrency or 16)
+            metrics = compute_metrics(records, duration, cfg.slos, cfg.percentiles)
+            sources: dict[str, int] = {}
+            for r in records:
+                if r.success:
+                    sources[r.output_tokens_source] = sources.get(r.output_tokens_source, 0) + 1
+            metrics["output_tokens_sources"] = sources
+            runs.append({**asdict(point), "metrics": metrics,
+                         "requests": [r.to_dict() for r in records]})
+            print(format_report(point.label, metrics), flush=True)
+    return {"config": asdict(cfg), "model": client.model, "prompts": prompt_info,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs}
+
+
+def write_results(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    written = [path]
+    from client.plots import plot_sweep
+
+    written += plot_sweep(results, out)
+    return written
+
+
+def _csv(kind: type, text: str) -> list[Any]:
+    return [kind(x) for x in text.replace(" ", "").split(",") if x]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default=DEFAULT_URL, help="server base URL (default %(default)s)")
+    p.add_argument("--backend", choices=["predict", "openai"], default="predict",
+                   help="predict: our Truss route; openai: /v1/completions (or chat) of any "
+                        "OpenAI-compatible server (ours, trtllm-serve, vLLM)")
+    p.add_argument("--model", help="model name for OpenAI servers (default: first of GET /v1/models)")
+    p.add_argument("--chat", action="store_true", help="send prompts as chat messages")
+    p.add_argument("--dataset", help="prompt file: one prompt per line, or JSONL with prompt/messages")
+    p.add_argument("--num-prompts", type=int, default=50, help="requests per sweep point")
+    p.add_argument("--input-len", type=int, default=128, help="synthetic prompt length in server tokens")
+    p.add_argument("--output-len", type=int, default=128, help="max new tokens per request")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", default="1", help="comma list, e.g. 1,4,16 (default 1)")
+    load.add_argument("--request-rate", help="comma list of requests/s (gamma/Poisson arrivals)")
+    load.add_argument("--one-at-a-time", action="store_true",
+                      help="strictly sequential requests (the article's way of serving)")
+    p.add_argument("--burstiness", type=float, default=1.0,
+                   help="gamma shape of inter-arrival times: 1 Poisson, <1 burstier, >1 steadier")
+    p.add_argument("--max-concurrency", type=int, help="cap on in-flight requests in rate mode")
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests before measuring")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--streaming-interval", type=int, default=1, help="predict route only")
+    p.add_argument("--slo", nargs="*", default=[], metavar="NAME:MS",
+                   help="goodput SLOs, e.g. --slo ttft:500 tpot:50 (names: ttft, tpot, e2el)")
+    p.add_argument("--percentiles", default="50,90,99")
+    p.add_argument("--token-count", choices=["replay", "chunks"], default="replay",
+                   help="predict route: exact counts from a non-streaming replay (default), "
+                        "or the number of streamed chunks")
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--retries", type=int, default=0, help="retries per request (default 0)")
+    p.add_argument("--wait-ready", type=float, default=0.0, metavar="SECONDS",
+                   help="first wait up to this long for GET /v1/models/model to answer 200")
+    p.add_argument("--out", help="directory for results.json and plots")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    if args.burstiness <= 0:
+        raise ValueError("--burstiness must be positive")
+    return BenchConfig(
+        url=args.url, backend=args.backend, model=args.model, chat=args.chat,
+        dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
+        output_len=args.output_len, concurrency=_csv(int, args.concurrency or "1"),
+        request_rate=_csv(float, args.request_rate) if args.request_rate else None,
+        burstiness=args.burstiness, max_concurrency=args.max_concurrency,
+        one_at_a_time=args.one_at_a_time, warmup=args.warmup, seed=args.seed,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        streaming_interval=args.streaming_interval, slos=parse_slos(args.slo),
+        percentiles=_csv(float, args.percentiles), token_count=args.token_count,
+        timeout=args.timeout, retries=args.retries, ready_timeout=args.wait_ready,
+        out=args.out, progress=not args.no_progress,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m client bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        p.error(str(exc))
+    try:
+        results = asyncio.run(run_bench(cfg))
+    except ClientError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if cfg.out:
+        for path in write_results(results, cfg.out):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0

@@ -1,0 +1,387 @@
+"""The PyTorch engine: a transformers causal LM with in-flight (continuous) batching.
+
+Used for the dev model on CPU and as the fallback on GPUs without a TensorRT-LLM engine.
+One background thread owns the model and runs steps; every step it
+  1. drops aborted requests,
+  2. admits waiting requests (up to `max_batch_size` sequences and `max_num_tokens`
+     prompt tokens a step) and prefills them together, left-padded,
+  3. decodes one token for every running sequence in one forward pass,
+so a request joins and leaves the running batch at any step instead of waiting for a
+batch to drain. Sequences of different lengths share one left-padded KV cache; joining
+pads the shorter side, leaving trims columns that are padding for every row.
+
+Sampling is ours, per request (temperature, top-k, top-p, seed, repetition / presence /
+frequency penalties), because transformers' own continuous-batching manager takes one
+generation config for all requests. Measured choice: see docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import inspect
+import logging
+import random
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from mistral_serving.engines.base import (
+    EngineError,
+    EngineInfo,
+    EngineLimits,
+    EngineRequestError,
+    FinishReason,
+    SamplingOptions,
+    TokenDelta,
+)
+from mistral_serving.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class _Sequence:
+    request_id: str
+    prompt: list[int]
+    sampling: SamplingOptions
+    max_new_tokens: int
+    emit: Callable[[TokenDelta | BaseException], None]
+    generator: torch.Generator
+    generated: list[int] = field(default_factory=list)
+    stop_ids: frozenset[int] = frozenset()
+
+
+def pick_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise EngineError("device=cuda but no CUDA GPU is visible (check nvidia.com/gpu limits)")
+    return torch.device(setting)
+
+
+def pick_dtype(setting: str, device: torch.device) -> torch.dtype:
+    if setting != "auto":
+        return _DTYPES[setting]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+class TorchEngine:
+    def __init__(self, model, eos_token_id: int, limits: EngineLimits, max_num_tokens: int) -> None:
+        self._model = model
+        self._device = next(model.parameters()).device
+        self.eos_token_id = eos_token_id
+        self.limits = limits
+        self.info = EngineInfo(
+            "pytorch",
+            {"device": str(self._device), "dtype": str(next(model.parameters()).dtype),
+             "max_batch_size": limits.max_batch_size, "max_num_tokens": max_num_tokens},
+        )
+        self._max_num_tokens = max_num_tokens
+        # transformers 5.x names the KV cache argument `cache`; 4.57 (the TensorRT-LLM
+        # image's pin) calls it `past_key_values`.
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._lock = threading.Lock()
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._aborted: set[str] = set()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self._fatal: BaseException | None = None
+        # Running batch (engine thread only).
+        self._running: list[_Sequence] = []
+        self._cache = None  # a transformers DynamicCache: per layer [B, H, T, D]
+        self._mask = torch.zeros((0, 0), dtype=torch.long, device=self._device)
+        self._last = torch.zeros(0, dtype=torch.long, device=self._device)
+        self._pos = torch.zeros(0, dtype=torch.long, device=self._device)
+        self._thread = threading.Thread(target=self._run, name="torch-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_pretrained(cls, model_dir: Path, settings: Settings, eos_token_id: int) -> TorchEngine:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        device = pick_device(settings.device)
+        dtype = pick_dtype(settings.torch_dtype, device)
+        config = AutoConfig.from_pretrained(str(model_dir))
+        positions = int(getattr(config, "max_position_embeddings", 0) or 0)
+        if positions < 2:
+            raise EngineError(f"{model_dir}/config.json has no usable max_position_embeddings")
+        max_seq = min(positions, settings.max_seq_len or positions)
+        max_input = min(settings.max_input_len or max_seq - 1, max_seq - 1)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        model = model.to(device).eval()
+        return cls(model, eos_token_id, EngineLimits(max_input, max_seq, settings.max_batch_size),
+                   settings.max_num_tokens)
+
+    # ---- the async interface (event loop side) ----
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
+    ) -> AsyncIterator[TokenDelta]:
+        if self._fatal is not None or self._closing.is_set():
+            raise EngineError("the PyTorch engine is not running")
+        if not prompt_ids or len(prompt_ids) > self.limits.max_input_len:
+            raise EngineRequestError(
+                f"prompt has {len(prompt_ids)} tokens; this engine accepts 1 to "
+                f"{self.limits.max_input_len}"
+            )
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
+
+        def emit(item: TokenDelta | BaseException) -> None:
+            # A closed loop means nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        room = self.limits.max_seq_len - len(prompt_ids)
+        gen = torch.Generator(device=self._device)
+        gen.manual_seed(sampling.seed if sampling.seed is not None else random.getrandbits(63))
+        seq = _Sequence(
+            request_id, list(prompt_ids), sampling, min(sampling.max_new_tokens, room), emit,
+            gen, stop_ids=frozenset((self.eos_token_id, *sampling.stop_token_ids)),
+        )
+        with self._lock:
+            self._waiting.append(seq)
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise EngineError(f"PyTorch engine failed: {item!r}") from item
+                if item.finish_reason is not None:
+                    finished = True
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:  # the consumer went away (client disconnect): free the slot
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self._aborted.add(request_id)
+        self._wake.set()
+
+    def is_healthy(self) -> bool:
+        return self._fatal is None and self._thread.is_alive()
+
+    def shutdown(self) -> None:
+        self._closing.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # ---- the engine thread ----
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while not self._closing.is_set():
+                    self._drop_aborted()
+                    admitted = self._admit()
+                    if admitted:
+                        self._prefill(admitted)
+                    if self._running:
+                        self._decode()
+                    elif not admitted:
+                        self._wake.wait(0.1)
+                        self._wake.clear()
+            self._fail_all(EngineError("the engine shut down"))
+        except BaseException as exc:  # noqa: BLE001 - any failure here ends the engine
+            log.exception("PyTorch engine loop died")
+            self._fatal = exc
+            self._fail_all(exc)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        with self._lock:
+            waiting, self._waiting = list(self._waiting), collections.deque()
+        for seq in [*self._running, *waiting]:
+            seq.emit(exc)
+        self._running = []
+
+    def _drop_aborted(self) -> None:
+        with self._lock:
+            if not self._aborted:
+                return
+            aborted, self._aborted = self._aborted, set()
+            for seq in [s for s in self._waiting if s.request_id in aborted]:
+                self._waiting.remove(seq)
+                seq.emit(TokenDelta([], "abort"))
+        keep = []
+        for i, seq in enumerate(self._running):
+            if seq.request_id in aborted:
+                seq.emit(TokenDelta([], "abort"))
+            else:
+                keep.append(i)
+        if len(keep) != len(self._running):
+            self._select(keep)
+
+    def _admit(self) -> list[_Sequence]:
+        admitted: list[_Sequence] = []
+        budget = self._max_num_tokens
+        with self._lock:
+            while self._waiting and len(self._running) + len(admitted) < self.limits.max_batch_size:
+                need = len(self._waiting[0].prompt)
+                if admitted and need > budget:
+                    break
+                budget -= need
+                admitted.append(self._waiting.popleft())
+        return admitted
+
+    def _prefill(self, seqs: list[_Sequence]) -> None:
+        width = max(len(s.prompt) for s in seqs)
+        ids = torch.zeros((len(seqs), width), dtype=torch.long, device=self._device)
+        mask = torch.zeros_like(ids)
+        for row, seq in enumerate(seqs):
+            ids[row, width - len(seq.prompt):] = torch.tensor(seq.prompt, device=self._device)
+            mask[row, width - len(seq.prompt):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self._model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                          use_cache=True, logits_to_keep=1, **{self._cache_arg: _new_cache([])})
+        kv = _cache_tensors(out[self._cache_arg])
+        lengths = torch.tensor([len(s.prompt) for s in seqs], device=self._device)
+        self._join(seqs, kv, mask, lengths)
+        self._advance(seqs, out.logits[:, -1, :], first_row=len(self._running) - len(seqs))
+
+    def _decode(self) -> None:
+        ones = torch.ones((len(self._running), 1), dtype=torch.long, device=self._device)
+        self._mask = torch.cat([self._mask, ones], dim=1)
+        # The cache grows in place.
+        out = self._model(input_ids=self._last[:, None], attention_mask=self._mask,
+                          position_ids=self._pos[:, None], use_cache=True,
+                          **{self._cache_arg: self._cache})
+        self._pos = self._pos + 1
+        self._advance(list(self._running), out.logits[:, -1, :], first_row=0)
+
+    def _advance(self, seqs: list[_Sequence], logits: torch.Tensor, first_row: int) -> None:
+        """Sample the next token of `seqs` (rows first_row.. of the batch) and deliver it."""
+        tokens = sample_next_tokens(logits.float(), seqs)
+        finished_rows = []
+        for offset, (seq, token) in enumerate(zip(seqs, tokens)):
+            row = first_row + offset
+            reason: FinishReason | None = None
+            if token in seq.stop_ids:
+                reason = "stop"
+                seq.emit(TokenDelta([], reason))
+            else:
+                seq.generated.append(token)
+                if len(seq.generated) >= seq.max_new_tokens:
+                    reason = "length"
+                seq.emit(TokenDelta([token], reason))
+            self._last[row] = token
+            if reason is not None:
+                finished_rows.append(row)
+        if finished_rows:
+            done = set(finished_rows)
+            self._select([i for i in range(len(self._running)) if i not in done])
+
+    # ---- the shared, left-padded batch ----
+
+    def _join(self, seqs, kv, mask, lengths) -> None:
+        if not self._running:
+            self._running, self._cache, self._mask = list(seqs), _new_cache(kv), mask
+            self._pos = lengths
+            self._last = torch.zeros(len(seqs), dtype=torch.long, device=self._device)
+            return
+        old_width, new_width = self._mask.shape[1], mask.shape[1]
+        width = max(old_width, new_width)
+
+        def left_pad(t: torch.Tensor, n: int, dim_from_end: int) -> torch.Tensor:
+            return F.pad(t, (0, 0) * dim_from_end + (n, 0)) if n else t
+
+        self._cache = _new_cache([
+            (torch.cat([left_pad(ok, width - old_width, 1), left_pad(nk, width - new_width, 1)]),
+             torch.cat([left_pad(ov, width - old_width, 1), left_pad(nv, width - new_width, 1)]))
+            for (ok, ov), (nk, nv) in zip(_cache_tensors(self._cache), kv)
+        ])
+        self._mask = torch.cat([left_pad(self._mask, width - old_width, 0),
+                                left_pad(mask, width - new_width, 0)])
+        self._pos = torch.cat([self._pos, lengths])
+        self._last = torch.cat([self._last, torch.zeros(len(seqs), dtype=torch.long,
+                                                        device=self._device)])
+        self._running.extend(seqs)
+
+    def _select(self, rows: list[int]) -> None:
+        """Keep only these rows of the batch, then drop columns no row needs."""
+        self._running = [self._running[i] for i in rows]
+        if not rows:
+            self._cache, self._last, self._pos = None, self._last[:0], self._pos[:0]
+            self._mask = self._mask[:0, :0]
+            return
+        index = torch.tensor(rows, device=self._device)
+        mask = self._mask.index_select(0, index)
+        used = mask.any(dim=0).nonzero()
+        start = int(used[0]) if len(used) else 0
+        self._mask = mask[:, start:]
+        self._cache = _new_cache([
+            (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
+            for k, v in _cache_tensors(self._cache)
+        ])
+        self._last = self._last.index_select(0, index)
+        self._pos = self._pos.index_select(0, index)
+
+
+def _new_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]):
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    for layer, (k, v) in enumerate(kv):
+        cache.update(k, v, layer)
+    return cache
+
+
+def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def sample_next_tokens(logits: torch.Tensor, seqs: list[_Sequence]) -> list[int]:
+    """One token per row, each row with its own request's sampling options."""
+    plain_greedy = [i for i, s in enumerate(seqs) if s.sampling.greedy and not _penalized(s.sampling)]
+    sampled = set(range(len(seqs))) - set(plain_greedy)
+    tokens: list[int] = [0] * len(seqs)
+    if plain_greedy:
+        index = torch.tensor(plain_greedy, device=logits.device)
+        for i, tok in zip(plain_greedy, logits.index_select(0, index).argmax(-1).tolist()):
+            tokens[i] = tok
+    for i in sorted(sampled):
+        tokens[i] = _sample_row(logits[i].clone(), seqs[i])
+    return tokens
+
+
+def _penalized(s: SamplingOptions) -> bool:
+    return s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+
+
+def _sample_row(row: torch.Tensor, seq: _Sequence) -> int:
+    opts = seq.sampling
+    if opts.repetition_penalty != 1.0:  # HF semantics: over prompt and output tokens
+        seen = torch.tensor(sorted(set(seq.prompt) | set(seq.generated)), device=row.device)
+        scores = row[seen]
+        row[seen] = torch.where(scores < 0, scores * opts.repetition_penalty,
+                                scores / opts.repetition_penalty)
+    if seq.generated and (opts.presence_penalty or opts.frequency_penalty):  # OpenAI semantics
+        ids, counts = torch.tensor(seq.generated, device=row.device).unique(return_counts=True)
+        row[ids] -= opts.presence_penalty + opts.frequency_penalty * counts.to(row.dtype)
+    if opts.greedy:
+        return int(row.argmax())
+    row = row / opts.temperature
+    if 0 < opts.top_k < row.numel():
+        kth = torch.topk(row, opts.top_k).values[-1]
+        row = row.masked_fill(row < kth, float("-inf"))
+    if 0.0 < opts.top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > opts.top_p  # keep the smallest set reaching top_p
+        row = row.scatter(0, order[drop], float("-inf"))
+    probs = row.softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=seq.generator))

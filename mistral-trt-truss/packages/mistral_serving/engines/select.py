@@ -1,0 +1,35 @@
+"""Start the engine the artifact calls for (or the one settings force)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mistral_serving.artifacts import ArtifactError, ArtifactKind
+from mistral_serving.engines.base import Engine
+from mistral_serving.settings import Settings
+from mistral_serving.tokenizer import Tokenizer
+
+
+def engine_name_for(kind: ArtifactKind, setting: str) -> str:
+    wanted = {"trtllm_engine": "tensorrt_llm", "hf_checkpoint": "pytorch"}[kind]
+    if setting not in ("auto", wanted):
+        raise ArtifactError(
+            f"engine={setting} but the artifact is a "
+            f"{'TensorRT-LLM engine' if kind == 'trtllm_engine' else 'Hugging Face checkpoint'}; "
+            + ("build an engine from it with `python build.py engine`"
+               if kind == "hf_checkpoint" else "set engine=auto or serve a checkpoint")
+        )
+    return wanted
+
+
+def start_engine(artifact_dir: Path, kind: ArtifactKind, settings: Settings,
+                 tokenizer: Tokenizer) -> Engine:
+    if engine_name_for(kind, settings.engine) == "tensorrt_llm":
+        from mistral_serving.engines.trtllm import TrtLlmEngine
+
+        return TrtLlmEngine.load(artifact_dir, settings, eos_token_id=tokenizer.eos_id,
+                                 pad_token_id=tokenizer.eos_id,
+                                 tokenizer_vocab_size=tokenizer.vocab_size)
+    from mistral_serving.engines.pytorch import TorchEngine
+
+    return TorchEngine.from_pretrained(artifact_dir, settings, tokenizer.eos_id)

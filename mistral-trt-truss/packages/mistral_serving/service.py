@@ -1,0 +1,198 @@
+"""The generation service: request in, text out, on whatever engine was started.
+
+`model/model.py` (the Truss adapter) and the OpenAI routes call this; it owns no HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from mistral_serving.artifacts import artifact_kind, check_manifest, resolve_artifact
+from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
+from mistral_serving.engines.base import Engine, EngineRequestError, SamplingOptions
+from mistral_serving.engines.select import start_engine
+from mistral_serving.manifest import BuildManifest
+from mistral_serving.schema import PredictRequest, describe_validation_error
+from mistral_serving.settings import Settings
+from mistral_serving.streaming import TextStream
+from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class RequestError(ValueError):
+    """The client's request cannot be served as asked: a 4xx with this message."""
+
+    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """A validated request in engine terms, whichever route it came from."""
+
+    prompt_ids: list[int]
+    sampling: SamplingOptions
+    stop: tuple[str, ...] = ()
+    interval: int = 1  # tokens per streamed chunk
+
+
+@dataclass
+class Completion:
+    output: str = ""
+    finish_reason: str = "stop"
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_at: float | None = None  # monotonic time of the first text
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+class GenerationService:
+    def __init__(self, settings: Settings, tokenizer: Tokenizer, engine: Engine,
+                 manifest: BuildManifest | None = None) -> None:
+        self.settings = settings
+        self.tokenizer = tokenizer
+        self.engine = engine
+        self.manifest = manifest
+
+    @classmethod
+    def start(cls, settings: Settings, hf_token: str | None) -> GenerationService:
+        """Resolve the artifact, check it, start its engine; log what and how long."""
+        started = time.monotonic()
+        artifact_dir = resolve_artifact(settings, hf_token)
+        fetched = time.monotonic()
+        kind = artifact_kind(artifact_dir)
+        manifest = check_manifest(artifact_dir, settings.verify_hashes)
+        if manifest is not None:
+            log.info("artifact manifest: %s", manifest.model_dump_json(exclude={"files"}))
+        tokenizer = load_tokenizer(artifact_dir)
+        engine = start_engine(artifact_dir, kind, settings, tokenizer)
+        done = time.monotonic()
+        log.info(
+            "loaded %s (%s) with the %s engine in %.1fs (fetch %.1fs, start %.1fs); limits %s",
+            settings.artifact, kind, engine.info.name, done - started, fetched - started,
+            done - fetched, engine.limits,
+        )
+        return cls(settings, tokenizer, engine, manifest)
+
+    def is_healthy(self) -> bool:
+        return self.engine.is_healthy()
+
+    # ---- requests ----
+
+    def prompt_ids(self, prompt: str | None, messages: list[ChatMessage] | None) -> list[int]:
+        if messages is not None:
+            try:
+                return encode_chat(messages, self.tokenizer)
+            except ChatFormatError as exc:
+                raise RequestError(str(exc), param="messages") from None
+        return self.tokenizer.encode(prompt or "", bos=True)
+
+    def check_prompt(self, ids: list[int], max_new_tokens: int) -> int:
+        """Refuse a prompt the engine cannot take; return max_new_tokens clamped to what
+        the engine allows after this prompt."""
+        limits = self.engine.limits
+        if len(ids) > limits.max_input_len:
+            raise RequestError(
+                f"prompt is {len(ids)} tokens; this engine accepts at most "
+                f"{limits.max_input_len} input tokens", param="prompt")
+        room = limits.max_seq_len - len(ids)
+        if room < 1:
+            raise RequestError(
+                f"prompt is {len(ids)} tokens, which leaves no room to generate within the "
+                f"engine's {limits.max_seq_len}-token sequence limit", param="prompt")
+        return min(max_new_tokens, room)
+
+    def parse_predict(self, body: object) -> tuple[PredictRequest, GenerationRequest]:
+        try:
+            req = PredictRequest.model_validate(body)
+        except ValidationError as exc:
+            raise RequestError(describe_validation_error(exc)) from None
+        ids = self.prompt_ids(req.prompt, req.messages)
+        sampling = SamplingOptions(
+            max_new_tokens=self.check_prompt(ids, req.max_new_tokens),
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p if 0.0 < req.top_p < 1.0 else 1.0,
+            seed=req.seed,
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+        )
+        return req, GenerationRequest(ids, sampling, tuple(req.stop or ()),
+                                      req.streaming_interval)
+
+    async def stream(self, gen: GenerationRequest, request_id: str,
+                     result: Completion | None = None) -> AsyncIterator[str]:
+        """Text chunks as they are ready; `result` is filled in as it goes. Leaving early
+        (client gone, stop string) aborts the engine request."""
+        result = result if result is not None else Completion()
+        result.prompt_tokens = len(gen.prompt_ids)
+        text = TextStream(self.tokenizer.table, gen.stop, gen.interval)
+        tokens = self.engine.generate(request_id, gen.prompt_ids, gen.sampling)
+        finished = False
+        try:
+            async for delta in tokens:
+                chunk = text.add(delta.token_ids)
+                result.completion_tokens = text.num_tokens
+                if chunk:
+                    result.first_token_at = result.first_token_at or time.monotonic()
+                    yield chunk
+                if text.stopped:
+                    result.finish_reason = "stop"
+                    break
+                if delta.finish_reason is not None:
+                    result.finish_reason = delta.finish_reason
+                    finished = True
+                    break
+        except EngineRequestError as exc:
+            raise RequestError(str(exc)) from None
+        finally:
+            if not finished:
+                self.engine.abort(request_id)  # sync first: nothing may await past a cancel
+            await tokens.aclose()
+        tail = text.finish()
+        result.output = text.text
+        if tail:
+            result.first_token_at = result.first_token_at or time.monotonic()
+            yield tail
+
+    async def complete(self, gen: GenerationRequest, request_id: str,
+                       is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> Completion:
+        """The whole answer; stops (and aborts the engine request) if the client leaves."""
+        result = Completion()
+
+        async def drain() -> None:
+            async for _ in self.stream(gen, request_id, result):
+                pass
+
+        task = asyncio.ensure_future(drain())
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=0.5)
+                if not task.done() and is_disconnected is not None and await is_disconnected():
+                    result.finish_reason = "abort"
+                    break
+        finally:
+            if not task.done():  # client gone, or we were cancelled: stop generating
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if not task.cancelled():
+            task.result()  # re-raise what generation raised
+        return result

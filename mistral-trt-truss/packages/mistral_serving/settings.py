@@ -1,0 +1,101 @@
+"""One settings object for the whole service.
+
+Values come from the Truss `config.yaml` `model_metadata` block; any field can be
+overridden by an environment variable `MTT_<FIELD NAME IN UPPER CASE>` (what the
+Kubernetes manifests and `make serve` use). The same names appear in `build.py`,
+the manifests and the README's settings table.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ENV_PREFIX = "MTT_"
+
+
+class SettingsError(ValueError):
+    """A setting is missing or invalid; the message is one actionable line."""
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # What to serve.
+    artifact: str = Field(
+        "",
+        description="Local directory, or Hugging Face repo id, of a TensorRT-LLM engine "
+        "artifact or a Hugging Face checkpoint.",
+    )
+    artifact_revision: str | None = Field(
+        None, description="Pinned revision (commit sha or tag) when `artifact` is a repo id."
+    )
+    cache_dir: str = Field(
+        "~/.cache/mistral-trt-truss", description="Where downloaded artifacts are cached."
+    )
+    engine: Literal["auto", "tensorrt_llm", "pytorch"] = Field(
+        "auto", description="`auto` picks from the artifact: engine dir -> tensorrt_llm."
+    )
+    served_model_name: str = Field(
+        "mistral-7b-instruct", description="Model name returned by the OpenAI routes."
+    )
+    verify_hashes: bool = Field(
+        True, description="Check artifact file hashes against its build manifest on load."
+    )
+
+    # PyTorch engine.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    max_batch_size: int = Field(64, ge=1, description="Sequences decoded together per step.")
+    max_num_tokens: int = Field(
+        8192, ge=16, description="Prompt tokens prefilled per engine step (bounds step latency)."
+    )
+
+    # Limits (never above what the engine allows).
+    max_input_len: int | None = Field(None, ge=1, description="Lower the engine's input limit.")
+    max_seq_len: int | None = Field(None, ge=2, description="Lower the engine's sequence limit.")
+
+    # TensorRT-LLM engine.
+    kv_cache_free_gpu_memory_fraction: float = Field(0.9, gt=0, le=1)
+
+    # Admission control and shutdown.
+    max_inflight: int = Field(256, ge=1, description="Requests generating at once.")
+    max_waiting: int = Field(512, ge=0, description="Requests waiting for a slot; more get 429.")
+    drain_grace_seconds: float = Field(
+        60.0, ge=0, description="On SIGTERM, how long in-flight streams may finish."
+    )
+
+    # Logging.
+    log_prompts: bool = Field(False, description="Log prompt and output text (off: privacy).")
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> Settings:
+        if self.max_input_len and self.max_seq_len and self.max_input_len >= self.max_seq_len:
+            raise ValueError("max_input_len must be below max_seq_len")
+        return self
+
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser()
+
+    @classmethod
+    def load(cls, model_metadata: dict[str, Any] | None, env: dict[str, str] | None = None) -> Settings:
+        """Settings from `model_metadata`, overridden by `MTT_*` environment variables."""
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {
+            k: v for k, v in (model_metadata or {}).items() if k in cls.model_fields
+        }
+        for name in cls.model_fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None:
+                values[name] = None if raw == "" and name != "artifact" else raw
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise SettingsError(f"invalid settings: {problems}") from None

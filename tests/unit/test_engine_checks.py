@@ -1,0 +1,329 @@
+"""Engine directory checks on crafted engine directories (no GPU, no tensorrt_llm)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from mistral_serving import engine_checks as ec
+from mistral_serving.engine_checks import EngineCheckError, GpuInfo
+from mistral_serving.engines.base import EngineLimits
+from mistral_serving.manifest import BuildManifest, GpuRecord, write_manifest
+
+A100 = GpuInfo(name="NVIDIA A100-SXM4-40GB", capability="8.0", count=1)
+H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", capability="9.0", count=1)
+
+
+def engine_config(
+    *,
+    version: str | None = "1.2.1",
+    tp: int = 1,
+    pp: int = 1,
+    world_size: int | None = None,
+    build: dict | None = None,
+) -> dict:
+    mapping = {"tp_size": tp, "pp_size": pp}
+    if world_size is not False:
+        mapping["world_size"] = world_size if world_size is not None else tp * pp
+    config = {
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "float16",
+            "vocab_size": 32000,
+            "max_position_embeddings": 32768,
+            "mapping": mapping,
+        },
+        "build_config": build
+        or {
+            "max_batch_size": 64,
+            "max_input_len": 4096,
+            "max_seq_len": 8192,
+            "max_num_tokens": 8192,
+        },
+    }
+    if version is not None:
+        config["version"] = version
+    return config
+
+
+def make_dir(
+    tmp_path: Path,
+    config: dict | str | None = None,
+    ranks: int | None = None,
+    capability: str | None = None,
+) -> Path:
+    d = tmp_path / "engine"
+    d.mkdir()
+    config = engine_config() if config is None else config
+    text = config if isinstance(config, str) else json.dumps(config)
+    (d / "config.json").write_text(text)
+    if ranks is None:
+        ranks = ec.world_size(config) if isinstance(config, dict) else 1
+    for rank in range(ranks):
+        (d / f"rank{rank}.engine").write_bytes(b"engine")
+    if capability is not None:
+        write_manifest(
+            d,
+            BuildManifest(
+                kind="trtllm_engine",
+                source_model="mistralai/Mistral-7B-Instruct-v0.2",
+                gpu=GpuRecord(name="built on", compute_capability=capability),
+            ),
+        )
+    return d
+
+
+def one_line(exc: pytest.ExceptionInfo) -> str:
+    message = str(exc.value)
+    assert "\n" not in message and message
+    return message
+
+
+# -- config.json -----------------------------------------------------------------------
+
+
+def test_missing_config_json(tmp_path):
+    with pytest.raises(EngineCheckError) as exc:
+        ec.read_engine_config(tmp_path)
+    assert "config.json: missing" in one_line(exc)
+    assert not ec.is_engine_dir(tmp_path)
+
+
+def test_unparseable_config_json(tmp_path):
+    d = make_dir(tmp_path, config='{"version": "1.2.1", ')
+    with pytest.raises(EngineCheckError) as exc:
+        ec.read_engine_config(d)
+    assert "not valid JSON" in one_line(exc)
+    assert not ec.is_engine_dir(d)
+
+
+def test_checkpoint_config_is_not_an_engine(tmp_path):
+    hf_config = {"architectures": ["MistralForCausalLM"], "vocab_size": 32000}
+    d = make_dir(tmp_path, config=hf_config, ranks=1)
+    with pytest.raises(EngineCheckError) as exc:
+        ec.read_engine_config(d)
+    assert "pretrained_config" in one_line(exc)
+    assert not ec.is_engine_dir(d)
+
+
+def test_is_engine_dir(tmp_path):
+    d = make_dir(tmp_path)
+    assert ec.is_engine_dir(d)
+    assert not ec.is_engine_dir(d / "config.json")  # a file, not a directory
+    (d / "rank0.engine").unlink()
+    assert not ec.is_engine_dir(d)  # config alone: no engine
+
+
+# -- rank files ------------------------------------------------------------------------
+
+
+def test_missing_rank_file(tmp_path):
+    config = engine_config(tp=2)
+    d = make_dir(tmp_path, config=config, ranks=1)
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_rank_files(d, config)
+    message = one_line(exc)
+    assert "rank1.engine: missing" in message and "2 rank(s)" in message
+
+
+def test_empty_rank_file(tmp_path):
+    config = engine_config()
+    d = make_dir(tmp_path, config=config)
+    (d / "rank0.engine").write_bytes(b"")
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_rank_files(d, config)
+    assert "empty" in one_line(exc)
+
+
+def test_all_rank_files_present(tmp_path):
+    config = engine_config(tp=2, pp=2)
+    ec.check_rank_files(make_dir(tmp_path, config=config), config)  # no error
+
+
+def test_world_size_without_the_field_is_tp_times_pp():
+    assert ec.world_size(engine_config(tp=2, pp=2, world_size=False)) == 4
+    assert ec.world_size(engine_config(tp=2, world_size=2)) == 2
+
+
+# -- TensorRT-LLM version ----------------------------------------------------------------
+
+
+def test_version_mismatch():
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_version(engine_config(version="1.2.0rc5"), installed="1.2.1")
+    message = one_line(exc)
+    assert "1.2.0rc5" in message and "1.2.1" in message
+
+
+def test_version_match():
+    ec.check_version(engine_config(version="1.2.1"), installed="1.2.1")
+
+
+def test_version_missing_from_config():
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_version(engine_config(version=None), installed="1.2.1")
+    assert "no `version`" in one_line(exc)
+
+
+def test_tensorrt_llm_not_installed():
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_version(engine_config(version="1.2.1"), installed=None)
+    assert "not installed" in one_line(exc)
+
+
+# -- GPU architecture and count --------------------------------------------------------------
+
+
+def test_arch_mismatch():
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_gpu_arch("9.0", A100)
+    message = one_line(exc)
+    assert "9.0" in message and "8.0" in message and "A100" in message
+
+
+def test_arch_match():
+    ec.check_gpu_arch("8.0", A100)
+
+
+def test_arch_unknown_without_manifest_passes():
+    ec.check_gpu_arch(None, A100)
+
+
+def test_no_gpu():
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_gpu_arch("8.0", None)
+    assert "no CUDA GPU" in one_line(exc)
+
+
+def test_more_ranks_than_gpus():
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_world_size(engine_config(tp=2), gpu_count=1)
+    message = one_line(exc)
+    assert "2 GPUs" in message and "1 visible" in message
+
+
+def test_enough_gpus():
+    ec.check_world_size(engine_config(tp=2), gpu_count=2)
+    ec.check_world_size(engine_config(tp=1), gpu_count=8)
+
+
+# -- limits --------------------------------------------------------------------------------
+
+
+def test_read_engine_limits(tmp_path):
+    assert ec.read_engine_limits(make_dir(tmp_path)) == EngineLimits(4096, 8192, 64)
+
+
+def test_limits_without_max_input_len_use_max_seq_len(tmp_path):
+    config = engine_config(build={"max_batch_size": 8, "max_seq_len": 2048})
+    assert ec.read_engine_limits(make_dir(tmp_path, config=config)) == EngineLimits(2048, 2048, 8)
+
+
+def test_limits_clip_input_to_sequence(tmp_path):
+    config = engine_config(build={"max_batch_size": 8, "max_input_len": 9000, "max_seq_len": 4096})
+    assert ec.read_engine_limits(make_dir(tmp_path, config=config)).max_input_len == 4096
+
+
+def test_limits_missing_field(tmp_path):
+    config = engine_config(build={"max_input_len": 1024, "max_seq_len": 2048})
+    with pytest.raises(EngineCheckError) as exc:
+        ec.read_engine_limits(make_dir(tmp_path, config=config))
+    assert "max_batch_size" in one_line(exc)
+
+
+@pytest.mark.parametrize(
+    ("max_input_len", "max_seq_len", "named"),
+    [(4097, None, "max_input_len"), (None, 8193, "max_seq_len"), (5000, 9000, "max_input_len")],
+)
+def test_settings_above_engine_limits(max_input_len, max_seq_len, named):
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_limits(EngineLimits(4096, 8192, 64), max_input_len, max_seq_len)
+    assert f"setting {named}=" in one_line(exc)
+
+
+def test_settings_within_engine_limits():
+    ec.check_limits(EngineLimits(4096, 8192, 64), 4096, 8192)
+    ec.check_limits(EngineLimits(4096, 8192, 64), 100, None)
+    ec.check_limits(EngineLimits(4096, 8192, 64))
+
+
+def test_tokenizer_larger_than_engine_vocab():
+    with pytest.raises(EngineCheckError) as exc:
+        ec.check_vocab(engine_config(), tokenizer_vocab_size=32768)
+    assert "32768" in one_line(exc)
+    ec.check_vocab(engine_config(), tokenizer_vocab_size=32000)
+
+
+# -- everything together -------------------------------------------------------------------
+
+
+def test_check_engine_dir_passes_and_returns_limits(tmp_path):
+    d = make_dir(tmp_path, capability="8.0")
+    limits = ec.check_engine_dir(d, installed_version="1.2.1", gpu=A100, max_seq_len=4096)
+    assert limits == EngineLimits(4096, 8192, 64)
+
+
+def test_check_engine_dir_reads_arch_from_the_manifest(tmp_path):
+    d = make_dir(tmp_path, capability="8.0")
+    with pytest.raises(EngineCheckError, match="compute capability 8.0"):
+        ec.check_engine_dir(d, installed_version="1.2.1", gpu=H100)
+
+
+def test_check_engine_dir_without_manifest_skips_arch(tmp_path):
+    d = make_dir(tmp_path)
+    ec.check_engine_dir(d, installed_version="1.2.1", gpu=H100)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"installed_version": "1.1.0", "gpu": A100}, "TensorRT-LLM 1.2.1"),
+        ({"installed_version": "1.2.1", "gpu": None}, "no CUDA GPU"),
+        ({"installed_version": "1.2.1", "gpu": A100, "max_input_len": 5000}, "max_input_len"),
+        ({"installed_version": "1.2.1", "gpu": A100, "tokenizer_vocab_size": 40000}, "vocab"),
+    ],
+)
+def test_check_engine_dir_runs_each_check(tmp_path, kwargs, expected):
+    d = make_dir(tmp_path, capability="8.0")
+    with pytest.raises(EngineCheckError, match=expected):
+        ec.check_engine_dir(d, **kwargs)
+
+
+def test_check_engine_dir_counts_gpus(tmp_path):
+    d = make_dir(tmp_path, config=engine_config(tp=2), capability="8.0")
+    with pytest.raises(EngineCheckError, match="2 GPUs"):
+        ec.check_engine_dir(d, installed_version="1.2.1", gpu=A100)
+    two = GpuInfo(A100.name, A100.capability, 2)
+    ec.check_engine_dir(d, installed_version="1.2.1", gpu=two)
+
+
+# -- GPU detection -------------------------------------------------------------------------
+
+
+def fake_torch(available: bool, count: int = 0, capability=(8, 0), name="NVIDIA A100"):
+    cuda = types.SimpleNamespace(
+        is_available=lambda: available,
+        device_count=lambda: count,
+        get_device_capability=lambda i: capability,
+        get_device_name=lambda i: name,
+    )
+    return types.SimpleNamespace(cuda=cuda)
+
+
+def test_detect_gpu_on_cpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(False))
+    assert ec.detect_gpu() is None
+
+
+def test_detect_gpu_without_torch(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
+    assert ec.detect_gpu() is None
+
+
+def test_detect_gpu_reads_torch_cuda(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", fake_torch(True, 2, (9, 0), "NVIDIA H100"))
+    assert ec.detect_gpu() == GpuInfo(name="NVIDIA H100", capability="9.0", count=2)

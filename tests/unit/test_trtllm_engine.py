@@ -1,0 +1,503 @@
+"""The TensorRT-LLM adapter against the `tensorrt_llm` test double
+(tests/doubles/fake_tensorrt_llm, see its README). Nothing of TensorRT-LLM runs here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
+
+from mistral_serving.engine_checks import EngineCheckError, GpuInfo
+from mistral_serving.engines.base import (
+    Engine,
+    EngineError,
+    EngineLimits,
+    EngineRequestError,
+    SamplingOptions,
+    TokenDelta,
+)
+from mistral_serving.engines.trtllm import TrtLlmEngine, to_sampling_params
+from mistral_serving.manifest import BuildManifest, GpuRecord, write_manifest
+from mistral_serving.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_ROOT = REPO / "tests" / "doubles" / "fake_tensorrt_llm"
+EOS = 2
+H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", capability="9.0", count=1)
+
+
+def _drop_tensorrt_llm_modules() -> None:
+    for name in list(sys.modules):
+        if name == "tensorrt_llm" or name.startswith("tensorrt_llm."):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def fake_trtllm(monkeypatch: pytest.MonkeyPatch):
+    """Import `tensorrt_llm` from the test double, fresh for this test."""
+    for name in list(sys.modules):
+        if name == "tensorrt_llm" or name.startswith("tensorrt_llm."):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(FAKE_ROOT))
+    import tensorrt_llm
+
+    assert Path(tensorrt_llm.__file__).is_relative_to(FAKE_ROOT)
+    yield tensorrt_llm
+    _drop_tensorrt_llm_modules()
+
+
+def make_engine_dir(
+    root: Path,
+    *,
+    version: str = "1.2.1",
+    max_input_len: int | None = 1024,
+    max_seq_len: int = 2048,
+    max_batch_size: int = 8,
+    capability: str = "9.0",
+) -> Path:
+    engine_dir = root / "engine"
+    engine_dir.mkdir()
+    build = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len, "max_num_tokens": 8192}
+    if max_input_len is not None:
+        build["max_input_len"] = max_input_len
+    config = {
+        "version": version,
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "bfloat16",
+            "vocab_size": 32000,
+            "max_position_embeddings": 32768,
+            "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
+        },
+        "build_config": build,
+    }
+    (engine_dir / "config.json").write_text(json.dumps(config))
+    (engine_dir / "rank0.engine").write_bytes(b"\0" * 16)
+    write_manifest(
+        engine_dir,
+        BuildManifest(
+            kind="trtllm_engine",
+            source_model="mistralai/Mistral-7B-Instruct-v0.2",
+            versions={"tensorrt_llm": version},
+            gpu=GpuRecord(name="NVIDIA H100 80GB HBM3", compute_capability=capability),
+        ),
+    )
+    return engine_dir
+
+
+def load(tmp_path: Path, settings: Settings | None = None, **engine_dir_kwargs) -> TrtLlmEngine:
+    engine_dir = make_engine_dir(tmp_path, **engine_dir_kwargs)
+    return TrtLlmEngine.load(engine_dir, settings or Settings(), eos_token_id=EOS, gpu=H100)
+
+
+async def consume(engine: TrtLlmEngine, rid: str, prompt: list[int], opts: SamplingOptions):
+    return [delta async for delta in engine.generate(rid, prompt, opts)]
+
+
+def run(engine: TrtLlmEngine, opts: SamplingOptions, prompt: list[int] | None = None, rid="r1"):
+    return asyncio.run(consume(engine, rid, prompt or [1, 5, 6], opts))
+
+
+def tokens_of(deltas: list[TokenDelta]) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+# -- import without tensorrt_llm -------------------------------------------------------
+
+
+def test_module_imports_without_tensorrt_llm():
+    code = (
+        "import sys, mistral_serving.engines.trtllm, mistral_serving.engine_checks\n"
+        "assert 'tensorrt_llm' not in sys.modules, 'imported eagerly'\n"
+        "try:\n"
+        "    import tensorrt_llm\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('a tensorrt_llm is importable here; this test cannot tell')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO / "mistral-trt-truss" / "packages")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+# -- sampling mapping ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 31, 33, 512, 4096])
+def test_max_tokens_is_always_set(fake_trtllm, n):
+    sp = to_sampling_params(SamplingOptions(max_new_tokens=n), EOS, None)
+    assert sp.max_tokens == n
+    assert fake_trtllm.SamplingParams().max_tokens == 32  # the default we must never keep
+
+
+options_strategy = st.builds(
+    SamplingOptions,
+    max_new_tokens=st.integers(1, 32768),
+    temperature=st.floats(0.0, 2.0),
+    top_k=st.integers(0, 200),
+    top_p=st.floats(0.0, 1.0),
+    seed=st.none() | st.integers(0, 2**31 - 1),
+    repetition_penalty=st.floats(0.5, 2.0),
+    presence_penalty=st.floats(-2.0, 2.0),
+    frequency_penalty=st.floats(-2.0, 2.0),
+    stop_token_ids=st.lists(st.integers(0, 31999), max_size=4).map(tuple),
+)
+
+
+@hyp_settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=200)
+@given(opts=options_strategy, pad=st.none() | st.integers(0, 31999))
+def test_mapping_invariants(fake_trtllm, opts, pad):
+    sp = to_sampling_params(opts, EOS, pad)
+    assert isinstance(sp, fake_trtllm.SamplingParams)
+    assert sp.max_tokens == opts.max_new_tokens
+    assert sp.end_id == EOS
+    assert sp.pad_id == (EOS if pad is None else pad)
+    assert sp.detokenize is False
+    assert sp.n == 1 and not sp.use_beam_search
+    assert sp._greedy_decoding == opts.greedy
+    if opts.seed is not None:
+        assert sp.seed == opts.seed
+    if not opts.greedy:
+        assert isinstance(sp.seed, int)
+
+
+def test_greedy_by_top_k_one(fake_trtllm):
+    sp = to_sampling_params(SamplingOptions(max_new_tokens=8, temperature=0.9, top_k=1), EOS, 0)
+    assert (sp.top_k, sp.top_p, sp.temperature) == (1, None, None)
+    assert sp._greedy_decoding
+
+
+def test_greedy_by_zero_temperature(fake_trtllm):
+    sp = to_sampling_params(SamplingOptions(max_new_tokens=8, temperature=0.0, top_k=50), EOS, 0)
+    assert sp.top_k == 1 and sp.temperature is None
+    assert sp._greedy_decoding
+
+
+def test_sampling_sets_every_knob_explicitly(fake_trtllm):
+    sp = to_sampling_params(
+        SamplingOptions(max_new_tokens=8, temperature=0.7, top_k=40, top_p=0.9), EOS, 0
+    )
+    assert (sp.temperature, sp.top_k, sp.top_p) == (0.7, 40, 0.9)
+    assert not sp._greedy_decoding
+
+
+def test_sampling_off_switches_map_to_explicit_values(fake_trtllm):
+    # top_k 0 and top_p 1.0 are "off": all logits, full nucleus, not the C++ defaults.
+    sp = to_sampling_params(SamplingOptions(max_new_tokens=8, temperature=0.8), EOS, 0)
+    assert (sp.top_k, sp.top_p, sp.temperature) == (0, 1.0, 0.8)
+    assert not sp._greedy_decoding
+
+
+def test_top_p_zero_means_off_not_greedy(fake_trtllm):
+    sp = to_sampling_params(SamplingOptions(max_new_tokens=8, temperature=0.8, top_p=0.0), EOS, 0)
+    assert sp.top_p == 1.0
+
+
+def test_seed_is_passed_through(fake_trtllm):
+    sp = to_sampling_params(SamplingOptions(max_new_tokens=8, temperature=0.8, seed=1234), EOS, 0)
+    assert sp.seed == 1234
+
+
+def test_unseeded_sampling_gets_a_fresh_seed_per_request(fake_trtllm):
+    opts = SamplingOptions(max_new_tokens=8, temperature=0.8)
+    seeds = {to_sampling_params(opts, EOS, 0).seed for _ in range(5)}
+    assert None not in seeds and len(seeds) > 1
+
+
+def test_neutral_penalties_stay_unset(fake_trtllm):
+    sp = to_sampling_params(SamplingOptions(max_new_tokens=8), EOS, 0)
+    assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (None,) * 3
+
+
+def test_penalties_are_passed_through(fake_trtllm):
+    opts = SamplingOptions(
+        max_new_tokens=8, repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=-0.3
+    )
+    sp = to_sampling_params(opts, EOS, 0)
+    assert (sp.repetition_penalty, sp.presence_penalty, sp.frequency_penalty) == (1.2, 0.5, -0.3)
+
+
+def test_stop_token_ids_deduplicated_without_eos(fake_trtllm):
+    opts = SamplingOptions(max_new_tokens=8, stop_token_ids=(13, EOS, 13, 7))
+    assert to_sampling_params(opts, EOS, 0).stop_token_ids == [13, 7]
+    assert to_sampling_params(SamplingOptions(max_new_tokens=8), EOS, 0).stop_token_ids is None
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        SamplingOptions(max_new_tokens=0),
+        SamplingOptions(max_new_tokens=8, temperature=0.8, top_p=1.5),
+        SamplingOptions(max_new_tokens=8, temperature=-0.5),
+        SamplingOptions(max_new_tokens=8, temperature=0.8, top_p=-0.1),
+        SamplingOptions(max_new_tokens=8, repetition_penalty=0.0),
+    ],
+)
+def test_invalid_options_are_request_errors(fake_trtllm, opts):
+    with pytest.raises(EngineRequestError):
+        to_sampling_params(opts, EOS, 0)
+
+
+# -- load --------------------------------------------------------------------------------
+
+
+def test_load_constructs_llm_for_token_ids(fake_trtllm, tmp_path):
+    engine = load(tmp_path, Settings(kv_cache_free_gpu_memory_fraction=0.55))
+    args = engine.llm.args
+    assert args.model == str(tmp_path / "engine")
+    assert args.skip_tokenizer_init is True and args.tokenizer is None
+    assert args.kv_cache_config.free_gpu_memory_fraction == 0.55
+    assert isinstance(engine, Engine)
+    assert engine.eos_token_id == EOS
+    assert engine.info.name == "tensorrt_llm"
+    assert engine.info.details["tensorrt_llm_version"] == "1.2.1"
+
+
+def test_limits_come_from_config_json(fake_trtllm, tmp_path):
+    engine = load(tmp_path, max_input_len=1500, max_seq_len=3000, max_batch_size=16)
+    assert engine.limits == EngineLimits(max_input_len=1500, max_seq_len=3000, max_batch_size=16)
+
+
+def test_settings_lower_the_limits(fake_trtllm, tmp_path):
+    engine = load(tmp_path, Settings(max_input_len=512, max_seq_len=1024))
+    assert engine.limits == EngineLimits(max_input_len=512, max_seq_len=1024, max_batch_size=8)
+
+
+def test_input_limit_leaves_room_for_one_output_token(fake_trtllm, tmp_path):
+    engine = load(tmp_path, max_input_len=None, max_seq_len=2048)
+    assert engine.limits.max_input_len == 2047
+
+
+def test_load_refuses_an_engine_from_another_version(fake_trtllm, tmp_path):
+    with pytest.raises(EngineCheckError, match="1.2.0rc5"):
+        load(tmp_path, version="1.2.0rc5")
+    assert fake_trtllm._tensorrt_engine.LLM.instances == []  # never started
+
+
+def test_load_refuses_an_engine_for_another_gpu(fake_trtllm, tmp_path):
+    with pytest.raises(EngineCheckError, match="8.0"):
+        load(tmp_path, capability="8.0")
+    assert fake_trtllm._tensorrt_engine.LLM.instances == []
+
+
+def test_load_refuses_settings_above_the_engine(fake_trtllm, tmp_path):
+    with pytest.raises(EngineCheckError, match="max_seq_len"):
+        load(tmp_path, Settings(max_seq_len=4096))
+
+
+# -- streaming -----------------------------------------------------------------------------
+
+
+def test_streams_one_delta_per_step_and_ends_with_length(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    deltas = run(engine, SamplingOptions(max_new_tokens=5, top_k=1))
+    script = engine.llm.script
+    assert [d.token_ids for d in deltas] == [[t] for t in script[:5]]
+    assert [d.finish_reason for d in deltas] == [None] * 4 + ["length"]
+    request = engine.llm.requests[0]
+    assert request.prompt_token_ids == [1, 5, 6]
+    assert request.sampling_params.max_tokens == 5
+    assert request._streaming is True
+
+
+def test_streams_several_tokens_per_step(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm.tokens_per_step = 3
+    deltas = run(engine, SamplingOptions(max_new_tokens=7))
+    assert [len(d.token_ids) for d in deltas] == [3, 3, 1]
+    assert tokens_of(deltas) == engine.llm.script[:7]
+
+
+@pytest.mark.parametrize("runtime_includes_eos", [False, True])
+def test_eos_ends_with_stop_and_is_not_streamed(fake_trtllm, tmp_path, runtime_includes_eos):
+    engine = load(tmp_path)
+    engine.llm.script = [10, 11, 12, EOS, 99]
+    engine.llm.include_end_id_in_output = runtime_includes_eos
+    deltas = run(engine, SamplingOptions(max_new_tokens=50))
+    assert tokens_of(deltas) == [10, 11, 12]
+    assert deltas[-1].finish_reason == "stop"
+    assert all(d.finish_reason is None for d in deltas[:-1])
+
+
+def test_stop_token_ends_with_stop_and_is_not_streamed(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm.script = [10, 11, 13, 12]
+    deltas = run(engine, SamplingOptions(max_new_tokens=50, stop_token_ids=(13,)))
+    assert tokens_of(deltas) == [10, 11]
+    assert deltas[-1].finish_reason == "stop"
+
+
+def test_max_tokens_is_clamped_to_the_sequence_limit(fake_trtllm, tmp_path):
+    engine = load(tmp_path, max_input_len=2047, max_seq_len=2048)
+    deltas = run(engine, SamplingOptions(max_new_tokens=100), prompt=[7] * 2040)
+    assert engine.llm.requests[0].sampling_params.max_tokens == 8
+    assert len(tokens_of(deltas)) == 8 and deltas[-1].finish_reason == "length"
+
+
+def test_prompt_above_input_limit_is_a_request_error(fake_trtllm, tmp_path):
+    engine = load(tmp_path, max_input_len=16)
+    with pytest.raises(EngineRequestError, match="17 tokens"):
+        run(engine, SamplingOptions(max_new_tokens=4), prompt=[7] * 17)
+    assert engine.llm.requests == [] and engine.is_healthy()
+
+
+def test_empty_prompt_is_a_request_error(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    with pytest.raises(EngineRequestError):
+        asyncio.run(consume(engine, "r1", [], SamplingOptions(max_new_tokens=4)))
+
+
+def test_value_error_from_generate_async_is_a_request_error(fake_trtllm, tmp_path):
+    # The adapter believes in a longer max_seq_len than the engine's; the LLM API refuses.
+    real = load(tmp_path, max_seq_len=64, max_input_len=32)
+    engine = TrtLlmEngine(
+        real.llm, limits=EngineLimits(32, 4096, 8), eos_token_id=EOS, request_error=None
+    )
+    with pytest.raises(EngineRequestError, match="max_seq_len"):
+        run(engine, SamplingOptions(max_new_tokens=100))
+    assert engine.is_healthy()
+
+
+def test_duplicate_request_id_is_refused(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+
+    async def main():
+        first = engine.generate("same", [1, 2], SamplingOptions(max_new_tokens=10))
+        await first.__anext__()
+        with pytest.raises(EngineRequestError, match="same"):
+            await consume(engine, "same", [1, 2], SamplingOptions(max_new_tokens=10))
+        await first.aclose()
+
+    asyncio.run(main())
+
+
+# -- abort -------------------------------------------------------------------------------
+
+
+def test_closing_the_stream_early_aborts_the_request(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+
+    async def main():
+        stream = engine.generate("r1", [1, 2], SamplingOptions(max_new_tokens=50))
+        await stream.__anext__()
+        await stream.__anext__()
+        await stream.aclose()  # what the server does when the client goes away
+
+    asyncio.run(main())
+    request = engine.llm.requests[0]
+    assert request.aborted()
+    assert engine.llm._executor.aborted_ids == [request.request_id]
+    assert engine._results == {}
+
+
+def test_cancelling_the_consumer_aborts_the_request(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm.step_delay = 0.01
+
+    async def main():
+        first = asyncio.Event()
+
+        async def reader():
+            async for _ in engine.generate("r1", [1, 2], SamplingOptions(max_new_tokens=50)):
+                first.set()
+
+        task = asyncio.create_task(reader())
+        await first.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert engine.llm.requests[0].aborted()
+
+
+def test_abort_by_request_id_ends_the_stream_with_abort(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+
+    async def main():
+        deltas = []
+        async for delta in engine.generate("r7", [1, 2], SamplingOptions(max_new_tokens=50)):
+            deltas.append(delta)
+            if len(deltas) == 2:
+                engine.abort("r7")
+        return deltas
+
+    deltas = asyncio.run(main())
+    assert len(deltas) == 3
+    assert deltas[-1] == TokenDelta(token_ids=[], finish_reason="abort")
+    assert engine.llm._executor.aborted_ids == [engine.llm.requests[0].request_id]
+
+
+def test_abort_of_unknown_or_finished_request_does_nothing(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.abort("nobody")
+    run(engine, SamplingOptions(max_new_tokens=3))
+    engine.abort("r1")
+    assert engine.llm._executor.aborted_ids == []
+
+
+def test_finished_stream_is_not_aborted(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm.script = [10, EOS]
+    run(engine, SamplingOptions(max_new_tokens=3))
+    run(engine, SamplingOptions(max_new_tokens=3), rid="r2")
+    assert engine.llm._executor.aborted_ids == []
+    assert not any(r.aborted() for r in engine.llm.requests)
+
+
+# -- health and shutdown -------------------------------------------------------------------
+
+
+def test_fatal_executor_error_marks_unhealthy(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    assert engine.is_healthy()
+
+    async def main():
+        stream = engine.generate("r1", [1, 2], SamplingOptions(max_new_tokens=50))
+        await stream.__anext__()
+        engine.llm.fail_background(RuntimeError("CUDA error: an illegal memory access"))
+        with pytest.raises(EngineError, match="illegal memory access"):
+            await stream.__anext__()
+
+    asyncio.run(main())
+    assert not engine.is_healthy()
+
+
+def test_unhealthy_from_the_executor_state_alone(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm._executor.shutdown()  # e.g. shut down by another request's failure
+    assert not engine.is_healthy()
+
+
+def test_generate_after_executor_is_gone_fails_and_marks_unhealthy(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm.shutdown()  # "LLM is shutting down" from generate_async
+    with pytest.raises(EngineError, match="shutting down"):
+        run(engine, SamplingOptions(max_new_tokens=3))
+    assert not engine.is_healthy()
+
+
+def test_per_request_error_keeps_the_engine_healthy(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm.next_request_error = "Encountered an error in forwardAsync for this request"
+    with pytest.raises(EngineError, match="forwardAsync"):
+        run(engine, SamplingOptions(max_new_tokens=3))
+    assert engine.is_healthy()
+    assert tokens_of(run(engine, SamplingOptions(max_new_tokens=3), rid="r2"))
+
+
+def test_shutdown_calls_llm_shutdown_once(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.shutdown()
+    engine.shutdown()
+    assert engine.llm.shutdown_calls == 1
+    assert not engine.is_healthy()
