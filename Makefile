@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 DEV_MODEL := .cache/dev-model/build_manifest.json
 
-.PHONY: venv dev-model serve test test-unit test-e2e lint bench clean
+.PHONY: venv dev-model serve test test-unit test-e2e test-compat lint bench clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,30 @@ serve: $(DEV_MODEL)
 test: $(DEV_MODEL)
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+# The production image runs our code on TensorRT-LLM 1.2.1's pins (transformers 4.57.3,
+# mistral-common 1.8.6, numpy<2: mistral_build.image.TRTLLM_PINS; a unit test keeps these
+# pins equal to it). A second venv runs the tokenizer, chat and streaming unit tests there.
+COMPAT_VENV := .venv-compat
+COMPAT_PY := $(COMPAT_VENV)/bin/python
+COMPAT_STAMP := $(COMPAT_VENV)/.installed
+COMPAT_PINS := transformers==4.57.3 tokenizers==0.22.2 huggingface_hub==0.36.2 \
+  mistral-common==1.8.6 "numpy<2" torch==2.13.0 sentencepiece==0.2.3 safetensors==0.8.0 \
+  pydantic==2.14.4 prometheus-client==0.26.0 requests==2.34.2 "pyyaml>=6" \
+  pytest==9.2.0 hypothesis==6.170.17
+COMPAT_TESTS = $(wildcard tests/unit/test_tokenizer*.py tests/unit/test_chat*.py \
+  tests/unit/test_detokenizer*.py tests/unit/test_streaming*.py)
+
+$(COMPAT_STAMP): Makefile
+	rm -rf $(COMPAT_VENV)
+	$(PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install -q $(COMPAT_PINS)
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP) $(DEV_MODEL)
+	@test -n "$(COMPAT_TESTS)" || { echo "test-compat: no tokenizer/chat/detokenizer/streaming unit tests found"; exit 1; }
+	$(COMPAT_PY) -c "import transformers, mistral_common; print('transformers', transformers.__version__, 'mistral-common', mistral_common.__version__)"
+	$(COMPAT_PY) -m pytest -p no:cacheprovider $(COMPAT_TESTS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

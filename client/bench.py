@@ -147,7 +147,8 @@ def arrival_gaps(n: int, rate: float, burstiness: float, rng: random.Random) -> 
 async def timed_request(client: AsyncClient, cfg: BenchConfig, item: PromptItem, index: int,
                         run_start: float) -> RequestRecord:
     """One streamed request timed the way vLLM's request functions time it."""
-    record = RequestRecord(index=index)
+    record = RequestRecord(index=index, prompt=item.prompt if item.prompt is not None
+                           else item.messages)
     sampling = sampling_for(cfg, item)
     start = time.perf_counter()
     record.start = start - run_start

@@ -47,6 +47,7 @@ class RequestRecord:
     finish_reason: str | None = None
     generated_text: str = ""
     error: str = ""
+    prompt: str | list[dict[str, str]] | None = None  # what was sent (text or messages)
 
     @property
     def tpot(self) -> float | None:

@@ -76,7 +76,7 @@ class Repo:
 class Recorded:
     method: str
     path: str
-    headers: dict[str, str]
+    headers: dict[str, str]  # lower-case names
 
 
 class HubState:
@@ -99,9 +99,9 @@ class HubState:
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None, **extra: str) -> None:
         super().__init__(message)
-        self.status, self.message, self.code = status, message, code
+        self.status, self.message, self.code, self.extra = status, message, code, extra
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -140,7 +140,9 @@ class Handler(BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(body)
 
-    def send_json(self, obj: object, status: int = 200, headers: dict[str, str] | None = None) -> None:
+    def send_json(
+        self, obj: object, status: int = 200, headers: dict[str, str] | None = None
+    ) -> None:
         self.send(status, json.dumps(obj).encode(), headers)
 
     def authorized(self) -> bool:
@@ -168,14 +170,16 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         parts = [unquote(p) for p in url.path.strip("/").split("/")]
         with self.state.lock:
-            self.state.requests.append(Recorded(method, url.path, dict(self.headers.items())))
+            self.state.requests.append(
+                Recorded(method, url.path, {k.lower(): v for k, v in self.headers.items()})
+            )
         try:
             with self.state.lock:
                 self.route(method, parts)
         except HttpError as err:
             headers = {"X-Error-Code": err.code} if err.code else {}
             headers["X-Error-Message"] = err.message
-            self.send_json({"error": err.message}, err.status, headers)
+            self.send_json({"error": err.message, **err.extra}, err.status, headers)
 
     do_GET = lambda self: self.dispatch("GET")  # noqa: E731
     do_HEAD = lambda self: self.dispatch("HEAD")  # noqa: E731
@@ -219,10 +223,15 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.read_body() or b"{}")
         repo_id = f"{body['organization']}/{body['name']}"
         if repo_id in self.state.repos:
-            raise HttpError(409, "You already created this model repo")
+            # The client reads "url" from the 409 body too (create_repo with exist_ok=True).
+            raise HttpError(
+                409, "You already created this model repo", url=f"{self.server.url}/{repo_id}"
+            )
         private = bool(body.get("private")) or body.get("visibility") == "private"
         repo = Repo(private=private)
-        initial = {".gitattributes": StoredFile(b"*.engine filter=lfs diff=lfs merge=lfs -text\n", False)}
+        initial = {
+            ".gitattributes": StoredFile(b"*.engine filter=lfs diff=lfs merge=lfs -text\n", False)
+        }
         repo.branches["main"] = self.state.new_commit(repo, initial, "initial commit")
         self.state.repos[repo_id] = repo
         self.send_json({"url": f"{self.server.url}/{repo_id}", "name": repo_id})
@@ -251,7 +260,11 @@ class Handler(BaseHTTPRequestHandler):
             if f.lfs:
                 pointer = f.pointer()
                 entry["oid"] = git_blob_sha(pointer)
-                entry["lfs"] = {"oid": f.sha256, "size": len(f.content), "pointerSize": len(pointer)}
+                entry["lfs"] = {
+                    "oid": f.sha256,
+                    "size": len(f.content),
+                    "pointerSize": len(pointer),
+                }
             else:
                 entry["oid"] = git_blob_sha(f.content)
             entries.append(entry)

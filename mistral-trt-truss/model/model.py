@@ -1,20 +1,32 @@
 """The Truss adapter: parse the request, call the generation service, shape the answer.
 
 Everything else lives in `packages/mistral_serving` (settings, validation, chat format,
-streaming, engines, artifacts). No `from __future__ import annotations` here: Truss reads
-the `request: Request` annotation at run time to decide what to pass.
+streaming, engines, artifacts, admission, metrics, OpenAI protocol). No
+`from __future__ import annotations` here: Truss reads the `request: Request`
+annotation at run time to decide what to pass.
 """
 
-
 import logging
-import uuid
+import weakref
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from mistral_serving import openai_api
+from mistral_serving.admission import (
+    RETRY_AFTER_SECONDS,
+    Admission,
+    ClientGone,
+    Draining,
+    Overloaded,
+    Ticket,
+)
+from mistral_serving.metrics import default_metrics
 from mistral_serving.service import GenerationService, RequestError
 from mistral_serving.settings import Settings
+from mistral_serving.shutdown import Drainer
+from mistral_serving.telemetry import RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +40,10 @@ def _secret(secrets: Any, name: str) -> str | None:
         return None
 
 
-def _request_id(request: Request) -> str:
-    return request.headers.get("x-request-id") or uuid.uuid4().hex
-
-
-def _error(exc: RequestError, request_id: str) -> JSONResponse:
-    return JSONResponse(status_code=exc.status, content={"error": exc.message},
-                        headers={"X-Request-Id": request_id})
+def _predict_error(status: int, message: str, request_id: str,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message},
+                        headers={"X-Request-Id": request_id, **(headers or {})})
 
 
 class Model:
@@ -42,30 +51,132 @@ class Model:
         self._settings = Settings.load(config.get("model_metadata"))
         self._secrets = secrets
         self._service: GenerationService | None = None
+        metrics = default_metrics()
+        self._admission = Admission(self._settings.max_inflight, self._settings.max_waiting,
+                                    metrics)
+        self._drainer = Drainer(self._settings.drain_grace_seconds, self._stop_admitting,
+                                self._abort_all)
 
     def load(self) -> None:
         self._service = GenerationService.start(self._settings,
                                                 _secret(self._secrets, HF_TOKEN_SECRET))
 
-    def is_healthy(self) -> bool:
-        return self._service is not None and self._service.is_healthy()
+    async def is_healthy(self) -> bool:
+        self._drainer.install()  # here: the first call on the server's main-thread loop
+        return (self._service is not None and self._service.is_healthy()
+                and not self._drainer.draining)
+
+    def _stop_admitting(self) -> None:
+        self._admission.draining = True
+
+    def _abort_all(self) -> int:
+        return self._service.abort_all() if self._service else 0
+
+    # ---- routes ----
 
     async def predict(self, model_input: Any, request: Request) -> Any:
-        assert self._service is not None  # Truss calls predict only after load()
-        request_id = _request_id(request)
+        self._drainer.install()
+        record = RequestRecord(request.headers.get("x-request-id") or "", "predict")
+        record.request_id = record.request_id or record.engine_id
+        service = self._service
+        assert service is not None  # Truss calls predict only after load()
         try:
-            req, gen = self._service.parse_predict(model_input)
+            req, gen = service.parse_predict(model_input)
         except RequestError as exc:
-            return _error(exc, request_id)
-        headers = {"X-Request-Id": request_id}
+            return _predict_error(exc.status, exc.message, record.request_id)
+        ticket = await self._admit(record, request, "predict")
+        if isinstance(ticket, Response):
+            return ticket
+        headers = {"X-Request-Id": record.request_id}
         if req.streaming:
-            # A StreamingResponse (not a bare generator) so that a client disconnect
-            # cancels the stream, which aborts the engine request.
-            return StreamingResponse(self._service.stream(gen, request_id),
-                                     media_type="text/plain; charset=utf-8", headers=headers)
+            return self._streaming_response(
+                service.stream(gen, record, req.prompt), ticket, "text/plain; charset=utf-8",
+                headers)
         try:
-            result = await self._service.complete(gen, request_id, request.is_disconnected)
+            await service.complete(gen, record, request.is_disconnected, req.prompt)
         except RequestError as exc:
-            return _error(exc, request_id)
-        return JSONResponse({"output": result.output, "finish_reason": result.finish_reason,
-                             "usage": result.usage}, headers=headers)
+            return _predict_error(exc.status, exc.message, record.request_id)
+        finally:
+            ticket.release()
+        return JSONResponse({"output": record.output, "finish_reason": record.finish_reason,
+                             "usage": record.usage}, headers=headers)
+
+    async def chat_completions(self, model_input: Any, request: Request) -> Any:
+        return await self._openai(openai_api.Route.CHAT, model_input, request)
+
+    async def completions(self, model_input: Any, request: Request) -> Any:
+        return await self._openai(openai_api.Route.COMPLETIONS, model_input, request)
+
+    async def _openai(self, route: "openai_api.Route", body: Any, request: Request) -> Any:
+        self._drainer.install()
+        service = self._service
+        assert service is not None
+        record = RequestRecord(request.headers.get("x-request-id") or "", route.value)
+        record.request_id = record.request_id or record.engine_id
+        try:
+            call = openai_api.parse(route, body, service)
+        except RequestError as exc:
+            return openai_api.error_response(exc.status, exc.message, exc.param,
+                                             record.request_id)
+        ticket = await self._admit(record, request, route.value)
+        if isinstance(ticket, Response):
+            return ticket
+        headers = {"X-Request-Id": record.request_id}
+        if call.stream:
+            return self._streaming_response(
+                openai_api.sse_events(call, service.stream(call.gen, record), record,
+                                      self._settings.served_model_name),
+                ticket, "text/event-stream", headers)
+        try:
+            await service.complete(call.gen, record, request.is_disconnected)
+        except RequestError as exc:
+            return openai_api.error_response(exc.status, exc.message, exc.param,
+                                             record.request_id)
+        finally:
+            ticket.release()
+        return JSONResponse(openai_api.response_body(call, record,
+                                                     self._settings.served_model_name),
+                            headers=headers)
+
+    # ---- helpers ----
+
+    async def _admit(self, record: RequestRecord, request: Request,
+                     route: str) -> "Ticket | Response":
+        """A slot in the engine, or the refusal to send instead (429 / 503 / 499)."""
+        openai = route != "predict"
+        try:
+            ticket = await self._admission.acquire(request.is_disconnected)
+        except Overloaded:
+            message = (f"server is at capacity ({self._admission.max_inflight} running, "
+                       f"{self._admission.max_waiting} waiting); retry later")
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+            if openai:
+                return openai_api.error_response(429, message, None, record.request_id,
+                                                 headers, code="rate_limit_exceeded")
+            return _predict_error(429, message, record.request_id, headers)
+        except Draining:
+            message = "server is shutting down; retry on another replica"
+            if openai:
+                return openai_api.error_response(503, message, None, record.request_id)
+            return _predict_error(503, message, record.request_id)
+        except ClientGone:
+            return Response(status_code=499)
+        self._service.telemetry.admitted(record)
+        return ticket
+
+    @staticmethod
+    def _streaming_response(chunks, ticket: Ticket, media_type: str,
+                            headers: dict[str, str]) -> StreamingResponse:
+        async def body():
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                ticket.release()
+
+        # A StreamingResponse (not a bare generator) so that a client disconnect cancels
+        # the stream, which aborts the engine request. If the body never starts (client
+        # gone before the first byte), the finalizer still frees the slot.
+        response = StreamingResponse(body(), media_type=media_type, headers=headers)
+        weakref.finalize(response, ticket.release)
+        return response

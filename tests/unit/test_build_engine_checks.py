@@ -54,7 +54,11 @@ def test_defaults_pass_all_checks() -> None:
 
 def test_defaults_reproduce_the_article() -> None:
     opts = EngineOptions()
-    assert (opts.model, opts.dtype, opts.tp_size) == ("mistralai/Mistral-7B-Instruct-v0.2", "float16", 1)
+    assert (opts.model, opts.dtype, opts.tp_size) == (
+        "mistralai/Mistral-7B-Instruct-v0.2",
+        "float16",
+        1,
+    )
     assert (opts.max_input_len, opts.max_seq_len, opts.gpu) == (32256, 32768, "a100")
 
 
@@ -88,7 +92,11 @@ def test_revision_with_checkpoint_dir_and_missing_config(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("opts", "facts", "needle"),
     [
-        (EngineOptions(), good_facts(trtllm_version=None), "nvcr.io/nvidia/tensorrt-llm/release:1.2"),
+        (
+            EngineOptions(),
+            good_facts(trtllm_version=None),
+            "nvcr.io/nvidia/tensorrt-llm/release:1.2",
+        ),
         (EngineOptions(), good_facts(trtllm_version="1.3.0"), "targets 1.2.x"),
         (EngineOptions(), good_facts(gpus=[]), "no NVIDIA GPU found"),
         (EngineOptions(tp_size=2), good_facts(), "needs 2 GPUs; this machine has 1"),

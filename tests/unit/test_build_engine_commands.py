@@ -33,8 +33,12 @@ CASES: dict[str, dict] = {
     "int4_awq_a100": dict(quantization="int4_awq", calib_size=64),
     "fp8_h100": dict(quantization="fp8", gpu="h100", calib_dataset="/data/calib"),
     "local_checkpoint_short_context": dict(
-        checkpoint_dir=Path("/models/mistral-7b"), max_input_len=4096, max_seq_len=8192,
-        max_num_tokens=4096, push="acme/mistral-7b-trt", push_revision="a100-fp16",
+        checkpoint_dir=Path("/models/mistral-7b"),
+        max_input_len=4096,
+        max_seq_len=8192,
+        max_num_tokens=4096,
+        push="acme/mistral-7b-trt",
+        push_revision="a100-fp16",
     ),
 }
 
@@ -43,16 +47,42 @@ CASES: dict[str, dict] = {
 # tensorrt_llm/commands/build.py (parse_arguments) + tensorrt_llm/plugin/plugin.py
 # (cli_plugin_args, exposed by add_plugin_argument):
 TRTLLM_BUILD_FLAGS = {
-    "checkpoint_dir", "model_config", "build_config", "output_dir", "max_batch_size",
-    "max_input_len", "max_seq_len", "max_beam_width", "max_num_tokens", "opt_num_tokens",
-    "kv_cache_type", "workers", "log_level", "gemm_plugin", "gpt_attention_plugin",
-    "context_fmha", "remove_input_padding", "use_paged_context_fmha", "tokens_per_block",
-    "multiple_profiles", "use_fp8_context_fmha", "nccl_plugin",
+    "checkpoint_dir",
+    "model_config",
+    "build_config",
+    "output_dir",
+    "max_batch_size",
+    "max_input_len",
+    "max_seq_len",
+    "max_beam_width",
+    "max_num_tokens",
+    "opt_num_tokens",
+    "kv_cache_type",
+    "workers",
+    "log_level",
+    "gemm_plugin",
+    "gpt_attention_plugin",
+    "context_fmha",
+    "remove_input_padding",
+    "use_paged_context_fmha",
+    "tokens_per_block",
+    "multiple_profiles",
+    "use_fp8_context_fmha",
+    "nccl_plugin",
 }
 # examples/models/core/llama/convert_checkpoint.py (parse_arguments):
 CONVERT_FLAGS = {
-    "model_dir", "output_dir", "dtype", "tp_size", "pp_size", "use_weight_only",
-    "weight_only_precision", "int8_kv_cache", "fp8_kv_cache", "workers", "load_model_on_cpu",
+    "model_dir",
+    "output_dir",
+    "dtype",
+    "tp_size",
+    "pp_size",
+    "use_weight_only",
+    "weight_only_precision",
+    "int8_kv_cache",
+    "fp8_kv_cache",
+    "workers",
+    "load_model_on_cpu",
 }
 # examples/quantization/quantize.py:
 QUANTIZE_FLAGS = {
@@ -74,7 +104,9 @@ def test_commands_match_golden(name: str) -> None:
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
     assert path.exists(), f"{path} missing: run with UPDATE_GOLDEN=1 to create it"
-    assert text == path.read_text(), f"commands changed for {name}; see the diff, then UPDATE_GOLDEN=1"
+    assert text == path.read_text(), (
+        f"commands changed for {name}; see the diff, then UPDATE_GOLDEN=1"
+    )
 
 
 def test_every_golden_file_has_a_case() -> None:

@@ -119,9 +119,9 @@ def test_retries_503_while_loading_then_succeeds() -> None:
 
 def test_retries_are_bounded() -> None:
     with FakeServer(FakeServerState(loading_503=10)) as fake, \
-            Client(fake.url, retries=2, backoff=0.01) as client:
-        with pytest.raises(ServiceUnavailableError, match="loading"):
-            client.predict("x")
+            Client(fake.url, retries=2, backoff=0.01) as client, \
+            pytest.raises(ServiceUnavailableError, match="loading"):
+        client.predict("x")
     assert fake.state.hits["/v1/models/model:predict"] == 3
 
 

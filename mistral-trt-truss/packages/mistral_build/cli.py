@@ -11,6 +11,8 @@ SUBCOMMAND_MODULES = [
     "mistral_build.dev_model",
     "mistral_build.engine",
     "mistral_build.local_server",
+    "mistral_build.image",
+    "mistral_build.manifests",
 ]
 
 
@@ -25,9 +27,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def everyday() -> int:
+    """`python build.py` with no arguments: the image (build context; build and push where
+    Docker answers) and the Kubernetes manifests in k8s/, from the default DeploySettings."""
+    from mistral_build.deploy_settings import load_deploy_settings
+    from mistral_build.image import DEFAULT_CONTEXT_DIR, build_image
+    from mistral_build.manifests import run_manifests
+
+    settings = load_deploy_settings()
+    rc = build_image(settings, DEFAULT_CONTEXT_DIR)
+    if rc != 0:
+        return rc
+    return run_manifests(settings)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:
+        return everyday()
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

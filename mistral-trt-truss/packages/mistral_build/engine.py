@@ -380,14 +380,20 @@ def plan_steps(opts: EngineOptions, paths: BuildPaths, python: str = "python3") 
 
 def render_plan(opts: EngineOptions, paths: BuildPaths, steps: list[Step]) -> str:
     """The build as a shell script: what --dry-run prints and the golden files hold."""
-    lines = ["#!/usr/bin/env bash", "# python build.py engine: the exact commands", "set -euo pipefail"]
+    lines = [
+        "#!/usr/bin/env bash",
+        "# python build.py engine: the exact commands",
+        "set -euo pipefail",
+    ]
     if opts.checkpoint_dir is None:
         lines.append(
             f"# download: {opts.model}@{opts.revision or 'main'} -> {paths.source_dir} "
             f"(huggingface_hub.snapshot_download, allow_patterns={SOURCE_PATTERNS})"
         )
     for i, step in enumerate(steps, 1):
-        lines.append(f"# [{i}/{len(steps)}] {step.name}; log: {paths.logs_dir / (step.name + '.log')}")
+        lines.append(
+            f"# [{i}/{len(steps)}] {step.name}; log: {paths.logs_dir / (step.name + '.log')}"
+        )
         lines.append(format_command(step.argv))
     lines.append(f"# finish: tokenizer files + build_manifest.json -> {paths.output_dir}")
     if opts.push:
@@ -399,12 +405,13 @@ def format_command(argv: list[str]) -> str:
     """One `--flag value` per line, shell-quoted, so diffs of golden files read well."""
     groups: list[list[str]] = []
     for token in argv:
-        if token.startswith("--") or not groups:
+        last = groups[-1] if groups else None
+        # The program group takes its positional args; a flag group takes one value.
+        takes = last is not None and (not last[0].startswith("--") or len(last) == 1)
+        if token.startswith("--") or not takes:
             groups.append([token])
-        elif groups[-1][0].startswith("--") and len(groups[-1]) == 1 or not groups[-1][0].startswith("--"):
-            groups[-1].append(token)
         else:
-            groups.append([token])
+            last.append(token)
     return " \\\n    ".join(shlex.join(g) for g in groups)
 
 
@@ -507,7 +514,9 @@ def run_step(index: int, total: int, step: Step, log_path: Path) -> None:
     if code != 0:
         tail = log_path.read_text(errors="replace").splitlines()[-20:]
         print("\n".join("    | " + ln for ln in tail), file=sys.stderr)
-        raise RuntimeError(f"step {step.name} failed (exit {code}) after {elapsed}; log: {log_path}")
+        raise RuntimeError(
+            f"step {step.name} failed (exit {code}) after {elapsed}; log: {log_path}"
+        )
     print(f"[{index}/{total}] {step.name}: done in {elapsed}")
 
 
@@ -589,9 +598,7 @@ def build_pytorch_artifact(opts: EngineOptions, token: str | None) -> Path:
     for pattern in CHECKPOINT_FILES:
         for src in sorted(paths.source_dir.glob(pattern)):
             shutil.copyfile(src, paths.output_dir / src.name)
-    versions = {
-        k: v for k in ("transformers", "torch") if (v := package_version(k)) is not None
-    }
+    versions = {k: v for k in ("transformers", "torch") if (v := package_version(k)) is not None}
     manifest = BuildManifest(
         kind="hf_checkpoint",
         source_model=opts.source_label,
@@ -660,7 +667,10 @@ def main(args: argparse.Namespace) -> int:
         opts = options_from_args(args)
     except ValidationError as exc:
         return refuse(
-            [f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors()]
+            [
+                f"--{'.'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}"
+                for e in exc.errors()
+            ]
         )
     return run_engine(opts)
 
@@ -732,7 +742,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--output-dir", type=Path, help="Artifact directory (default: build/artifacts/<name>)."
     )
     o.add_argument(
-        "--workdir", type=Path, help="Downloads, converted checkpoint, logs (default: <output>.work)."
+        "--workdir",
+        type=Path,
+        help="Downloads, converted checkpoint, logs (default: <output>.work).",
     )
     o.add_argument(
         "--examples-dir",

@@ -105,7 +105,9 @@ def describe(manifest: BuildManifest) -> str:
     parts.append(opts.get("dtype", "?") + ("" if precision == "none" else f"+{precision}"))
     if "tp_size" in opts:
         parts.append(f"tp{opts['tp_size']}")
-    limits = [f"{k}={opts[k]}" for k in ("max_batch_size", "max_input_len", "max_seq_len") if k in opts]
+    limits = [
+        f"{k}={opts[k]}" for k in ("max_batch_size", "max_input_len", "max_seq_len") if k in opts
+    ]
     parts.extend(limits)
     if manifest.gpu is not None:
         parts.append(f"gpu={manifest.gpu.name} (sm {manifest.gpu.compute_capability})")

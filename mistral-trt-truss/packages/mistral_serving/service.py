@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -19,9 +19,11 @@ from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
 from mistral_serving.engines.base import Engine, EngineRequestError, SamplingOptions
 from mistral_serving.engines.select import start_engine
 from mistral_serving.manifest import BuildManifest
+from mistral_serving.metrics import Metrics, default_metrics
 from mistral_serving.schema import PredictRequest, describe_validation_error
 from mistral_serving.settings import Settings
 from mistral_serving.streaming import TextStream
+from mistral_serving.telemetry import RequestRecord, Telemetry
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
@@ -47,31 +49,19 @@ class GenerationRequest:
     interval: int = 1  # tokens per streamed chunk
 
 
-@dataclass
-class Completion:
-    output: str = ""
-    finish_reason: str = "stop"
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    first_token_at: float | None = None  # monotonic time of the first text
-    started_at: float = field(default_factory=time.monotonic)
-
-    @property
-    def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
-
-
 class GenerationService:
     def __init__(self, settings: Settings, tokenizer: Tokenizer, engine: Engine,
-                 manifest: BuildManifest | None = None) -> None:
+                 manifest: BuildManifest | None = None, metrics: Metrics | None = None) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.engine = engine
         self.manifest = manifest
+        self.telemetry = Telemetry(metrics or default_metrics(), settings.log_prompts)
+        self._live: set[str] = set()  # request ids in the engine now
 
     @classmethod
-    def start(cls, settings: Settings, hf_token: str | None) -> GenerationService:
+    def start(cls, settings: Settings, hf_token: str | None,
+              metrics: Metrics | None = None) -> GenerationService:
         """Resolve the artifact, check it, start its engine; log what and how long."""
         started = time.monotonic()
         artifact_dir = resolve_artifact(settings, hf_token)
@@ -88,10 +78,17 @@ class GenerationService:
             settings.artifact, kind, engine.info.name, done - started, fetched - started,
             done - fetched, engine.limits,
         )
-        return cls(settings, tokenizer, engine, manifest)
+        return cls(settings, tokenizer, engine, manifest, metrics)
 
     def is_healthy(self) -> bool:
         return self.engine.is_healthy()
+
+    def abort_all(self) -> int:
+        """Abort every request in the engine (end of a drain); returns how many."""
+        live = list(self._live)
+        for request_id in live:
+            self.engine.abort(request_id)
+        return len(live)
 
     # ---- requests ----
 
@@ -137,48 +134,57 @@ class GenerationService:
         return req, GenerationRequest(ids, sampling, tuple(req.stop or ()),
                                       req.streaming_interval)
 
-    async def stream(self, gen: GenerationRequest, request_id: str,
-                     result: Completion | None = None) -> AsyncIterator[str]:
-        """Text chunks as they are ready; `result` is filled in as it goes. Leaving early
-        (client gone, stop string) aborts the engine request."""
-        result = result if result is not None else Completion()
-        result.prompt_tokens = len(gen.prompt_ids)
+    async def stream(self, gen: GenerationRequest, record: RequestRecord,
+                     prompt_text: str | None = None) -> AsyncIterator[str]:
+        """Text chunks as they are ready; `record` is filled in as it goes and reported
+        (log line + metrics) when the stream ends. Leaving early (client gone, stop
+        string) aborts the engine request."""
+        record.prompt_tokens = len(gen.prompt_ids)
         text = TextStream(self.tokenizer.table, gen.stop, gen.interval)
-        tokens = self.engine.generate(request_id, gen.prompt_ids, gen.sampling)
-        finished = False
+        tokens = self.engine.generate(record.engine_id, gen.prompt_ids, gen.sampling)
+        self._live.add(record.engine_id)
+        engine_done = False
+        engine_reason: str | None = None
+        record.finish_reason = "abort"  # unless we get to the end below
         try:
             async for delta in tokens:
                 chunk = text.add(delta.token_ids)
-                result.completion_tokens = text.num_tokens
+                record.completion_tokens = text.num_tokens
                 if chunk:
-                    result.first_token_at = result.first_token_at or time.monotonic()
+                    record.first_token_at = record.first_token_at or time.monotonic()
                     yield chunk
                 if text.stopped:
-                    result.finish_reason = "stop"
                     break
                 if delta.finish_reason is not None:
-                    result.finish_reason = delta.finish_reason
-                    finished = True
+                    engine_done, engine_reason = True, delta.finish_reason
                     break
+            reason = "stop" if text.stopped else (engine_reason or "abort")
+            tail = text.finish()
+            record.output = text.text
+            if tail:
+                record.first_token_at = record.first_token_at or time.monotonic()
+                yield tail
+            record.finish_reason = reason
         except EngineRequestError as exc:
+            record.finish_reason = "error"
             raise RequestError(str(exc)) from None
+        except Exception:
+            record.finish_reason = "error"
+            raise
         finally:
-            if not finished:
-                self.engine.abort(request_id)  # sync first: nothing may await past a cancel
+            if not engine_done:
+                self.engine.abort(record.engine_id)  # sync first: nothing may await past a cancel
             await tokens.aclose()
-        tail = text.finish()
-        result.output = text.text
-        if tail:
-            result.first_token_at = result.first_token_at or time.monotonic()
-            yield tail
+            self._live.discard(record.engine_id)
+            self.telemetry.finished(record, prompt_text)
 
-    async def complete(self, gen: GenerationRequest, request_id: str,
-                       is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> Completion:
+    async def complete(self, gen: GenerationRequest, record: RequestRecord,
+                       is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+                       prompt_text: str | None = None) -> RequestRecord:
         """The whole answer; stops (and aborts the engine request) if the client leaves."""
-        result = Completion()
 
         async def drain() -> None:
-            async for _ in self.stream(gen, request_id, result):
+            async for _ in self.stream(gen, record, prompt_text):
                 pass
 
         task = asyncio.ensure_future(drain())
@@ -186,7 +192,6 @@ class GenerationService:
             while not task.done():
                 await asyncio.wait({task}, timeout=0.5)
                 if not task.done() and is_disconnected is not None and await is_disconnected():
-                    result.finish_reason = "abort"
                     break
         finally:
             if not task.done():  # client gone, or we were cancelled: stop generating
@@ -195,4 +200,4 @@ class GenerationService:
                     await task
         if not task.cancelled():
             task.result()  # re-raise what generation raised
-        return result
+        return record

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from mistral_serving.engine_checks import (
+    EngineCheckError,
     GpuInfo,
     check_engine_dir,
     detect_gpu,
@@ -82,7 +83,7 @@ def to_sampling_params(options: SamplingOptions, eos_token_id: int, pad_token_id
         "max_tokens": options.max_new_tokens,
         "end_id": eos_token_id,
         "pad_id": eos_token_id if pad_token_id is None else pad_token_id,
-          # we stream ids; text is built above the engine
+        "detokenize": False,  # we stream ids; text is built above the engine
         "n": 1,
     }
     if options.greedy:
@@ -159,9 +160,15 @@ class TrtLlmEngine:
         """Check the engine directory against this machine, then start the engine.
         `gpu` None means detect it (torch.cuda)."""
         # Imported here so the package imports (and its tests run) without tensorrt_llm.
-        import tensorrt_llm
-        from tensorrt_llm._tensorrt_engine import LLM
-        from tensorrt_llm.llmapi import KvCacheConfig, RequestError
+        try:
+            import tensorrt_llm
+            from tensorrt_llm._tensorrt_engine import LLM
+            from tensorrt_llm.llmapi import KvCacheConfig, RequestError
+        except ImportError as exc:
+            raise EngineCheckError(
+                f"{engine_dir} is a TensorRT-LLM engine but tensorrt_llm cannot be imported "
+                f"({exc}); serve it from the TensorRT-LLM 1.2.x release image"
+            ) from exc
 
         engine_dir = Path(engine_dir)
         built = check_engine_dir(

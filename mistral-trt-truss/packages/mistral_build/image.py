@@ -1,0 +1,325 @@
+"""`python build.py image`: the serving image.
+
+1. Checks that what the image installs cannot conflict: the Truss server's requirements
+   and constraints (from the installed truss package), ours (config.yaml `requirements`
+   and pyproject's dependencies) and what the TensorRT-LLM release base image pins.
+2. Renders the Docker build context with truss's own code (`render_build_context`), with
+   the non-root `app` user (uid 60000) that the Truss Dockerfile template creates when
+   `BT_USE_NON_ROOT_USER` is set.
+3. Builds, tags and pushes it with `docker build` / `docker push` when a Docker engine
+   answers `docker info`; otherwise prints why and the exact commands to run elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import tomllib
+import yaml
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
+from mistral_build.deploy_settings import (
+    DeploySettings,
+    DeploySettingsError,
+    add_settings_arguments,
+    settings_from_args,
+)
+from mistral_build.local_server import render_build_context
+from mistral_build.paths import CACHE_DIR, REPO_ROOT, TRUSS_DIR
+
+# The TensorRT-LLM version our engines are built with, and NVIDIA's release container
+# for it (nvcr.io/nvidia/tensorrt-llm/release:<version>, see TensorRT-LLM's
+# docs/source/installation/containers.md). Engines only run on the TensorRT version they
+# were built with, so the base image and the engine builder must use the same tag.
+TRTLLM_VERSION = "1.2.1"
+BASE_IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{TRTLLM_VERSION}"
+# The release image derives from NGC's PyTorch container (Ubuntu 24.04, system Python
+# 3.12, packages in /usr/local/lib/python3.12/dist-packages).
+BASE_IMAGE_PYTHON = "/usr/bin/python3"
+BASE_IMAGE_PYTHON_VERSION = "3.12"
+
+# What the base image has installed that our code and the Truss server also touch:
+# TensorRT-LLM v1.2.1's requirements.txt (tag commit 376f7e1b), plus the bounds that
+# transformers 4.57.3 itself declares. `uv pip install` in the Truss Dockerfile keeps an
+# installed version that satisfies a requirement, so these are the versions we run on.
+TRTLLM_PINS: tuple[str, ...] = (
+    "transformers==4.57.3",
+    "numpy<2",
+    "fastapi>=0.120.1,<=0.121.3",
+    "starlette>=0.49.1",
+    "uvicorn",
+    "torch>=2.9.1,<=2.10.0a0",
+    "tensorrt~=10.14.1",
+    "triton==3.5.1",
+    "pydantic>=2.9.1",
+    "sentencepiece>=0.1.99",
+    "prometheus_client",
+    "mistral-common==1.8.6",
+    "openai",
+    "psutil",
+    "datasets==3.1.0",
+    "h5py==3.12.1",
+    "setuptools<80",
+    # transformers 4.57.3's own requirements.
+    "huggingface-hub>=0.34.0,<1.0",
+    "tokenizers>=0.22.0,<=0.23.0",
+    "safetensors>=0.4.3",
+)
+
+DOCKER_PLATFORM = "linux/amd64"
+
+
+# --- requirements: do the three sources agree? ---------------------------------------
+
+
+def parse_requirements(lines: Iterable[str]) -> list[Requirement]:
+    """PEP 508 lines; comments, blank lines and pip options (-i, -c, ...) are skipped."""
+    reqs = []
+    for raw in lines:
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith(("#", "-")):
+            continue
+        try:
+            reqs.append(Requirement(line))
+        except InvalidRequirement as exc:
+            raise ValueError(f"not a requirement: {raw.strip()!r} ({exc})") from None
+    return reqs
+
+
+def truss_server_dir() -> Path:
+    import truss
+
+    return Path(truss.__file__).parent / "templates" / "server"
+
+
+def truss_server_requirements() -> list[str]:
+    return (truss_server_dir() / "requirements.txt").read_text().splitlines()
+
+
+def truss_server_constraints() -> list[str]:
+    return (truss_server_dir() / "constraints.txt").read_text().splitlines()
+
+
+def truss_config(truss_dir: Path = TRUSS_DIR) -> dict:
+    return yaml.safe_load((truss_dir / "config.yaml").read_text())
+
+
+def config_requirements(truss_dir: Path = TRUSS_DIR) -> list[str]:
+    return list(truss_config(truss_dir).get("requirements") or [])
+
+
+def pyproject_dependencies(repo_root: Path = REPO_ROOT) -> list[str]:
+    data = tomllib.loads((repo_root / "pyproject.toml").read_text())
+    return list(data["project"]["dependencies"])
+
+
+def requirement_sources() -> dict[str, list[str]]:
+    return {
+        "truss server requirements.txt": truss_server_requirements(),
+        "truss server constraints.txt": truss_server_constraints(),
+        "config.yaml requirements": config_requirements(),
+        "pyproject.toml dependencies": pyproject_dependencies(),
+        f"TensorRT-LLM {TRTLLM_VERSION} image": list(TRTLLM_PINS),
+    }
+
+
+def _candidates(specs: Iterable[SpecifierSet]) -> set[Version]:
+    """Versions worth trying: every version any specifier names (not wildcards)."""
+    found = set()
+    for spec_set in specs:
+        for spec in spec_set:
+            if spec.version.endswith(".*"):
+                continue
+            try:
+                found.add(Version(spec.version))
+            except InvalidVersion:
+                continue
+    return found
+
+
+@dataclass(frozen=True)
+class Conflict:
+    package: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.package}: {self.detail}"
+
+
+def find_conflicts(
+    sources: dict[str, list[str]],
+    pinned_source: str | None = None,
+    python_version: str = BASE_IMAGE_PYTHON_VERSION,
+) -> list[Conflict]:
+    """Packages whose specifiers across `sources` admit no common version.
+
+    A version named by one of the specifiers must satisfy all of them (a witness; bounds
+    such as `>=0.120.1,<=0.121.3` always name one). With `pinned_source`, every exact pin
+    there (`==X`) must also satisfy all other sources: otherwise the image build would
+    replace the version the base image was built and tested with.
+    """
+    env = {"python_version": python_version, "python_full_version": python_version + ".0",
+           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+           "os_name": "posix", "implementation_name": "cpython"}
+    by_name: dict[str, list[tuple[str, Requirement]]] = {}
+    for source, lines in sources.items():
+        for req in parse_requirements(lines):
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            by_name.setdefault(canonicalize_name(req.name), []).append((source, req))
+
+    conflicts = []
+    for name, entries in sorted(by_name.items()):
+        specs = [req.specifier for _, req in entries]
+        combined = SpecifierSet()
+        for spec in specs:
+            combined &= spec
+        described = "; ".join(f"{src}: {req}" for src, req in entries)
+        if len({src for src, _ in entries}) < 2:
+            continue  # one source alone cannot conflict with the others
+        candidates = _candidates(specs)
+        if not any(s.operator in (">=", ">", "==", "===", "~=") for s in combined):
+            candidates.add(Version("0"))  # only upper bounds: anything low enough fits
+        if candidates and not any(combined.contains(v, prereleases=True) for v in candidates):
+            conflicts.append(Conflict(name, f"no version satisfies all of {described}"))
+            continue
+        if pinned_source is None:
+            continue
+        for src, req in entries:
+            if src != pinned_source:
+                continue
+            pins = [s for s in req.specifier if s.operator in ("==", "===")]
+            for pin in pins:
+                version = Version(pin.version)
+                if not combined.contains(version, prereleases=True):
+                    conflicts.append(Conflict(
+                        name, f"the base image pins {version}, which {described} excludes"))
+    return conflicts
+
+
+def check_requirements() -> list[Conflict]:
+    return find_conflicts(requirement_sources(), pinned_source=f"TensorRT-LLM {TRTLLM_VERSION} image")
+
+
+# --- the build context ----------------------------------------------------------------
+
+
+@contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def render_image_context(build_dir: Path, truss_dir: Path = TRUSS_DIR) -> Path:
+    """The Docker build context by truss's own code, running as the non-root `app` user."""
+    with _env("BT_USE_NON_ROOT_USER", "1"):
+        render_build_context(build_dir, truss_dir)
+    dockerfile = (build_dir / "Dockerfile").read_text()
+    base = truss_config(truss_dir).get("base_image", {}).get("image")
+    if base and f"FROM {base} " not in dockerfile:
+        raise RuntimeError(f"rendered Dockerfile does not build FROM {base}")
+    return build_dir
+
+
+# --- docker ---------------------------------------------------------------------------
+
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+
+def docker_unavailable(runner: Runner = subprocess.run) -> str | None:
+    """None when a Docker engine answers; otherwise why not."""
+    if shutil.which("docker") is None:
+        return "the docker client is not installed"
+    try:
+        proc = runner(["docker", "info", "--format", "{{.ServerVersion}}"],
+                      capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"`docker info` failed: {exc}"
+    if proc.returncode != 0:
+        reason = (proc.stderr or proc.stdout or "").strip().splitlines()
+        return "no Docker engine answers `docker info`" + (f" ({reason[-1]})" if reason else "")
+    return None
+
+
+def docker_commands(context_dir: Path, image_ref: str, push: bool = True) -> list[list[str]]:
+    cmds = [["docker", "build", "--platform", DOCKER_PLATFORM, "-t", image_ref, str(context_dir)]]
+    if push:
+        cmds.append(["docker", "push", image_ref])
+    return cmds
+
+
+def build_image(
+    settings: DeploySettings,
+    context_dir: Path,
+    push: bool = True,
+    runner: Runner = subprocess.run,
+) -> int:
+    """Render the context; build and push when Docker is reachable. Exit code 0 when it
+    did what this machine allows (a missing Docker engine is reported, not an error)."""
+    conflicts = check_requirements()
+    if conflicts:
+        print("error: the image's requirements conflict:", file=sys.stderr)
+        for c in conflicts:
+            print(f"  {c}", file=sys.stderr)
+        return 1
+    render_image_context(context_dir)
+    print(f"Rendered the Docker build context into {context_dir} "
+          f"(FROM {BASE_IMAGE}, runs as uid 60000).")
+    cmds = docker_commands(context_dir, settings.image_ref, push)
+    shown = "\n".join("  " + " ".join(c) for c in cmds)
+    why = docker_unavailable(runner)
+    if why is not None:
+        print(f"Not building the image here: {why}.\n"
+              f"On a machine with Docker (and `gcloud auth configure-docker` for the registry) run:\n"
+              f"{shown}")
+        return 0
+    for cmd in cmds:
+        print("+ " + " ".join(cmd), flush=True)
+        proc = runner(cmd)
+        if proc.returncode != 0:
+            print(f"error: {' '.join(cmd[:2])} failed with exit code {proc.returncode}",
+                  file=sys.stderr)
+            return proc.returncode
+    print(f"Built{' and pushed' if push else ''} {settings.image_ref}.")
+    return 0
+
+
+DEFAULT_CONTEXT_DIR = CACHE_DIR / "image-context"
+
+
+def image_command(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_from_args(args)
+    except DeploySettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return build_image(settings, Path(args.context_dir), push=not args.no_push)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "image", help="Render the Truss image build context; build and push it with Docker.")
+    add_settings_arguments(p)
+    p.add_argument("--context-dir", default=str(DEFAULT_CONTEXT_DIR),
+                   help="Where to render the build context (default: .cache/image-context).")
+    p.add_argument("--no-push", action="store_true", help="Build and tag only.")
+    p.set_defaults(func=image_command)

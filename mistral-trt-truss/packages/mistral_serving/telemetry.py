@@ -1,0 +1,76 @@
+"""Per-request record: one structured log line and the metrics, when a request ends."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from mistral_serving.metrics import Metrics
+
+log = logging.getLogger("mistral_serving.requests")
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request; filled in as it runs."""
+
+    request_id: str  # the client's X-Request-Id, or one we made: logged and returned
+    route: str
+    # Unique inside the engine even when clients reuse an X-Request-Id.
+    engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    arrived_at: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None  # stop, length, abort, error
+    output: str = ""
+
+    @property
+    def usage(self) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+    @property
+    def ttft_s(self) -> float | None:
+        return None if self.first_token_at is None else self.first_token_at - self.arrived_at
+
+
+class Telemetry:
+    def __init__(self, metrics: Metrics, log_prompts: bool = False) -> None:
+        self.metrics = metrics
+        self.log_prompts = log_prompts
+
+    def admitted(self, record: RequestRecord) -> None:
+        record.admitted_at = time.monotonic()
+        self.metrics.queue_time.observe(record.admitted_at - record.arrived_at)
+
+    def finished(self, record: RequestRecord, prompt: str | None = None) -> None:
+        record.ended_at = time.monotonic()
+        m, route = self.metrics, record.route
+        duration = record.ended_at - record.arrived_at
+        m.finished.labels(route, record.finish_reason or "error").inc()
+        m.prompt_tokens.inc(record.prompt_tokens)
+        m.generation_tokens.inc(record.completion_tokens)
+        m.request_prompt_tokens.observe(record.prompt_tokens)
+        m.request_generation_tokens.observe(record.completion_tokens)
+        m.e2e.labels(route).observe(duration)
+        if record.ttft_s is not None:
+            m.ttft.labels(route).observe(record.ttft_s)
+            if record.completion_tokens > 1:
+                m.tpot.labels(route).observe(
+                    (record.ended_at - record.first_token_at) / (record.completion_tokens - 1))
+        line = {
+            "event": "request", "request_id": record.request_id, "route": route,
+            "prompt_tokens": record.prompt_tokens, "output_tokens": record.completion_tokens,
+            "ttft_s": None if record.ttft_s is None else round(record.ttft_s, 4),
+            "duration_s": round(duration, 4), "finish_reason": record.finish_reason or "error",
+        }
+        if self.log_prompts:
+            line |= {"prompt": prompt, "output": record.output}
+        # Under the Truss server's JSON log formatter the `extra` fields become keys of
+        # the one log line of this request.
+        log.info("request %s %s %s", record.request_id, route, line["finish_reason"], extra=line)

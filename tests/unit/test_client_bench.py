@@ -1,0 +1,185 @@
+"""The benchmark driven against the loopback fake: counts, modes, arrivals, outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+from pathlib import Path
+
+import pytest
+
+from client.bench import BenchConfig, arrival_gaps, main, run_bench, write_results
+from client.datasets import LengthFit, fit_length, load_prompts, random_text
+from client.metrics import METRICS
+from client.testing import FakeServer, FakeServerState
+
+
+def run(cfg: BenchConfig) -> dict:
+    return asyncio.run(run_bench(cfg))
+
+
+@pytest.mark.parametrize("backend", ["predict", "openai"])
+def test_token_counts_agree_with_server_usage(backend: str) -> None:
+    with FakeServer() as fake:
+        cfg = BenchConfig(url=fake.url, backend=backend, num_prompts=6, concurrency=[2],
+                          input_len=30, output_len=8, warmup=1, progress=False)
+        results = run(cfg)
+    (run_,) = results["runs"]
+    m = run_["metrics"]
+    assert m["completed"] == 6 and m["failed"] == 0
+    # The fake reports completion_tokens = max_new_tokens and prompt_tokens = words + 3.
+    for r in run_["requests"]:
+        assert r["output_tokens"] == 8
+        assert r["output_tokens_source"] == ("replay" if backend == "predict" else "usage")
+        assert r["prompt_tokens"] == 30  # the synthetic prompt hit input_len exactly
+        assert r["ttft"] <= r["latency"]
+        assert len(r["itl"]) == r["chunks"] - 1
+    assert m["total_output_tokens"] == 48
+    assert m["total_input_tokens"] == 180
+    assert m["output_throughput"] == pytest.approx(48 / m["duration_s"])
+    assert m["request_throughput"] == pytest.approx(6 / m["duration_s"])
+    assert results["prompts"]["fit_tokens_per_word"] == pytest.approx(1.0)
+    # TPOT per request is vLLM's (e2e - ttft) / (n - 1).
+    r = run_["requests"][0]
+    assert r["tpot"] == pytest.approx((r["latency"] - r["ttft"]) / 7)
+
+
+def test_predict_bench_requests_are_greedy_seeded_and_token_by_token() -> None:
+    with FakeServer() as fake:
+        run(BenchConfig(url=fake.url, num_prompts=2, output_len=4, input_len=10, warmup=0,
+                        seed=5, progress=False))
+        streamed = [b for b in fake.state.requests if b.get("streaming")]
+    assert streamed and all(b["top_k"] == 1 and b["seed"] == 5 and b["streaming_interval"] == 1
+                            and b["max_new_tokens"] == 4 for b in streamed)
+
+
+def test_every_metric_in_json_and_plot_written(tmp_path: Path) -> None:
+    with FakeServer() as fake:
+        cfg = BenchConfig(url=fake.url, num_prompts=4, concurrency=[1, 2], output_len=5,
+                          input_len=12, warmup=0, slos={"ttft": 10_000, "tpot": 10_000},
+                          progress=False)
+        written = write_results(run(cfg), tmp_path)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [r["concurrency"] for r in data["runs"]] == [1, 2]
+    for r in data["runs"]:
+        m = r["metrics"]
+        for name in METRICS:
+            for stat in ("mean", "median", "std", "p50", "p90", "p99"):
+                assert isinstance(m[f"{stat}_{name}_ms"], float), f"{stat}_{name}_ms"
+        for key in ("request_throughput", "output_throughput", "total_token_throughput"):
+            assert m[key] > 0
+        assert m["request_goodput"] == pytest.approx(m["request_throughput"])  # generous SLOs
+        assert len(r["requests"]) == 4
+    png = tmp_path / "latency_vs_throughput.png"
+    assert png in written and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tight_slo_gives_zero_goodput() -> None:
+    with FakeServer(FakeServerState(first_token_delay=0.05)) as fake:
+        m = run(BenchConfig(url=fake.url, num_prompts=3, output_len=3, input_len=8, warmup=0,
+                            slos={"ttft": 10}, progress=False))["runs"][0]["metrics"]
+    assert m["good_requests"] == 0 and m["request_goodput"] == 0
+    assert m["median_ttft_ms"] >= 50
+
+
+def test_one_at_a_time_never_overlaps_and_concurrency_does() -> None:
+    with FakeServer(FakeServerState(token_delay=0.01)) as fake:
+        run(BenchConfig(url=fake.url, num_prompts=6, output_len=5, input_len=8, warmup=0,
+                        one_at_a_time=True, progress=False))
+        assert fake.state.max_in_flight == 1
+    with FakeServer(FakeServerState(token_delay=0.01)) as fake:
+        results = run(BenchConfig(url=fake.url, num_prompts=8, output_len=5, input_len=8,
+                                  warmup=0, concurrency=[4], token_count="chunks",
+                                  progress=False))
+        assert 2 <= fake.state.max_in_flight <= 4
+    assert results["runs"][0]["requests"][0]["output_tokens_source"] == "chunks"
+
+
+def test_request_rate_mode_spaces_arrivals() -> None:
+    with FakeServer() as fake:
+        results = run(BenchConfig(url=fake.url, num_prompts=5, output_len=2, input_len=8,
+                                  warmup=0, request_rate=[20.0], burstiness=1e6,
+                                  progress=False))
+    starts = sorted(r["start"] for r in results["runs"][0]["requests"])
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    # burstiness -> infinity makes the gamma gaps constant: 1/20 s.
+    assert all(g == pytest.approx(0.05, abs=0.03) for g in gaps)
+    assert results["runs"][0]["request_rate"] == 20.0
+
+
+def test_arrival_gaps_follow_the_gamma_process() -> None:
+    rng = random.Random(1)
+    for burstiness in (1.0, 0.5, 4.0):
+        gaps = arrival_gaps(20_001, 10.0, burstiness, rng)
+        assert gaps[0] == 0.0
+        rest = gaps[1:]
+        mean = statistics.fmean(rest)
+        cv2 = statistics.pvariance(rest) / mean**2
+        assert mean == pytest.approx(0.1, rel=0.05)  # rate 10/s
+        assert cv2 == pytest.approx(1 / burstiness, rel=0.1)  # gamma: CV^2 = 1/shape
+    assert arrival_gaps(3, float("inf"), 1.0, rng) == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError):
+        arrival_gaps(3, 1.0, 0.0, rng)
+
+
+def test_prompt_files(tmp_path: Path) -> None:
+    plain = tmp_path / "p.txt"
+    plain.write_text("first prompt\n\nsecond é prompt\n", encoding="utf-8")
+    items = load_prompts(plain)
+    assert [i.prompt for i in items] == ["first prompt", "second é prompt"]
+    assert load_prompts(plain, chat=True)[0].messages == [{"role": "user", "content": "first prompt"}]
+    jl = tmp_path / "p.jsonl"
+    jl.write_text('{"prompt": "a", "output_len": 7}\n'
+                  '{"messages": [{"role": "user", "content": "b"}]}\n', encoding="utf-8")
+    items = load_prompts(jl)
+    assert items[0].prompt == "a" and items[0].output_len == 7
+    assert items[1].messages == [{"role": "user", "content": "b"}]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"nothing": 1}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="prompt"):
+        load_prompts(bad)
+
+
+def test_dataset_prompts_are_sent_with_their_output_len(tmp_path: Path) -> None:
+    jl = tmp_path / "p.jsonl"
+    jl.write_text('{"prompt": "a b c", "output_len": 3}\n{"prompt": "d e", "output_len": 5}\n')
+    with FakeServer() as fake:
+        results = run(BenchConfig(url=fake.url, dataset=str(jl), num_prompts=4, warmup=0,
+                                  progress=False))
+    outs = [r["output_tokens"] for r in results["runs"][0]["requests"]]
+    assert outs == [3, 5, 3, 5]
+
+
+def test_length_fit_recovers_overhead_and_rate() -> None:
+    async def count(text: str) -> int:  # a "tokenizer": 2 tokens per word + 11 template tokens
+        return 11 + 2 * len(text.split())
+
+    fit = asyncio.run(fit_length(count, 200, random.Random(0)))
+    assert fit.overhead == pytest.approx(11) and fit.per_word == pytest.approx(2)
+    assert fit.words_for(211) == 100
+    assert LengthFit(5, 1.0).words_for(2) == 1  # never an empty prompt
+    assert len(random_text(17, random.Random(0)).split()) == 17
+
+
+def test_cli_bench_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer() as fake:
+        code = main(["--url", fake.url, "--num-prompts", "3", "--concurrency", "1,3",
+                     "--input-len", "16", "--output-len", "4", "--warmup", "1",
+                     "--slo", "ttft:5000", "tpot:1000", "--out", str(tmp_path), "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "concurrency=3" in out and "Mean TTFT (ms)" in out and "Request goodput" in out
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["config"]["slos"] == {"ttft": 5000.0, "tpot": 1000.0}
+    assert len(data["runs"]) == 2
+
+
+def test_cli_bench_reports_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
+    from client.testing import closed_port
+
+    code = main(["--url", f"http://127.0.0.1:{closed_port()}", "--num-prompts", "1",
+                 "--no-progress"])
+    assert code == 1
+    assert "cannot reach" in capsys.readouterr().err

@@ -1,0 +1,213 @@
+"""IncrementalDetokenizer: chunks joined equal the Hugging Face whole-sequence decode,
+whole characters only, one leading space stripped, linear work."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mistral_serving.detokenizer import IncrementalDetokenizer
+from mistral_serving.tokenizer import TokenTable, Tokenizer, load_tokenizer
+
+SETTINGS = settings(max_examples=200, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+VALID_TEXTS = [
+    "😀", "🫠", "🦩 flamingo", "中文", "日本語のテキスト", "한국어", "café", "naïve résumé",
+    "Ωμέγα", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "hello world", "  two  spaces", "\n\nnew lines\n", "\tTab",
+    "a😀b", "x 🫠 y", "emoji👨‍👩‍👧family", "[INST]", "1 + 1 = 2",
+]
+valid_text = st.lists(
+    st.one_of(
+        st.sampled_from(VALID_TEXTS),
+        st.text(st.characters(blacklist_categories=("Cs",)), max_size=5),
+        st.text(st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF), max_size=3),
+        st.text(st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF), max_size=3),
+    ),
+    min_size=1,
+    max_size=8,
+).map("".join)
+
+
+@functools.lru_cache(maxsize=None)
+def _tok(path: str) -> Tokenizer:
+    return load_tokenizer(Path(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _hf(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _piece_ids(path: str) -> tuple[int, ...]:
+    tok = _tok(path)
+    ids: set[int] = set()
+    for text in VALID_TEXTS:
+        ids.update(tok.encode(text))
+    return tuple(sorted(ids))
+
+
+@pytest.fixture(scope="module")
+def model_dir(dev_model: Path) -> str:
+    return str(dev_model)
+
+
+def _id_sequences(path: str) -> st.SearchStrategy[list[int]]:
+    return st.lists(
+        st.one_of(
+            st.integers(3, 258),  # byte fallback <0x00>..<0xFF>
+            st.sampled_from(_piece_ids(path)),  # pieces of emoji / CJK / accented text
+            st.sampled_from([0, 1, 2]),  # <unk>, <s>, </s>
+            st.integers(0, 31999),
+        ),
+        max_size=40,
+    )
+
+
+def _split(ids: list[int], cuts: list[int]) -> list[list[int]]:
+    points = sorted({c % (len(ids) + 1) for c in cuts})
+    bounds = [0, *points, len(ids)]
+    return [ids[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def _stream(table: TokenTable, parts: list[list[int]]) -> list[str]:
+    detok = IncrementalDetokenizer(table)
+    chunks = [detok.push(p) for p in parts]
+    chunks.append(detok.flush())
+    return chunks
+
+
+@SETTINGS
+@given(data=st.data())
+def test_random_ids_random_splits_equal_hf_decode(model_dir: str, data: st.DataObject) -> None:
+    ids = data.draw(_id_sequences(model_dir), label="ids")
+    cuts = data.draw(st.lists(st.integers(0, 1000), max_size=10), label="cuts")
+    tok = _tok(model_dir)
+    expected = _hf(model_dir).decode(ids, skip_special_tokens=True)
+    assert tok.decode(ids) == expected
+    chunks = _stream(tok.table, _split(ids, cuts))
+    assert "".join(chunks) == expected
+    # one token at a time, too
+    assert "".join(_stream(tok.table, [[i] for i in ids])) == expected
+
+
+@SETTINGS
+@given(text=valid_text, bos=st.booleans())
+def test_streaming_valid_text_never_emits_partial_characters(
+    model_dir: str, text: str, bos: bool
+) -> None:
+    tok = _tok(model_dir)
+    ids = tok.encode(text, bos=bos)
+    detok = IncrementalDetokenizer(tok.table)
+    so_far = ""
+    for i in ids:
+        chunk = detok.push([i])
+        assert "\ufffd" not in chunk
+        so_far += chunk
+        assert text.startswith(so_far), (so_far, text)
+    so_far += detok.flush()
+    assert so_far == text
+
+
+@SETTINGS
+@given(text=valid_text, eos_every=st.integers(1, 5))
+def test_special_tokens_inside_text_are_skipped(model_dir: str, text: str, eos_every: int) -> None:
+    tok = _tok(model_dir)
+    ids = tok.encode(text)
+    mixed: list[int] = [1]
+    for n, i in enumerate(ids):
+        mixed.append(i)
+        if n % eos_every == 0:
+            mixed.append(2)
+    assert "".join(_stream(tok.table, [[i] for i in mixed])) == text
+    assert _hf(model_dir).decode(mixed, skip_special_tokens=True) == text
+
+
+def test_leading_space_stripped_exactly_once(model_dir: str) -> None:
+    tok = _tok(model_dir)
+    table = tok.table
+    hello = tok.encode("hello")  # "▁hello"
+    world = tok.encode("world")  # "▁world"
+    # first piece's space stripped; later pieces keep theirs
+    assert _stream(table, [hello, world]) == ["hello", " world", ""]
+    assert _stream(table, [[1], [2], hello, world]) == ["", "", "hello", " world", ""]
+    # two leading spaces: only one is stripped
+    assert "".join(_stream(table, [[i] for i in tok.encode(" hello")])) == " hello"
+    # a leading space given as a byte token <0x20> is stripped too (HF Strip decoder)
+    space_byte = 3 + 0x20
+    for parts in ([[space_byte], hello], [[space_byte, *hello]], [[1, space_byte], [2], hello]):
+        out = "".join(_stream(table, parts))
+        assert out == _hf(model_dir).decode([i for p in parts for i in p],
+                                            skip_special_tokens=True)
+        assert out == " hello"
+    # a lone space token decodes to nothing, and the next word keeps its space
+    only_space = tok.encode(" ")  # [28705] "▁"
+    assert _stream(table, [only_space, hello]) == ["", " hello", ""]
+
+
+def test_spaces_between_words_never_dropped(model_dir: str) -> None:
+    tok = _tok(model_dir)
+    text = "The quick  brown fox\njumps over  the 🫠 lazy 中文 dog ."
+    chunks = _stream(tok.table, [[i] for i in tok.encode(text)])
+    assert "".join(chunks) == text
+    assert sum(c.count(" ") for c in chunks) == text.count(" ")
+
+
+class _CountingTuple(tuple):
+    lookups = 0
+
+    def __getitem__(self, key):  # type: ignore[override]
+        type(self).lookups += 1
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("n", [200, 2000])
+def test_incremental_no_reemission_linear_work(model_dir: str, n: int) -> None:
+    tok = _tok(model_dir)
+    text = ("Streaming 🫠 text, 中文 and café. " * n)[: n * 4]
+    ids = tok.encode(text)
+    _CountingTuple.lookups = 0
+    counted = TokenTable(tok.table.kind, _CountingTuple(tok.table.token_bytes),
+                         tok.table.is_byte_token, tok.table.strip_leading_space)
+    detok = IncrementalDetokenizer(counted)
+    chunks = [detok.push([i]) for i in ids] + [detok.flush()]
+    # each push returns only new text: the chunks add up to the output exactly
+    assert sum(len(c) for c in chunks) == len(text)
+    assert "".join(chunks) == text
+    # each token's bytes are looked up a bounded number of times: O(N) in total
+    assert _CountingTuple.lookups <= 2 * len(ids)
+
+
+@SETTINGS
+@given(data=st.lists(st.integers(0, 255), max_size=30), cuts=st.lists(st.integers(0, 100)),
+       specials=st.lists(st.integers(0, 30), max_size=3))
+def test_byte_level_streaming_matches_whole_decode(
+    data: list[int], cuts: list[int], specials: list[int]
+) -> None:
+    # a synthetic byte-level table: ids 0..255 are the bytes, 256 is a special token
+    table = TokenTable("byte_level", tuple(bytes([b]) for b in range(256)) + (None,),
+                       (False,) * 257, False)
+    ids = list(data)
+    for pos in sorted(specials, reverse=True):
+        ids.insert(min(pos, len(ids)), 256)
+    expected = bytes(data).decode("utf-8", errors="replace")
+    assert "".join(_stream(table, _split(ids, cuts))) == expected
+
+
+def test_byte_level_split_multibyte_char_waits() -> None:
+    table = TokenTable("byte_level", tuple(bytes([b]) for b in range(256)),
+                       (False,) * 256, False)
+    detok = IncrementalDetokenizer(table)
+    raw = " 😀中".encode()
+    out = [detok.push([b]) for b in raw] + [detok.flush()]
+    assert out[0] == " "  # byte-level: no leading space stripping
+    assert "".join(out) == " 😀中"
+    assert all("\ufffd" not in c for c in out)
+    assert [c for c in out if c] == [" ", "😀", "中"]

@@ -1,0 +1,249 @@
+"""The artifact tokenizer against its references: SentencePiece and mistral-common for
+encoding, the Hugging Face decoder for decoding (SentencePiece and byte-level tables)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+
+FAST = settings(max_examples=150, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+SLOW = settings(max_examples=60, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+SNIPPETS = [
+    "😀", "👍🏽", "👨‍👩‍👧", "🇫🇷", "中文", "日本語のテキスト", "한국어", "café", "naïve", "Ωμέγα",
+    " ", "  ", "   ", "\n", "\n\n", "\t", " \n ", "\r\n", "[INST]", "[/INST]", "<s>", "</s>",
+    "Hello", "world", ".", ",", "'", "1234", "\u200b", "\x00", "ﬁ", "é",
+]
+unicode_text = st.lists(
+    st.one_of(
+        st.sampled_from(SNIPPETS),
+        st.text(st.characters(blacklist_categories=("Cs",)), max_size=6),
+        st.text(st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF), max_size=4),
+        st.text(st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF), max_size=3),
+    ),
+    max_size=12,
+).map("".join)
+
+
+@functools.cache
+def _sp(path: str):
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_file=path)
+
+
+@functools.cache
+def _mistral_common_raw(path: str):
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    return MistralTokenizer.from_file(path).instruct_tokenizer.tokenizer
+
+
+@functools.cache
+def _hf(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+@functools.cache
+def _ours(path: str, prefer_sentencepiece: bool = True) -> Tokenizer:
+    return load_tokenizer(Path(path), prefer_sentencepiece=prefer_sentencepiece)
+
+
+@pytest.fixture(scope="module")
+def model_dir(dev_model: Path) -> str:
+    return str(dev_model)
+
+
+# -- SentencePiece path -------------------------------------------------------------------
+
+def test_loads_sentencepiece_when_model_present(model_dir: str) -> None:
+    tok = _ours(model_dir)
+    sp = _sp(str(Path(model_dir) / "tokenizer.model"))
+    assert tok.table.kind == "sentencepiece"
+    assert tok.table.strip_leading_space
+    assert (tok.bos_id, tok.eos_id) == (1, 2) == (sp.bos_id(), sp.eos_id())
+    assert tok.vocab_size == sp.get_piece_size() == 32000
+    # control and unknown tokens have no text; byte-fallback tokens are the 256 bytes
+    assert tok.table.token_bytes[0] is None and tok.table.token_bytes[1] is None
+    assert tok.table.token_bytes[2] is None
+    assert [tok.table.token_bytes[3 + b] for b in range(256)] == [bytes([b]) for b in range(256)]
+    assert all(tok.table.is_byte_token[3:259]) and not any(tok.table.is_byte_token[259:])
+
+
+@FAST
+@given(text=unicode_text)
+def test_encode_equals_sentencepiece_and_mistral_common(model_dir: str, text: str) -> None:
+    tok = _ours(model_dir)
+    model = str(Path(model_dir) / "tokenizer.model")
+    ids = tok.encode(text)
+    assert ids == _sp(model).encode(text)
+    assert ids == _mistral_common_raw(model).encode(text, bos=False, eos=False)
+    assert tok.encode(text, bos=True) == _mistral_common_raw(model).encode(
+        text, bos=True, eos=False)
+
+
+@FAST
+@given(text=unicode_text)
+def test_decode_roundtrips_and_matches_hf(model_dir: str, text: str) -> None:
+    tok = _ours(model_dir)
+    ids = tok.encode(text, bos=True)
+    assert tok.decode(ids) == text  # identity normalizer: the round trip is exact
+    assert tok.decode(ids) == _hf(model_dir).decode(ids, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("text", ["", "a", " a", "  leading", "trailing  ", "\n", "😀中文"])
+def test_bos_handling(model_dir: str, text: str) -> None:
+    tok = _ours(model_dir)
+    plain = tok.encode(text)
+    assert 1 not in plain and 2 not in plain
+    assert tok.encode(text, bos=False) == plain
+    assert tok.encode(text, bos=True) == [1, *plain]
+
+
+def test_encode_known_ids(model_dir: str) -> None:
+    tok = _ours(model_dir)
+    assert tok.encode("[INST]") == [733, 16289, 28793]
+    # the whitespace runs the converted tokenizer.json merges differently
+    assert tok.encode("  Hello  world") == [259, 22557, 28705, 1526]
+    assert tok.encode("😀") == [28705, 30575]  # in the vocabulary
+    assert tok.encode("🫠") == [28705, 243, 162, 174, 163]  # byte fallback: F0 9F AB A0
+
+
+def test_missing_tokenizer_files(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="tokenizer"):
+        load_tokenizer(tmp_path)
+
+
+# -- Hugging Face tokenizer.json fallback --------------------------------------------------
+
+def test_hf_fallback_table_equals_sentencepiece_table(model_dir: str) -> None:
+    sp_tok, hf_tok = _ours(model_dir), _ours(model_dir, prefer_sentencepiece=False)
+    assert hf_tok.table.kind == "sentencepiece"
+    assert (hf_tok.bos_id, hf_tok.eos_id) == (1, 2)
+    assert hf_tok.table == sp_tok.table
+
+
+@SLOW
+@given(ids=st.lists(st.integers(0, 31999), max_size=40), text=unicode_text)
+def test_hf_fallback_decodes_identically(model_dir: str, ids: list[int], text: str) -> None:
+    hf_tok = _ours(model_dir, prefer_sentencepiece=False)
+    for seq in (ids, _ours(model_dir).encode(text, bos=True)):
+        expected = _hf(model_dir).decode(seq, skip_special_tokens=True)
+        assert hf_tok.decode(seq) == expected
+        assert _ours(model_dir).decode(seq) == expected
+
+
+@SLOW
+@given(text=unicode_text)
+def test_hf_fallback_encodes_like_hf(model_dir: str, text: str) -> None:
+    hf_tok = _ours(model_dir, prefer_sentencepiece=False)
+    assert hf_tok.encode(text) == _hf(model_dir).encode(text, add_special_tokens=False)
+    ids = hf_tok.encode(text)
+    assert hf_tok.decode(ids) == _hf(model_dir).decode(ids, skip_special_tokens=True)
+
+
+# -- byte-level (GPT-2 / Llama 3 style) tables ----------------------------------------------
+
+BYTE_LEVEL_CORPUS = [
+    "Hello world, hello there. The quick brown fox jumps over the lazy dog.",
+    "Emoji 😀😃😄 and CJK 中文字符 and accents café naïve résumé.",
+    "def f(x):\n    return x * 2\n\n\tindented  double  spaces",
+] * 20
+
+
+@functools.cache
+def _byte_level_dir(root: str) -> str:
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    raw = RawTokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    raw.train_from_iterator(BYTE_LEVEL_CORPUS, trainer)
+    out = Path(root)
+    out.mkdir(parents=True, exist_ok=True)
+    raw.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<|begin_of_text|>",
+        "eos_token": "<|end_of_text|>",
+        "clean_up_tokenization_spaces": False,
+    }))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def byte_level_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _byte_level_dir(str(tmp_path_factory.mktemp("byte_level") / "tok"))
+
+
+def test_byte_level_table(byte_level_dir: str) -> None:
+    tok = load_tokenizer(Path(byte_level_dir))
+    hf = _hf(byte_level_dir)
+    assert tok.table.kind == "byte_level"
+    assert not tok.table.strip_leading_space
+    assert tok.eos_id == hf.convert_tokens_to_ids("<|end_of_text|>")
+    assert tok.bos_id == hf.convert_tokens_to_ids("<|begin_of_text|>")
+    assert tok.table.token_bytes[tok.eos_id] is None
+    # the 256 single-byte tokens map back to all 256 bytes
+    singles = {b for b in tok.table.token_bytes if b is not None and len(b) == 1}
+    assert singles == {bytes([i]) for i in range(256)}
+    assert hf.convert_tokens_to_ids("Ġ") is not None
+    assert tok.table.token_bytes[hf.convert_tokens_to_ids("Ġ")] == b" "
+
+
+@SLOW
+@given(text=unicode_text)
+def test_byte_level_roundtrip_matches_hf(byte_level_dir: str, text: str) -> None:
+    tok = load_tokenizer_cached(byte_level_dir)
+    hf = _hf(byte_level_dir)
+    ids = tok.encode(text)
+    assert ids == hf.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text  # byte-level: no leading space handling
+    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+
+
+@SLOW
+@given(data=st.data())
+def test_byte_level_random_ids_decode_like_hf(byte_level_dir: str, data: st.DataObject) -> None:
+    tok = load_tokenizer_cached(byte_level_dir)
+    ids = data.draw(st.lists(st.integers(0, tok.vocab_size - 1), max_size=30))
+    assert tok.decode(ids) == _hf(byte_level_dir).decode(ids, skip_special_tokens=True)
+
+
+def test_byte_level_split_multibyte_chars(byte_level_dir: str) -> None:
+    tok = load_tokenizer_cached(byte_level_dir)
+    hf = _hf(byte_level_dir)
+    byte_ids = {b[0]: i for i, b in enumerate(tok.table.token_bytes) if b and len(b) == 1}
+    for text in ["😀", "中", "é", "a😀b中c"]:
+        ids = [byte_ids[b] for b in text.encode()]  # one token per byte
+        assert tok.decode(ids) == text == hf.decode(ids, skip_special_tokens=True)
+    # a truncated character decodes with a replacement, as the HF decoder does
+    ids = [byte_ids[b] for b in "😀".encode()[:2]] + [byte_ids[ord("x")]]
+    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    assert tok.decode(ids).endswith("x") and "\ufffd" in tok.decode(ids)
+    # a special token between the bytes of one character does not break it
+    eos = tok.eos_id
+    ids = [byte_ids[b] for b in "中".encode()]
+    assert tok.decode([ids[0], eos, *ids[1:]]) == "中"
+
+
+@functools.cache
+def load_tokenizer_cached(path: str) -> Tokenizer:
+    return load_tokenizer(Path(path))
