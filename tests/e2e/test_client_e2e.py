@@ -50,9 +50,12 @@ def test_non_ascii_text_arrives_intact(server_url: str) -> None:
             done = client.predict(prompt, max_new_tokens=48, **GREEDY)
             streamed = "".join(client.stream(prompt, max_new_tokens=48, streaming_interval=1,
                                              **GREEDY))
+            # The client decodes strictly: bytes damaged on the way would raise. (A U+FFFD
+            # can still be in the text: random weights emit byte tokens that form no valid
+            # character, and the server itself renders those as U+FFFD, identically in
+            # both modes, which the equality checks.)
             assert streamed == done.output
-            assert "\ufffd" not in streamed
-            non_ascii_seen = non_ascii_seen or any(ord(c) > 127 for c in streamed)
+            non_ascii_seen = non_ascii_seen or any(127 < ord(c) != 0xFFFD for c in streamed)
     assert non_ascii_seen, "no non-ASCII text generated: the test did not exercise decoding"
 
 

@@ -135,3 +135,16 @@ def test_dev_model_goes_through_the_same_finishing_code(dev_model: Path) -> None
     assert manifest is not None and manifest.kind == "hf_checkpoint"
     assert {"tokenizer.model", "tokenizer.json", "model.safetensors"} <= set(manifest.files)
     verify_files(dev_model, manifest)
+
+
+def test_pytorch_artifact_from_a_local_checkpoint(dev_model: Path, tmp_path: Path) -> None:
+    opts = EngineOptions(backend="pytorch", checkpoint_dir=dev_model, output_dir=tmp_path / "pt")
+    out = engine.build_pytorch_artifact(opts, token=None)
+    manifest = read_manifest(out)
+    assert manifest.kind == "hf_checkpoint" and manifest.gpu is None
+    assert {"config.json", "model.safetensors", "tokenizer.model"} <= set(manifest.files)
+    assert (
+        manifest.files["model.safetensors"] == read_manifest(dev_model).files["model.safetensors"]
+    )
+    assert manifest.build_options["backend"] == "pytorch"
+    verify_files(out, manifest)

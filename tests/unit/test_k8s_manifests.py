@@ -385,3 +385,14 @@ def test_invalid_settings_are_refused_with_a_message(values: dict[str, Any]) -> 
 def test_cli_reports_bad_settings_without_a_traceback(tmp_path: Path, capsys) -> None:
     assert build_main(["manifests", "--gpu-count", "9", "--out", str(tmp_path)]) == 2
     assert "gpu_count" in capsys.readouterr().err
+
+
+def test_hpa_metrics_are_gauges_the_service_exports() -> None:
+    from prometheus_client import CollectorRegistry
+
+    from mistral_serving.metrics import Metrics
+
+    registry = CollectorRegistry()
+    Metrics(registry)
+    gauges = {m.name for m in registry.collect() if m.type == "gauge"}
+    assert {manifests.METRIC_WAITING, manifests.METRIC_RUNNING} <= gauges

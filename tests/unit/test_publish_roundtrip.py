@@ -98,7 +98,7 @@ def copy_artifact(src: Path, dst: Path) -> Path:
 
 def test_push_is_exactly_the_artifact_and_resumable(hub: HubStandIn, dev_model: Path,
                                                      tmp_path: Path) -> None:  # fmt: skip
-    from mistral_serving.manifest import BuildManifest, write_manifest
+    from mistral_serving.manifest import write_manifest
 
     first = copy_artifact(dev_model, tmp_path / "a")
     (first / "rank1.engine").write_bytes(b"x" * 4096)
@@ -118,7 +118,6 @@ def test_push_is_exactly_the_artifact_and_resumable(hub: HubStandIn, dev_model: 
         ".gitattributes",
     }
     assert puts_after == puts_before  # large blobs already uploaded were not sent again
-    assert isinstance(read_manifest(dev_model), BuildManifest)
 
 
 def test_refuses_to_push_a_corrupt_artifact(
@@ -126,7 +125,9 @@ def test_refuses_to_push_a_corrupt_artifact(
 ) -> None:
     art = copy_artifact(dev_model, tmp_path / "a")
     path = art / "tokenizer_config.json"
-    path.write_text(path.read_text().replace("{", "{ ", 1)[:-1] + "}")  # same-ish, different bytes
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0x01  # same size, different hash: only the sha256 check can catch it
+    path.write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="corrupt"):
         push_artifact(art, "acme/x", token=SECRET, endpoint=hub.url)
     assert "acme/x" not in hub.state.repos

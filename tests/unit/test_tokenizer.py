@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
 
-FAST = settings(max_examples=150, deadline=None,
+FAST = settings(max_examples=80, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
-SLOW = settings(max_examples=60, deadline=None,
+SLOW = settings(max_examples=40, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 SNIPPETS = [
@@ -98,7 +98,8 @@ def test_encode_equals_sentencepiece_and_mistral_common(model_dir: str, text: st
 def test_decode_roundtrips_and_matches_hf(model_dir: str, text: str) -> None:
     tok = _ours(model_dir)
     ids = tok.encode(text, bos=True)
-    assert tok.decode(ids) == text  # identity normalizer: the round trip is exact
+    # identity normalizer: the round trip is exact (a literal "▁" is SentencePiece's space)
+    assert tok.decode(ids) == text.replace("\u2581", " ")
     assert tok.decode(ids) == _hf(model_dir).decode(ids, skip_special_tokens=True)
 
 
@@ -176,6 +177,8 @@ def _byte_level_dir(root: str) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     raw.train_from_iterator(BYTE_LEVEL_CORPUS, trainer)
+    # non-special added tokens: the HF decoder runs them through ByteLevel too
+    raw.add_tokens(["<tool>", "ĠSPACE", "中文", "<café>"])
     out = Path(root)
     out.mkdir(parents=True, exist_ok=True)
     raw.save(str(out / "tokenizer.json"))

@@ -30,15 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
 def everyday() -> int:
     """`python build.py` with no arguments: the image (build context; build and push where
     Docker answers) and the Kubernetes manifests in k8s/, from the default DeploySettings."""
+    from mistral_build import image, manifests, paths
     from mistral_build.deploy_settings import load_deploy_settings
-    from mistral_build.image import DEFAULT_CONTEXT_DIR, build_image
-    from mistral_build.manifests import run_manifests
 
     settings = load_deploy_settings()
-    rc = build_image(settings, DEFAULT_CONTEXT_DIR)
+    rc = image.build_image(settings, image.DEFAULT_CONTEXT_DIR)
     if rc != 0:
         return rc
-    return run_manifests(settings)
+    return manifests.run_manifests(settings, paths.K8S_DIR)
 
 
 def main(argv: list[str] | None = None) -> int:

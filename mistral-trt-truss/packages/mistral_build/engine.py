@@ -557,6 +557,10 @@ def build_trtllm_engine(opts: EngineOptions, facts: BuildFacts, token: str | Non
     revision = None
     if opts.checkpoint_dir is None:
         revision = download_source(opts, paths.source_dir, token)
+        # The lengths could only be checked against a guess if config.json was unreachable.
+        model = model_facts_from_config(json.loads((paths.source_dir / "config.json").read_text()))
+        if problems := check_options(opts, model):
+            raise ArtifactError("; ".join(problems))
     for i, step in enumerate(steps, 1):
         run_step(i, len(steps), step, paths.logs_dir / f"{step.name}.log")
     gpu = facts.gpus[0]
@@ -622,6 +626,11 @@ def run_engine(opts: EngineOptions) -> int:
     problems = check_options(opts, model)
     if problems:
         return refuse(problems)
+    if model is None and not opts.dev:
+        print(
+            f"note: {opts.source_label}: config.json not readable yet; lengths are checked "
+            "after the download"
+        )
 
     download = opts.checkpoint_dir is None and not opts.dev
     facts = gather_facts(opts)

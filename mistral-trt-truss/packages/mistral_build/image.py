@@ -158,16 +158,14 @@ class Conflict:
 
 
 def find_conflicts(
-    sources: dict[str, list[str]],
-    pinned_source: str | None = None,
-    python_version: str = BASE_IMAGE_PYTHON_VERSION,
+    sources: dict[str, list[str]], python_version: str = BASE_IMAGE_PYTHON_VERSION
 ) -> list[Conflict]:
     """Packages whose specifiers across `sources` admit no common version.
 
     A version named by one of the specifiers must satisfy all of them (a witness; bounds
-    such as `>=0.120.1,<=0.121.3` always name one). With `pinned_source`, every exact pin
-    there (`==X`) must also satisfy all other sources: otherwise the image build would
-    replace the version the base image was built and tested with.
+    such as `>=0.120.1,<=0.121.3` always name one, and an exact pin such as the base
+    image's `transformers==4.57.3` must itself satisfy every other source, or the image
+    build would replace the version TensorRT-LLM was built and tested with).
     """
     env = {"python_version": python_version, "python_full_version": python_version + ".0",
            "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
@@ -181,35 +179,23 @@ def find_conflicts(
 
     conflicts = []
     for name, entries in sorted(by_name.items()):
+        if len({src for src, _ in entries}) < 2:
+            continue  # one source alone cannot conflict with the others
         specs = [req.specifier for _, req in entries]
         combined = SpecifierSet()
         for spec in specs:
             combined &= spec
-        described = "; ".join(f"{src}: {req}" for src, req in entries)
-        if len({src for src, _ in entries}) < 2:
-            continue  # one source alone cannot conflict with the others
         candidates = _candidates(specs)
         if not any(s.operator in (">=", ">", "==", "===", "~=") for s in combined):
             candidates.add(Version("0"))  # only upper bounds: anything low enough fits
-        if candidates and not any(combined.contains(v, prereleases=True) for v in candidates):
+        if not any(combined.contains(v, prereleases=True) for v in candidates):
+            described = "; ".join(f"{src}: {req}" for src, req in entries)
             conflicts.append(Conflict(name, f"no version satisfies all of {described}"))
-            continue
-        if pinned_source is None:
-            continue
-        for src, req in entries:
-            if src != pinned_source:
-                continue
-            pins = [s for s in req.specifier if s.operator in ("==", "===")]
-            for pin in pins:
-                version = Version(pin.version)
-                if not combined.contains(version, prereleases=True):
-                    conflicts.append(Conflict(
-                        name, f"the base image pins {version}, which {described} excludes"))
     return conflicts
 
 
 def check_requirements() -> list[Conflict]:
-    return find_conflicts(requirement_sources(), pinned_source=f"TensorRT-LLM {TRTLLM_VERSION} image")
+    return find_conflicts(requirement_sources())
 
 
 # --- the build context ----------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -75,8 +74,10 @@ def serve(args: argparse.Namespace) -> int:
     app = prepare_app_dir(context)
     print(f"Truss server on http://127.0.0.1:{args.port} (ready when "
           f"GET /v1/models/model answers 200); Ctrl-C stops it.", flush=True)
-    proc = subprocess.run(server_command(app), cwd=app, env=server_env(context, args.port, settings))
-    return proc.returncode
+    # Become the server (exec, no child process): Ctrl-C and SIGTERM reach it directly.
+    os.chdir(app)
+    command = server_command(app)
+    os.execve(command[0], command, server_env(context, args.port, settings))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

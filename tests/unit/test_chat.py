@@ -1,0 +1,183 @@
+"""encode_chat against mistral-common (Mistral's reference encoder), token for token."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
+from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+
+SETTINGS = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+CONTENTS = ["", " ", "  ", "\n", "\n\n", " \t ", "hi", "Hello, world!", "a", " leading",
+            "trailing ", "😀", "🫠 melt", "中文", "日本語", "café", "[INST]", "[/INST]",
+            "x [/INST] y", "line1\nline2", "</s>", "<s>"]
+content = st.one_of(
+    st.sampled_from(CONTENTS),
+    st.lists(st.sampled_from(CONTENTS), min_size=2, max_size=3).map("".join),
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=6),
+)
+message = st.builds(ChatMessage, role=st.sampled_from(["system", "user", "assistant"]),
+                    content=content)
+conversation = st.lists(message, max_size=6)
+
+
+@functools.cache
+def _tok(path: str) -> Tokenizer:
+    return load_tokenizer(Path(path))
+
+
+@functools.cache
+def _mistral(path: str):
+    from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
+
+    return MistralTokenizer.from_file(str(Path(path) / "tokenizer.model"))
+
+
+def reference(path: str, messages: list[ChatMessage]) -> list[int] | None:
+    """mistral-common's tokens, or None when it refuses the conversation."""
+    from mistral_common.protocol.instruct.messages import (
+        AssistantMessage,
+        SystemMessage,
+        UserMessage,
+    )
+    from mistral_common.protocol.instruct.request import ChatCompletionRequest
+
+    kinds = {"system": SystemMessage, "user": UserMessage, "assistant": AssistantMessage}
+    try:
+        request = ChatCompletionRequest(
+            messages=[kinds[m.role](content=m.content) for m in messages])
+        return _mistral(path).encode_chat_completion(request).tokens
+    except Exception:  # noqa: BLE001 - any refusal (validation, pydantic, structure)
+        return None
+
+
+def ours(path: str, messages: list[ChatMessage]) -> list[int] | None:
+    try:
+        return encode_chat(messages, _tok(path))
+    except ChatFormatError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def model_dir(dev_model: Path) -> str:
+    return str(dev_model)
+
+
+def msgs(*pairs: tuple[str, str]) -> list[ChatMessage]:
+    return [ChatMessage(role=r, content=c) for r, c in pairs]
+
+
+@SETTINGS
+@given(messages=conversation)
+def test_random_conversations_match_mistral_common(
+    model_dir: str, messages: list[ChatMessage]
+) -> None:
+    expected = reference(model_dir, messages)
+    got = ours(model_dir, messages)
+    assert got == expected, (messages, got, expected)
+
+
+@SETTINGS
+@given(turns=st.lists(st.tuples(content, content.filter(bool)), min_size=1, max_size=3),
+       last=content, system=st.one_of(st.none(), content))
+def test_well_formed_conversations_are_accepted(
+    model_dir: str, turns: list[tuple[str, str]], last: str, system: str | None
+) -> None:
+    # alternating user/assistant turns ending with a user message: both encode, equally
+    messages = [] if system is None else msgs(("system", system))
+    for user, assistant in turns:
+        messages += msgs(("user", user), ("assistant", assistant))
+    messages += msgs(("user", last))
+    expected = reference(model_dir, messages)
+    assert expected is not None
+    assert encode_chat(messages, _tok(model_dir)) == expected
+
+
+def test_system_and_multi_turn(model_dir: str) -> None:
+    tok = _tok(model_dir)
+    messages = msgs(
+        ("system", "You are terse."),
+        ("user", "Hi 😀"),
+        ("assistant", "Hello."),
+        ("user", "中文?"),
+        ("assistant", "是的"),
+        ("user", "Bye"),
+    )
+    ids = encode_chat(messages, tok)
+    assert ids == reference(model_dir, messages)
+    expected = (
+        [1] + tok.encode("[INST] You are terse.\n\nHi 😀 [/INST]") + tok.encode("Hello.") + [2]
+        + tok.encode("[INST] 中文? [/INST]") + tok.encode("是的") + [2]
+        + tok.encode("[INST] Bye [/INST]")
+    )
+    assert ids == expected
+    assert ids.count(1) == 1 and ids.count(2) == 2
+    assert ids[-4:] == [733, 28748, 16289, 28793]  # "▁[/INST]"
+
+
+def test_naive_template_differs_but_ours_matches(model_dir: str) -> None:
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(model_dir)
+    messages = msgs(("user", "a"), ("assistant", "b"), ("user", "c"))
+    expected = reference(model_dir, messages)
+    assert expected is not None
+    naive = hf.encode("<s>[INST] a [/INST]b</s>[INST] c [/INST]", add_special_tokens=False)
+    assert naive != expected
+    # the whole-string encoding loses the "▁" before "[" of the second [INST]
+    # (and the "▁" in front of the assistant text)
+    eos = naive.index(2)
+    assert expected[expected.index(2) + 1] == 733  # "▁["
+    assert naive[eos + 1] != 733
+    assert naive[eos + 1] == hf.convert_tokens_to_ids("[")
+    assert encode_chat(messages, _tok(model_dir)) == expected
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        (),
+        (("assistant", "a"),),
+        (("user", "u"), ("assistant", "a")),
+        (("user", "u"), ("assistant", ""), ("user", "v")),
+        (("user", "u"), ("assistant", "a"), ("system", "s"), ("user", "v")),
+    ],
+)
+def test_refused_conversations(model_dir: str, pairs: tuple[tuple[str, str], ...]) -> None:
+    messages = msgs(*pairs)
+    assert reference(model_dir, messages) is None
+    with pytest.raises(ChatFormatError):
+        encode_chat(messages, _tok(model_dir))
+
+
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        (("user", ""),),
+        (("system", "only a system prompt"),),
+        (("user", "u"), ("system", "late system")),
+        (("system", ""), ("user", "u")),
+        (("assistant", "first"), ("user", "u")),
+        (("user", "a"), ("user", "b"), ("assistant", "c"), ("assistant", "d"), ("user", "e")),
+        (("system", "s1"), ("user", "u"), ("system", "s2"), ("user", "v")),
+    ],
+)
+def test_edge_conversations_match(model_dir: str, pairs: tuple[tuple[str, str], ...]) -> None:
+    messages = msgs(*pairs)
+    expected = reference(model_dir, messages)
+    assert expected is not None
+    assert encode_chat(messages, _tok(model_dir)) == expected
+
+
+def test_chat_needs_bos(model_dir: str) -> None:
+    tok = _tok(model_dir)
+    no_bos = Tokenizer(tok.table, None, tok.eos_id, tok.encode)
+    with pytest.raises(ChatFormatError, match="BOS"):
+        encode_chat(msgs(("user", "hi")), no_bos)

@@ -1,0 +1,197 @@
+"""The image's Docker build context, rendered by truss's own code, and `build.py image`.
+
+Checks the Dockerfile's base image (NVIDIA's TensorRT-LLM release container of the version
+our engines are built with) and Python, what it installs, the copied model code and
+packages, the non-root user, and what `build.py` does with and without a Docker engine.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mistral_build import image, manifests, paths
+from mistral_build.cli import main as build_main
+from mistral_build.deploy_settings import DeploySettings
+from mistral_build.paths import TRUSS_DIR
+
+
+@pytest.fixture(scope="module")
+def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return image.render_image_context(tmp_path_factory.mktemp("image") / "context")
+
+
+@pytest.fixture(scope="module")
+def dockerfile(context: Path) -> str:
+    return (context / "Dockerfile").read_text()
+
+
+def instructions(dockerfile: str) -> list[str]:
+    """Dockerfile instructions with line continuations joined."""
+    return [line for line in dockerfile.replace("\\\n", " ").splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def test_base_image_is_the_tensorrt_llm_release_our_engines_are_built_with(
+        dockerfile: str) -> None:
+    froms = [i for i in instructions(dockerfile) if i.startswith("FROM ")]
+    assert froms == [f"FROM {image.BASE_IMAGE} AS truss_server"]
+    assert image.TRTLLM_VERSION == "1.2.1"
+    assert froms[0].split()[1] == "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
+    cfg = image.truss_config()
+    assert cfg["base_image"]["image"] == image.BASE_IMAGE
+    assert cfg["base_image"]["python_executable_path"] == image.BASE_IMAGE_PYTHON
+    assert cfg["python_version"] == "py" + image.BASE_IMAGE_PYTHON_VERSION.replace(".", "")
+
+
+def test_installs_with_and_runs_the_base_images_python(dockerfile: str) -> None:
+    installs = [i for i in instructions(dockerfile) if "uv pip install" in i]
+    assert len(installs) == 2  # Truss server requirements, then ours + the server's
+    for cmd in installs:
+        assert f"--python {image.BASE_IMAGE_PYTHON} " in cmd
+    assert any("-r requirements.txt -c constraints.txt" in cmd for cmd in installs)
+    assert f'ENTRYPOINT ["{image.BASE_IMAGE_PYTHON}", "/app/main.py"]' in dockerfile
+    assert 'ENV INFERENCE_SERVER_PORT="8080"' in dockerfile
+
+
+def test_installed_requirements_are_the_servers_and_ours(context: Path) -> None:
+    installed = image.parse_requirements((context / "requirements.txt").read_text().splitlines())
+    by_name = {r.name.lower().replace("_", "-"): str(r) for r in installed}
+    for line in image.config_requirements():
+        name = image.parse_requirements([line])[0].name.lower().replace("_", "-")
+        assert by_name[name] == str(image.parse_requirements([line])[0])
+    server = image.parse_requirements(image.truss_server_requirements())
+    assert {r.name for r in server} <= {r.name for r in installed}
+    assert (context / "constraints.txt").read_text().splitlines() == [
+        line for line in image.truss_server_constraints()]
+    base = image.parse_requirements(
+        (context / "base_server_requirements.txt").read_text().splitlines())
+    assert [str(r) for r in base] == [str(r) for r in server]
+
+
+def test_model_code_and_packages_are_copied(context: Path, dockerfile: str) -> None:
+    assert filecmp.cmp(context / "model" / "model.py", TRUSS_DIR / "model" / "model.py",
+                       shallow=False)
+    for package in ("mistral_serving", "mistral_build"):
+        src = TRUSS_DIR / "packages" / package
+        for f in src.rglob("*.py"):
+            copied = context / "packages" / package / f.relative_to(src)
+            assert copied.is_file() and filecmp.cmp(f, copied, shallow=False), copied
+    lines = instructions(dockerfile)
+    assert "COPY --chown=root:root ./server ${APP_HOME}" in lines
+    assert "COPY --chown=root:root ./model ${APP_HOME}/model" in lines
+    assert "COPY --chown=root:root ./packages /packages" in lines
+    assert any(i.startswith("COPY") and "./config.yaml ${APP_HOME}/config.yaml" in i
+               for i in lines)
+    assert (context / "server" / "main.py").is_file()
+    assert (context / "server" / "truss_server.py").is_file()
+
+
+def test_image_runs_as_the_non_root_user_the_manifests_expect(dockerfile: str) -> None:
+    uid = manifests.NON_ROOT_UID
+    lines = instructions(dockerfile)
+    assert f"RUN useradd -u {uid} -ms /bin/bash app" in lines
+    users = [i for i in lines if i.startswith("USER ")]
+    assert users[-1] == f"USER {uid}"
+    chown = next(i for i in lines if i.startswith("RUN chown -R"))
+    assert "${APP_HOME}" in chown and "/packages" in chown and "${HOME}" in chown
+    assert lines.index(chown) < lines.index(users[-1]) < len(lines) - 1
+    assert "ENV HOME=${HOME:-/home/app}" in lines
+    assert manifests.APP_HOME_DIR == "/home/app"
+
+
+def test_rendering_without_the_flag_would_run_as_root(tmp_path: Path) -> None:
+    # What the non-root setting changes: truss's default Dockerfile never switches user.
+    from mistral_build.local_server import render_build_context
+
+    plain = (render_build_context(tmp_path / "c") / "Dockerfile").read_text()
+    assert not re.search(r"^USER 60000", plain, re.M)
+
+
+# --- build.py image / build.py -------------------------------------------------------------
+
+
+class FakeDocker:
+    def __init__(self, info_rc: int = 0, build_rc: int = 0) -> None:
+        self.calls: list[list[str]] = []
+        self.info_rc, self.build_rc = info_rc, build_rc
+
+    def __call__(self, cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        self.calls.append(cmd)
+        rc = {"info": self.info_rc, "build": self.build_rc}.get(cmd[1], 0)
+        err = "Cannot connect to the Docker daemon" if rc and cmd[1] == "info" else ""
+        return subprocess.CompletedProcess(cmd, rc, "", err)
+
+
+@pytest.fixture
+def docker_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(image.shutil, "which", lambda name: f"/usr/bin/{name}")
+
+
+def test_without_a_docker_engine_it_renders_and_prints_the_exact_commands(
+        tmp_path: Path, docker_client: None, capsys: pytest.CaptureFixture[str]) -> None:
+    docker = FakeDocker(info_rc=1)
+    s = DeploySettings(image="registry.example/llm/mtt", image_tag="t1")
+    assert image.build_image(s, tmp_path / "ctx", runner=docker) == 0
+    assert [c[1] for c in docker.calls] == ["info"]
+    assert (tmp_path / "ctx" / "Dockerfile").is_file()
+    out = capsys.readouterr().out
+    assert "Cannot connect to the Docker daemon" in out
+    assert (f"docker build --platform linux/amd64 -t registry.example/llm/mtt:t1 "
+            f"{tmp_path / 'ctx'}") in out
+    assert "docker push registry.example/llm/mtt:t1" in out
+
+
+def test_with_a_docker_engine_it_builds_tags_and_pushes(
+        tmp_path: Path, docker_client: None) -> None:
+    docker = FakeDocker()
+    s = DeploySettings(image="registry.example/llm/mtt", image_tag="t2")
+    assert image.build_image(s, tmp_path / "ctx", runner=docker) == 0
+    assert docker.calls[1:] == [
+        ["docker", "build", "--platform", "linux/amd64", "-t", "registry.example/llm/mtt:t2",
+         str(tmp_path / "ctx")],
+        ["docker", "push", "registry.example/llm/mtt:t2"],
+    ]
+    failing = FakeDocker(build_rc=3)
+    assert image.build_image(s, tmp_path / "ctx", runner=failing) == 3
+    assert [c[1] for c in failing.calls] == ["info", "build"]  # no push after a failed build
+
+
+def test_no_docker_client_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(image.shutil, "which", lambda name: None)
+    assert image.docker_unavailable() == "the docker client is not installed"
+
+
+def test_conflicting_requirements_stop_the_build(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(image, "TRTLLM_PINS", (*image.TRTLLM_PINS, "pydantic<2"))
+    docker = FakeDocker()
+    assert image.build_image(DeploySettings(), tmp_path / "ctx", runner=docker) == 1
+    assert docker.calls == [] and not (tmp_path / "ctx").exists()
+    assert "pydantic" in capsys.readouterr().err
+
+
+def test_build_py_without_arguments_renders_context_and_manifests(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(image, "DEFAULT_CONTEXT_DIR", tmp_path / "ctx")
+    monkeypatch.setattr(paths, "K8S_DIR", tmp_path / "k8s")
+    monkeypatch.setattr(image, "docker_unavailable", lambda runner=None: "no engine here")
+    assert build_main([]) == 0
+    assert (tmp_path / "ctx" / "Dockerfile").is_file()
+    assert manifests.drift(DeploySettings(), tmp_path / "k8s") == []
+    out = capsys.readouterr().out
+    assert "Not building the image here: no engine here" in out
+    assert "docker build" in out and "kubectl apply -f" in out
+
+
+def test_engines_are_built_in_the_same_tensorrt_llm_release_the_image_runs() -> None:
+    from mistral_build import engine
+
+    assert engine.TRTLLM_IMAGE == image.BASE_IMAGE
+    assert image.TRTLLM_VERSION.startswith(engine.TRTLLM_SERIES)

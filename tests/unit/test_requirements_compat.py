@@ -1,0 +1,96 @@
+"""The Truss server's requirements, ours and TensorRT-LLM 1.2.1's pins must not conflict
+(resolved offline with `packaging`), and the transformers-4.57.3 test venv (`make
+test-compat`) must pin what the image really runs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mistral_build import image
+from mistral_build.paths import REPO_ROOT
+
+
+def test_the_images_requirement_sources_do_not_conflict() -> None:
+    sources = image.requirement_sources()
+    assert len(sources) == 5 and all(sources.values())
+    assert image.check_requirements() == []
+
+
+def test_sources_hold_what_they_claim() -> None:
+    sources = image.requirement_sources()
+    names = {src: {r.name.lower().replace("_", "-") for r in image.parse_requirements(lines)}
+             for src, lines in sources.items()}
+    assert {"fastapi", "numpy", "uvicorn"} <= names["truss server requirements.txt"]
+    assert {"mistral-common", "pydantic"} <= names["config.yaml requirements"]
+    assert "transformers" in names["pyproject.toml dependencies"]
+    pins = {str(r) for r in image.parse_requirements(image.TRTLLM_PINS)}
+    assert {"transformers==4.57.3", "numpy<2", "fastapi<=0.121.3,>=0.120.1"} <= pins
+
+
+@pytest.mark.parametrize("ours,package", [
+    ("transformers>=5", "transformers"),
+    ("fastapi>=0.122", "fastapi"),
+    ("numpy>=2", "numpy"),
+    ("huggingface_hub>=1.0", "huggingface-hub"),
+    ("mistral-common>=1.9", "mistral-common"),
+    ("pydantic<2.9", "pydantic"),
+])
+def test_a_conflicting_requirement_is_found(ours: str, package: str) -> None:
+    sources = image.requirement_sources()
+    sources["config.yaml requirements"] = [*sources["config.yaml requirements"], ours]
+    conflicts = image.find_conflicts(sources)
+    assert [c.package for c in conflicts] == [package]
+    assert ours.split(">")[0].split("<")[0].replace("_", "-") in str(conflicts[0]).replace("_", "-")
+
+
+def test_resolution_rules() -> None:
+    assert image.find_conflicts({"a": ["x<2"], "b": ["x<3"]}) == []
+    assert image.find_conflicts({"a": ["x>=1,<2"], "b": ["x>=1.5"]}) == []
+    assert image.find_conflicts({"a": ["x~=1.4"], "b": ["x<1.4"]}) != []
+    assert image.find_conflicts({"a": ["x==1.0"], "b": ["x!=1.0"]}) != []
+    # Markers are evaluated for the image's Python (3.12).
+    assert image.find_conflicts({"a": ["x<2"], "b": ["x>=2; python_version < '3.11'"]}) == []
+    assert image.find_conflicts({"a": ["x<2"], "b": ["x>=2; python_version >= '3.12'"]}) != []
+    # Index options, comments and blank lines are not requirements.
+    assert [str(r) for r in image.parse_requirements(
+        ["-i https://pypi.org/simple", "", "# c", "msgpack==1.1.0  # note"])] == ["msgpack==1.1.0"]
+
+
+def compat_pins() -> list[str]:
+    makefile = (REPO_ROOT / "Makefile").read_text().replace("\\\n", " ")
+    match = re.search(r"^COMPAT_PINS\s*:=\s*(.+)$", makefile, re.M)
+    assert match, "Makefile has no COMPAT_PINS"
+    return [p.strip('"') for p in match.group(1).split()]
+
+
+# The one knowing deviation: the image's torch 2.9.x exists here only as a multi-GB CUDA
+# build; the CPU wheel on disk is 2.13.0, and the tokenizer/chat/streaming tests do not
+# depend on torch's version.
+KNOWN_DEVIATIONS = {"torch"}
+
+
+def test_compat_venv_pins_what_the_image_runs() -> None:
+    pins = compat_pins()
+    assert "transformers==4.57.3" in pins
+    assert "mistral-common==1.8.6" in pins
+    conflicts = image.find_conflicts({"Makefile COMPAT_PINS": pins,
+                                      "image": list(image.TRTLLM_PINS)})
+    assert {c.package for c in conflicts} == KNOWN_DEVIATIONS
+    # Every package the image pins exactly that the compat venv installs is pinned the same.
+    exact = {r.name: str(r.specifier) for r in image.parse_requirements(image.TRTLLM_PINS)
+             if str(r.specifier).startswith("==")}
+    mine = {r.name: str(r.specifier) for r in image.parse_requirements(pins)}
+    for name, spec in exact.items():
+        if name in mine:
+            assert mine[name] == spec, name
+
+
+def test_ci_runs_the_compat_tests_after_make_test() -> None:
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    assert ci.index("make test\n") < ci.index("make test-compat")
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert re.search(r"^test-compat:", makefile, re.M)
+    for pattern in ("test_tokenizer*", "test_chat*", "test_detokenizer*", "test_streaming*"):
+        assert f"tests/unit/{pattern}.py" in makefile
