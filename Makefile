@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 	  -c $$($(PY) -c "import truss, pathlib; print(pathlib.Path(truss.__file__).parent / 'templates/server/constraints.txt')")
 	touch $(STAMP)
 
-$(DEV_MODEL): $(STAMP)
-	$(PY) build.py dev-model
+# Rebuilt when the code that makes it changes (a stale dev model is a confusing bug).
+$(DEV_MODEL): $(STAMP) mistral-trt-truss/packages/mistral_build/dev_model.py
+	$(PY) build.py dev-model --force
 
 dev-model: $(DEV_MODEL)
 
@@ -66,4 +67,4 @@ bench: $(DEV_MODEL)
 	$(PY) tests/bench/concurrency.py
 
 clean:
-	rm -rf $(VENV) .cache
+	rm -rf $(VENV) $(COMPAT_VENV) .cache

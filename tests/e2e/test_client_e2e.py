@@ -96,7 +96,7 @@ def test_wait_until_ready_on_a_starting_server(start_server: Callable[..., objec
     server = start_server(wait=False)
     with Client(server.url, timeout=30, retries=0) as client:  # type: ignore[attr-defined]
         waited = client.wait_until_ready(timeout=180, interval=0.2)
-        assert waited >= 0
+        assert waited > 0.2  # it really waited: a fresh server needs seconds to load
         done = client.predict("ready?", max_new_tokens=3, **GREEDY)
         assert done.usage is not None and done.usage.completion_tokens >= 1
 

@@ -181,7 +181,7 @@ def test_request_id_is_taken_from_the_header_and_logged(server, server_url):
                       headers={"X-Request-Id": rid}, timeout=60)
     assert r.headers["x-request-id"] == rid
     wait_for(lambda: rid in server.log(), 10, "the request's log line")
-    line = next(json.loads(l) for l in server.log().splitlines() if rid in l and '"event"' in l)
+    line = next(json.loads(x) for x in server.log().splitlines() if rid in x and '"event"' in x)
     assert line["route"] == "predict" and line["output_tokens"] == 3
     assert line["finish_reason"] == "length" and "prompt" not in line  # text is not logged
 

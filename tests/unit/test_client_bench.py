@@ -103,9 +103,9 @@ def test_request_rate_mode_spaces_arrivals() -> None:
                                   warmup=0, request_rate=[20.0], burstiness=1e6,
                                   progress=False))
     starts = sorted(r["start"] for r in results["runs"][0]["requests"])
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
-    # burstiness -> infinity makes the gamma gaps constant: 1/20 s.
-    assert all(g == pytest.approx(0.05, abs=0.03) for g in gaps)
+    # burstiness -> infinity makes the gamma gaps constant: 1/20 s, so 4 gaps span 0.2 s
+    # (a sleep never ends early; a loaded machine may only make it later).
+    assert 0.19 <= starts[-1] - starts[0] < 0.7
     assert results["runs"][0]["request_rate"] == 20.0
 
 

@@ -104,10 +104,12 @@ def test_image_runs_as_the_non_root_user_the_manifests_expect(dockerfile: str) -
     assert manifests.APP_HOME_DIR == "/home/app"
 
 
-def test_rendering_without_the_flag_would_run_as_root(tmp_path: Path) -> None:
+def test_rendering_without_the_flag_would_run_as_root(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # What the non-root setting changes: truss's default Dockerfile never switches user.
     from mistral_build.local_server import render_build_context
 
+    monkeypatch.delenv("BT_USE_NON_ROOT_USER", raising=False)
     plain = (render_build_context(tmp_path / "c") / "Dockerfile").read_text()
     assert not re.search(r"^USER 60000", plain, re.M)
 

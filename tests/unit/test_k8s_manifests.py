@@ -350,7 +350,7 @@ def test_hpa_scales_the_deployment_on_queue_and_in_flight_gauges(adapter: str, w
 def test_values_file_and_flags_override_defaults(tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text("gpu_type: h100\ngpu_count: 2\nimage_tag: v7\nreplicas: 2\n"
-                      "serving:\n  max_inflight: '128'\n")
+                      "serving:\n  max_inflight: 128\n  log_prompts: false\n")
     out = tmp_path / "k8s"
     rc = build_main(["manifests", "--values", str(values), "--gpu-count", "4", "--out", str(out),
                      "--set", "max_waiting=64", "--revision", "abc123"])
@@ -364,6 +364,7 @@ def test_values_file_and_flags_override_defaults(tmp_path: Path) -> None:
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["MTT_MAX_INFLIGHT"] == "128"
     assert env["MTT_MAX_WAITING"] == "64"
+    assert env["MTT_LOG_PROMPTS"] == "false"
     assert env["MTT_ARTIFACT_REVISION"] == "abc123"
 
 

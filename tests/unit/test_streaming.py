@@ -254,13 +254,14 @@ def test_text_stream_with_stops(
     ids = tok.encode(text, bos=True)
     stream = TextStream(tok.table, stops, interval)
     results, fed = _feed(stream, ids, group)
+    stopped_while_adding = stream.stopped
     last = stream.finish()
     expected, expect_stop = _expected(text, stops)
     assert stream.text == expected
     assert "".join(r for r in results if r) + last == expected
     assert stream.stopped == expect_stop
     assert stream.num_tokens == fed
-    if expect_stop:
+    if stopped_while_adding:
         # generation ends on the token that completed the stop string
         assert stream.add([ids[-1]]) is None and stream.num_tokens == fed
         # (text visible to a stream: a pending byte run is not decoded until it ends)
@@ -268,7 +269,9 @@ def test_text_stream_with_stops(
         if fed > group:
             assert not any(s in _visible(tok, ids[: fed - group]) for s in stops)
     else:
+        # no stop, or one completed only by the final byte run (e.g. "\n" is <0x0A>)
         assert fed == len(ids)
+        assert not any(s in _visible(tok, ids) for s in stops)
 
 
 def test_stop_string_spanning_tokens(tok: Tokenizer) -> None:
@@ -321,3 +324,16 @@ def test_stop_completed_by_the_final_byte_run(tok: Tokenizer) -> None:
     assert not stream.stopped
     assert "".join(c for c in chunks if c) + stream.finish() == "a "
     assert stream.stopped and stream.text == "a "
+
+
+def test_newline_stop_is_seen_when_the_byte_run_ends(tok: Tokenizer) -> None:
+    # Mistral encodes "\n" as the byte-fallback token <0x0A>; byte runs decode as a whole
+    # (HF semantics), so a "\n" stop is found one token later, never sent, never lost.
+    ids = tok.encode("Hello\nWorld")
+    assert ids == [22557, 13, 11978]
+    assert tok.table.is_byte_token[13]
+    stream = TextStream(tok.table, ["\n"], 1)
+    assert stream.add(ids[:1]) == "Hello"
+    assert stream.add(ids[1:2]) is None and not stream.stopped
+    assert stream.add(ids[2:]) is None and stream.stopped
+    assert stream.finish() == "" and stream.text == "Hello"

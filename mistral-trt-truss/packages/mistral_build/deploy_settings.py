@@ -136,16 +136,19 @@ class DeploySettings(BaseModel):
         20, ge=5, description="Time after the drain for aborting, engine teardown and exit."
     )
 
-    @field_validator("serving")
+    @field_validator("serving", mode="before")
     @classmethod
-    def _known_serving_keys(cls, value: dict[str, str]) -> dict[str, str]:
+    def _known_serving_keys(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value  # pydantic reports the type error
         owned = {"artifact", "artifact_revision", "cache_dir", "drain_grace_seconds"}
         for key in value:
             if key not in Settings.model_fields:
                 raise ValueError(f"{key!r} is not a field of mistral_serving Settings")
             if key in owned:
                 raise ValueError(f"set {key!r} as a deploy setting, not under serving")
-        return {k: str(v) for k, v in value.items()}
+        return {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in value.items()}
 
     @model_validator(mode="after")
     def _check(self) -> DeploySettings:

@@ -6,6 +6,7 @@ it exists so that the whole service runs, deterministically, on a CPU."""
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import time
 from pathlib import Path
@@ -50,6 +51,13 @@ def write_tokenizer(out: Path) -> None:
     shutil.copyfile(mistral_tokenizer_model(), out / "tokenizer.model")
     tok = LlamaTokenizer.from_pretrained(out, legacy=False, clean_up_tokenization_spaces=False)
     tok.save_pretrained(out)
+    # transformers 5 writes `extra_special_tokens` as a list (here only <s> and </s>
+    # again); 4.57 (the TensorRT-LLM image's pin) expects a dict and fails to load it.
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    if isinstance(config.get("extra_special_tokens"), list):
+        del config["extra_special_tokens"]
+        config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def build_dev_model(out: Path = DEV_MODEL_DIR, force: bool = False) -> Path:

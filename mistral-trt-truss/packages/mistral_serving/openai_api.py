@@ -213,9 +213,14 @@ async def sse_events(call: OpenAICall, chunks: AsyncIterator[str], record: Reque
 
     if call.route is Route.CHAT:
         yield _sse(base | {"choices": [choice(None, None, role=True)]} | usage_field)
+    # Every content event is the same JSON around its text: render it once with a marker
+    # in the text's place and splice each text in (byte-identical to _sse, ~3x cheaper).
+    marker = "\x00text\x00"
+    head, tail = _sse(base | {"choices": [choice(marker, None)]} | usage_field).split(
+        json.dumps(marker))
     try:
         async for text in chunks:
-            yield _sse(base | {"choices": [choice(text, None)]} | usage_field)
+            yield f"{head}{json.dumps(text, ensure_ascii=False)}{tail}"
     except RequestError as exc:
         yield _sse({"error": {"message": exc.message, "type": "invalid_request_error",
                               "param": exc.param, "code": None}})

@@ -36,8 +36,9 @@ class Settings(BaseModel):
     cache_dir: str = Field(
         "~/.cache/mistral-trt-truss", description="Where downloaded artifacts are cached."
     )
-    engine: Literal["auto", "tensorrt_llm", "pytorch"] = Field(
-        "auto", description="`auto` picks from the artifact: engine dir -> tensorrt_llm."
+    engine: Literal["auto", "tensorrt_llm", "pytorch", "replay"] = Field(
+        "auto", description="`auto` picks from the artifact: engine dir -> tensorrt_llm. "
+        "`replay` is for benchmarks only: it emits pre-made tokens without a model.",
     )
     served_model_name: str = Field(
         "mistral-7b-instruct", description="Model name returned by the OpenAI routes."
@@ -53,13 +54,31 @@ class Settings(BaseModel):
     max_num_tokens: int = Field(
         8192, ge=16, description="Prompt tokens prefilled per engine step (bounds step latency)."
     )
+    pytorch_kv_cache: Literal["dynamic", "static"] = Field(
+        "dynamic",
+        description="`static`: preallocated KV slots, our own Llama/Mistral forward pass and "
+        "CUDA graphs (engines/pytorch_static.py; the fast path on a GPU). `dynamic`: "
+        "transformers' forward over a growing, left-padded DynamicCache (any causal LM).",
+    )
+    load_prefetch_threads: int = Field(
+        8, ge=0, description="Threads that read the checkpoint into the page cache while it "
+        "loads (cold-start time on cloud disks); 0: off.")
+    cuda_graphs: bool = Field(
+        True, description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs."
+    )
+
+    replay_step_ms: float = Field(
+        10.0, gt=0, description="engine=replay (benchmarks only): milliseconds per step; "
+        "each step emits one token to every live request.")
 
     # Limits (never above what the engine allows).
     max_input_len: int | None = Field(None, ge=1, description="Lower the engine's input limit.")
     max_seq_len: int | None = Field(None, ge=2, description="Lower the engine's sequence limit.")
 
     # TensorRT-LLM engine.
-    kv_cache_free_gpu_memory_fraction: float = Field(0.9, gt=0, le=1)
+    kv_cache_free_gpu_memory_fraction: float = Field(
+        0.9, gt=0, le=1, description="Share of free GPU memory for the KV cache (TensorRT-LLM, "
+        "and the static PyTorch cache when max_seq_len is unset).")
 
     # Admission control and shutdown.
     max_inflight: int = Field(256, ge=1, description="Requests generating at once.")
@@ -96,6 +115,8 @@ class Settings(BaseModel):
             return cls(**values)
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+                ": ".join(part for part in (".".join(str(p) for p in e["loc"]),
+                                            e["msg"].removeprefix("Value error, ")) if part)
+                for e in exc.errors()
             )
             raise SettingsError(f"invalid settings: {problems}") from None

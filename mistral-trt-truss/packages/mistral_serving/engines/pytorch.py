@@ -57,6 +57,10 @@ class _Sequence:
     generator: torch.Generator
     generated: list[int] = field(default_factory=list)
     stop_ids: frozenset[int] = frozenset()
+    # Where `emit` delivers (set by `generate`): lets a step deliver all its tokens to one
+    # event loop with a single thread-safe call instead of one per sequence.
+    loop: asyncio.AbstractEventLoop | None = None
+    queue: asyncio.Queue | None = None
 
 
 def pick_device(setting: str) -> torch.device:
@@ -73,6 +77,66 @@ def pick_dtype(setting: str, device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
+
+
+def prefetch_files(paths: list[Path], threads: int, chunk: int = 64 * 2**20) -> None:
+    """Start reading `paths` into the OS page cache from `threads` background threads
+    (many reads in flight: a cloud disk serves one sequential reader far below its
+    throughput); the loader that follows finds the pages there. Returns at once."""
+    import os
+
+    jobs = collections.deque((p, off) for p in paths for off in range(0, p.stat().st_size, chunk))
+
+    def work() -> None:
+        fds: dict[Path, int] = {}
+        buf = bytearray(chunk)
+        try:
+            while True:
+                try:
+                    path, offset = jobs.popleft()
+                except IndexError:
+                    return
+                fd = fds.get(path)
+                if fd is None:
+                    fd = fds[path] = os.open(path, os.O_RDONLY)
+                os.preadv(fd, [buf], offset)
+        except OSError:
+            return  # only a hint: the loader reads the files anyway
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    for i in range(threads):
+        threading.Thread(target=work, name=f"prefetch-{i}", daemon=True).start()
+
+
+def _has_accelerate() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("accelerate") is not None
+
+
+def static_kv_columns(model, settings: Settings, max_seq: int) -> int:
+    """Columns (tokens per sequence) of the static KV cache: `max_seq_len` when set, else
+    what `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for
+    `max_batch_size` slots (8 GiB on the CPU), never above the model's positions."""
+    from mistral_serving.engines.pytorch_static import StaticTorchEngine
+
+    if settings.max_seq_len:
+        return max_seq
+    param = next(model.parameters())
+    per_token = StaticTorchEngine.kv_bytes_per_token(model.config, param.dtype)
+    if param.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(param.device)
+        budget = free * settings.kv_cache_free_gpu_memory_fraction - 4 * 2**30  # activations
+    else:
+        budget = 8 * 2**30
+    columns = int(budget // (per_token * settings.max_batch_size)) // 256 * 256
+    if columns < 256:
+        raise EngineError(
+            f"a static KV cache for {settings.max_batch_size} sequences does not fit in "
+            f"{budget / 2**30:.1f} GiB: lower max_batch_size or set max_seq_len")
+    return min(max_seq, columns)
 
 
 class TorchEngine:
@@ -99,6 +163,7 @@ class TorchEngine:
         self._fatal: BaseException | None = None
         # Running batch (engine thread only).
         self._running: list[_Sequence] = []
+        self._admitting: list[_Sequence] = []
         self._cache = None  # a transformers DynamicCache: per layer [B, H, T, D]
         self._mask = torch.zeros((0, 0), dtype=torch.long, device=self._device)
         self._last = torch.zeros(0, dtype=torch.long, device=self._device)
@@ -118,8 +183,20 @@ class TorchEngine:
             raise EngineError(f"{model_dir}/config.json has no usable max_position_embeddings")
         max_seq = min(positions, settings.max_seq_len or positions)
         max_input = min(settings.max_input_len or max_seq - 1, max_seq - 1)
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype)
+        if settings.load_prefetch_threads:
+            prefetch_files(sorted(model_dir.glob("*.safetensors")), settings.load_prefetch_threads)
+        # Straight to the GPU (no host copy of the weights) where transformers can.
+        placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
         model = model.to(device).eval()
+        if settings.pytorch_kv_cache == "static":
+            from mistral_serving.engines.pytorch_static import StaticTorchEngine
+
+            columns = static_kv_columns(model, settings, max_seq)
+            return StaticTorchEngine(
+                model, eos_token_id,
+                EngineLimits(min(max_input, columns - 1), columns, settings.max_batch_size),
+                settings.max_num_tokens, cuda_graphs=settings.cuda_graphs)
         return cls(model, eos_token_id, EngineLimits(max_input, max_seq, settings.max_batch_size),
                    settings.max_num_tokens)
 
@@ -149,6 +226,7 @@ class TorchEngine:
         seq = _Sequence(
             request_id, list(prompt_ids), sampling, min(sampling.max_new_tokens, room), emit,
             gen, stop_ids=frozenset((self.eos_token_id, *sampling.stop_token_ids)),
+            loop=loop, queue=queue,
         )
         with self._lock:
             self._waiting.append(seq)
@@ -157,6 +235,8 @@ class TorchEngine:
         try:
             while True:
                 item = await queue.get()
+                if not queue.empty() and isinstance(item, TokenDelta):
+                    item = _merge_ready(item, queue)  # the consumer fell behind: catch up
                 if isinstance(item, BaseException):
                     raise EngineError(f"PyTorch engine failed: {item!r}") from item
                 if item.finish_reason is not None:
@@ -186,11 +266,13 @@ class TorchEngine:
     def _run(self) -> None:
         try:
             with torch.inference_mode():
+                self._on_thread_start()
                 while not self._closing.is_set():
                     self._drop_aborted()
-                    admitted = self._admit()
+                    admitted = self._admitting = self._admit()
                     if admitted:
                         self._prefill(admitted)
+                    self._admitting = []
                     if self._running:
                         self._decode()
                     elif not admitted:
@@ -202,12 +284,30 @@ class TorchEngine:
             self._fatal = exc
             self._fail_all(exc)
 
+    def _on_thread_start(self) -> None:
+        """Engine-thread set-up, inside inference mode (subclasses allocate here)."""
+
+    @staticmethod
+    def _deliver(deliveries: list[tuple[_Sequence, TokenDelta]]) -> None:
+        """Hand one step's deltas to their consumers: one wake-up per event loop."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for seq, item in deliveries:
+            if seq.loop is None or seq.queue is None:
+                seq.emit(item)
+            else:
+                by_loop.setdefault(seq.loop, []).append((seq.queue, item))
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # closed loop: nobody is listening
+                loop.call_soon_threadsafe(_put_all, items)
+
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
             waiting, self._waiting = list(self._waiting), collections.deque()
-        for seq in [*self._running, *waiting]:
+        # `_admitting`: taken from the queue but not yet in the batch when a step failed.
+        pending = {id(s): s for s in [*self._running, *self._admitting, *waiting]}
+        for seq in pending.values():
             seq.emit(exc)
-        self._running = []
+        self._running, self._admitting = [], []
 
     def _drop_aborted(self) -> None:
         with self._lock:
@@ -267,20 +367,23 @@ class TorchEngine:
         """Sample the next token of `seqs` (rows first_row.. of the batch) and deliver it."""
         tokens = sample_next_tokens(logits.float(), seqs)
         finished_rows = []
+        deliveries = []
         for offset, (seq, token) in enumerate(zip(seqs, tokens)):
             row = first_row + offset
             reason: FinishReason | None = None
             if token in seq.stop_ids:
                 reason = "stop"
-                seq.emit(TokenDelta([], reason))
+                deliveries.append((seq, TokenDelta([], reason)))
             else:
                 seq.generated.append(token)
                 if len(seq.generated) >= seq.max_new_tokens:
                     reason = "length"
-                seq.emit(TokenDelta([token], reason))
-            self._last[row] = token
+                deliveries.append((seq, TokenDelta([token], reason)))
             if reason is not None:
                 finished_rows.append(row)
+        # One host-to-device copy for the step, not one tiny write per row.
+        self._last[first_row:first_row + len(seqs)] = torch.tensor(tokens).to(self._device)
+        self._deliver(deliveries)
         if finished_rows:
             done = set(finished_rows)
             self._select([i for i in range(len(self._running)) if i not in done])
@@ -329,6 +432,26 @@ class TorchEngine:
         ])
         self._last = self._last.index_select(0, index)
         self._pos = self._pos.index_select(0, index)
+
+
+def _merge_ready(first: TokenDelta, queue: asyncio.Queue) -> TokenDelta | BaseException:
+    """`first` plus the deltas already queued behind it, as one delta: a consumer that
+    fell behind the engine catches up in one pass (one chunk, one event) instead of one
+    pass per token. Stops at a finish reason; an error behind it is delivered first."""
+    tokens = list(first.token_ids)
+    reason = first.finish_reason
+    while reason is None and not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, BaseException):
+            return item
+        tokens += item.token_ids
+        reason = item.finish_reason
+    return TokenDelta(tokens, reason)
+
+
+def _put_all(items: list[tuple[asyncio.Queue, TokenDelta]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 def _new_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]):

@@ -24,6 +24,12 @@ def engine_name_for(kind: ArtifactKind, setting: str) -> str:
 
 def start_engine(artifact_dir: Path, kind: ArtifactKind, settings: Settings,
                  tokenizer: Tokenizer) -> Engine:
+    if settings.engine == "replay":  # benchmarks only: see engines/replay.py
+        from mistral_serving.engines.replay import ReplayEngine
+
+        return ReplayEngine.for_tokenizer(tokenizer, settings.max_batch_size,
+                                          settings.max_seq_len, settings.max_input_len,
+                                          settings.replay_step_ms)
     if engine_name_for(kind, settings.engine) == "tensorrt_llm":
         from mistral_serving.engines.trtllm import TrtLlmEngine
 

@@ -1,0 +1,272 @@
+"""The PyTorch engine's fast path: a preallocated (static) KV cache and CUDA graphs.
+
+Selected by `pytorch_kv_cache: static` (Llama/Mistral-family checkpoints only). Same
+async interface, admission, abort and per-request sampling as `TorchEngine`; what
+changes is the batch underneath:
+
+- The KV cache is allocated once: `[layers, slots, kv_heads, max_seq_len, head_dim]` for
+  keys and for values, one slot per running sequence (`max_batch_size` slots). A
+  sequence's token at position p is written to its slot at column p (an index write),
+  so nothing is concatenated, padded or copied per step the way a growing
+  `DynamicCache` is.
+- Running sequences occupy slots 0..n-1 (a finished sequence's hole is filled by moving
+  the last one into it: one copy of that sequence's own columns), so a decode step works
+  on a contiguous view of the cache.
+- The forward pass is our own, over the checkpoint's own modules and weights (embedding,
+  RMSNorm, q/k/v/o, RoPE, MLP, lm_head), so it has static shapes: one decode step for a
+  batch bucket (1, 2, 4, ... slots) and a length bucket (the longest sequence rounded up
+  to a multiple of 256 columns) is captured once as a CUDA graph and replayed, which takes
+  the ~1,500 kernel launches of a 32-layer step off the Python critical path.
+- Prefill is the same forward pass over the new prompts (right-padded; causal attention
+  keeps padding from reaching real positions), writing their keys and values straight
+  into their slots.
+
+The cache must fit: its column count is `max_seq_len` when set, else what
+`kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for `max_batch_size`
+slots (capped at the model's positions); the engine's limits report that length.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+
+from mistral_serving.engines.base import EngineError, EngineLimits, FinishReason, TokenDelta
+from mistral_serving.engines.pytorch import TorchEngine, _Sequence, sample_next_tokens
+
+log = logging.getLogger(__name__)
+
+LENGTH_BUCKET = 256  # decode attends to the first ceil(len / 256) * 256 columns
+
+
+def supports_static_path(model) -> str | None:
+    """None if `model` is a decoder this fast path can run, else why not."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if inner is None or layers is None or not hasattr(model, "lm_head"):
+        return "not a Llama/Mistral-style decoder (model.model.layers, lm_head)"
+    attn = getattr(layers[0], "self_attn", None)
+    if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return "attention is not q/k/v/o projections"
+    if any(getattr(attn, n).bias is not None for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return "attention projections have biases"
+    mlp = getattr(layers[0], "mlp", None)
+    if mlp is None or not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        return "MLP is not gate/up/down"
+    cfg = model.config
+    if getattr(cfg, "sliding_window", None):
+        return "sliding-window attention"
+    rope = getattr(inner.rotary_emb, "rope_type", "default")
+    if rope not in ("default", "linear", "llama3"):
+        return f"rope type {rope}"
+    return None
+
+
+class StaticTorchEngine(TorchEngine):
+    def __init__(self, model, eos_token_id: int, limits: EngineLimits, max_num_tokens: int,
+                 cuda_graphs: bool = True) -> None:
+        why = supports_static_path(model)
+        if why is not None:
+            raise EngineError(f"pytorch_kv_cache=static cannot run this model: {why}")
+        cfg = model.config
+        self._layers = list(model.model.layers)
+        self._n_heads = cfg.num_attention_heads
+        self._n_kv = getattr(cfg, "num_key_value_heads", None) or self._n_heads
+        self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self._n_heads
+        self._slots = limits.max_batch_size
+        self._cols = limits.max_seq_len
+        p = next(model.parameters())
+        self._use_graphs = cuda_graphs and p.device.type == "cuda"
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        self._lens: list[int] = []  # per running row: tokens in its slot (CPU mirror)
+        super().__init__(model, eos_token_id, limits, max_num_tokens)
+        self.info.details.update(kv_cache="static", kv_columns=self._cols,
+                                 cuda_graphs=self._use_graphs)
+
+    @staticmethod
+    def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+        heads = config.num_attention_heads
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return 2 * config.num_hidden_layers * kv * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    # ---- buffers (made on the engine thread, inside inference mode) ----
+
+    def _on_thread_start(self) -> None:
+        dev, dtype = self._device, next(self._model.parameters()).dtype
+        shape = (len(self._layers), self._slots, self._n_kv, self._cols, self._head_dim)
+        self._k = torch.zeros(shape, dtype=dtype, device=dev)
+        self._v = torch.zeros(shape, dtype=dtype, device=dev)
+        self._tok = torch.zeros(self._slots, dtype=torch.long, device=dev)
+        self._posv = torch.zeros(self._slots, dtype=torch.long, device=dev)
+        self._cols_range = torch.arange(self._cols, device=dev)
+        rot = self._model.model.rotary_emb
+        self._inv_freq = rot.inv_freq.to(device=dev, dtype=torch.float32)
+        self._rope_scale = float(getattr(rot, "attention_scaling", 1.0))
+
+    # ---- our own forward pass over the model's modules ----
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        freqs = positions[..., None].float() * self._inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return ((emb.cos() * self._rope_scale).to(dtype)[:, None],
+                (emb.sin() * self._rope_scale).to(dtype)[:, None])  # [n, 1, T, D]
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, row0: int,
+                 width: int, decode_mask: torch.Tensor | None) -> torch.Tensor:
+        """Hidden states [n, T, H] for `ids` [n, T] at `positions` [n, T] of slots
+        row0..row0+n-1, writing their keys/values into those slots. Decode (T == 1)
+        attends to the first `width` columns under `decode_mask` [n, 1, 1, width];
+        prefill (decode_mask None) attends causally to columns 0..T-1."""
+        n, t = ids.shape
+        hq, hkv, d = self._n_heads, self._n_kv, self._head_dim
+        x = self._model.model.embed_tokens(ids)
+        cos, sin = self._rope(positions, x.dtype)
+        slots = torch.arange(row0, row0 + n, device=ids.device)[:, None].expand(n, t)
+        for i, layer in enumerate(self._layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = attn.q_proj(h).view(n, t, hq, d).transpose(1, 2)
+            k = attn.k_proj(h).view(n, t, hkv, d).transpose(1, 2)
+            v = attn.v_proj(h).view(n, t, hkv, d)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            kc, vc = self._k[i], self._v[i]
+            kc[slots, :, positions] = k.transpose(1, 2)  # [n, T, hkv, d] at (slot, :, pos)
+            vc[slots, :, positions] = v
+            if decode_mask is not None:
+                # One query per sequence: fold the query heads of a KV head into the query
+                # axis, so this is plain multi-head attention over the slot's columns.
+                o = F.scaled_dot_product_attention(
+                    q.reshape(n, hkv, hq // hkv, d), kc[row0:row0 + n, :, :width],
+                    vc[row0:row0 + n, :, :width], attn_mask=decode_mask)
+                o = o.reshape(n, 1, hq * d)
+            else:
+                o = F.scaled_dot_product_attention(
+                    q, kc[row0:row0 + n, :, :t], vc[row0:row0 + n, :, :t], is_causal=True,
+                    enable_gqa=hkv != hq)
+                o = o.transpose(1, 2).reshape(n, t, hq * d)
+            x = x + attn.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self._model.model.norm(x)
+
+    def _decode_logits(self, n: int, width: int) -> torch.Tensor:
+        ids = self._tok[:n, None]
+        pos = self._posv[:n, None]
+        mask = (self._cols_range[:width][None, :] <= pos)[:, None, None, :]
+        return self._model.lm_head(self._forward(ids, pos, 0, width, mask)[:, 0])
+
+    # ---- the batch ----
+
+    def _prefill(self, seqs: list[_Sequence]) -> None:
+        row0, n = len(self._running), len(seqs)
+        width = max(len(s.prompt) for s in seqs)
+        ids = torch.zeros((n, width), dtype=torch.long)
+        for r, seq in enumerate(seqs):
+            ids[r, : len(seq.prompt)] = torch.tensor(seq.prompt)
+        ids = ids.to(self._device)
+        positions = torch.arange(width, device=self._device)[None, :].expand(n, width)
+        hidden = self._forward(ids, positions, row0, width, None)
+        last = torch.tensor([len(s.prompt) - 1 for s in seqs], device=self._device)
+        logits = self._model.lm_head(hidden[torch.arange(n, device=self._device), last])
+        self._running.extend(seqs)
+        self._lens.extend(len(s.prompt) for s in seqs)
+        self._posv[row0:row0 + n] = torch.tensor(self._lens[row0:], device=self._device)
+        self._advance(seqs, logits, first_row=row0)
+
+    def _decode(self) -> None:
+        n = len(self._running)
+        # self._posv holds each row's next position; its token sits in self._tok.
+        width = min(self._cols, math.ceil((max(self._lens) + 1) / LENGTH_BUCKET) * LENGTH_BUCKET)
+        if self._use_graphs:
+            bucket = min(self._slots, 1 << (n - 1).bit_length())
+            logits = self._replay(bucket, width)[:n]
+        else:
+            logits = self._decode_logits(n, width)
+        self._posv[:n] += 1
+        for r in range(n):
+            self._lens[r] += 1
+        self._advance(list(self._running), logits, first_row=0)
+
+    def _replay(self, bucket: int, width: int) -> torch.Tensor:
+        entry = self._graphs.get((bucket, width))
+        if entry is None:
+            try:
+                entry = self._capture(bucket, width)
+            except Exception as exc:  # noqa: BLE001 - run eagerly rather than not at all
+                log.exception("CUDA graph capture failed; decoding without graphs from now on")
+                self._use_graphs = False
+                self.info.details["cuda_graphs"] = f"capture failed: {exc!r}"[:200]
+                torch.cuda.synchronize()
+                return self._decode_logits(bucket, width)
+        graph, out = entry
+        graph.replay()
+        return out
+
+    def _capture(self, bucket: int, width: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # Rows past the running ones hold free slots: whatever a graph writes there
+        # is overwritten by the prefill that takes the slot.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up kernels / autotuning outside the capture
+                self._decode_logits(bucket, width)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._decode_logits(bucket, width)
+        entry = self._graphs[(bucket, width)] = (graph, out)
+        log.info("captured a CUDA graph for %d rows x %d columns", bucket, width)
+        return entry
+
+    def _advance(self, seqs: list[_Sequence], logits: torch.Tensor, first_row: int) -> None:
+        tokens = sample_next_tokens(logits.float(), seqs)
+        self._tok[first_row:first_row + len(seqs)] = torch.tensor(tokens).to(
+            self._device, non_blocking=True)
+        finished = []
+        deliveries = []
+        for offset, (seq, token) in enumerate(zip(seqs, tokens)):
+            reason: FinishReason | None = None
+            if token in seq.stop_ids:
+                reason = "stop"
+                deliveries.append((seq, TokenDelta([], reason)))
+            else:
+                seq.generated.append(token)
+                if len(seq.generated) >= seq.max_new_tokens:
+                    reason = "length"
+                deliveries.append((seq, TokenDelta([token], reason)))
+            if reason is not None:
+                finished.append(first_row + offset)
+        self._deliver(deliveries)
+        if finished:
+            done = set(finished)
+            self._select([i for i in range(len(self._running)) if i not in done])
+
+    def _select(self, rows: list[int]) -> None:
+        """Keep these rows: fill each hole below the new count with the last kept row."""
+        keep = set(rows)
+        m = len(rows)
+        holes = [i for i in range(m) if i not in keep]
+        movers = [i for i in rows if i >= m]  # kept rows that must move down
+        for dst, src in zip(holes, movers):
+            cols = self._lens[src]
+            self._k[:, dst, :, :cols] = self._k[:, src, :, :cols]
+            self._v[:, dst, :, :cols] = self._v[:, src, :, :cols]
+            self._running[dst], self._lens[dst] = self._running[src], self._lens[src]
+        if holes:
+            dst_t = torch.tensor(holes, device=self._device)
+            src_t = torch.tensor(movers, device=self._device)
+            self._tok[dst_t] = self._tok[src_t]
+            self._posv[dst_t] = self._posv[src_t]
+        del self._running[m:], self._lens[m:]

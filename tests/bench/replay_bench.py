@@ -1,0 +1,157 @@
+"""The server's own cost per streamed token (issue 7, point 5), on the CPU.
+
+Starts the real Truss server with the replay engine (`engine: replay`: pre-made tokens, no
+model), drives it with a lean raw-HTTP client (streamed OpenAI completions, token-id prompts) and reads the server process's CPU time, so the figure is tokens per second per
+core of the server alone (the load client runs in this process, on other cores).
+
+    python tests/bench/replay_bench.py [--concurrency 256] [--output-len 256] \
+        [--profile docs/replay-profile.txt]   # py-spy: self time per function
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(Path(__file__).resolve().parent)]
+
+import load  # noqa: E402
+
+USAGE = re.compile(rb'"completion_tokens": ?(\d+)')
+
+
+async def raw_level(port: int, concurrency: int, in_len: int, out_len: int, per_worker: int):
+    """A lean client (raw HTTP/1.1 over asyncio streams, keep-alive, no SSE parsing beyond
+    finding the end and the usage), so that the server, not the client, runs out of CPU."""
+    todo = load.prompts(concurrency * per_worker, in_len)
+    results = []
+
+    async def worker():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while todo:
+                body = json.dumps({"prompt": todo.pop(), "max_tokens": out_len,
+                                   "temperature": 0.0, "stream": True,
+                                   "stream_options": {"include_usage": True}}).encode()
+                start, arrivals = time.perf_counter(), []
+                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                buf = b""
+                while b"data: [DONE]" not in buf[-64:]:
+                    data = await reader.read(65536)
+                    if not data:
+                        raise RuntimeError("connection closed")
+                    arrivals.append(time.perf_counter())
+                    buf = buf[-4096:] + data
+                while not buf.endswith(b"0\r\n\r\n"):  # the chunked body's last chunk
+                    buf += await reader.read(65536)
+                n = int(USAGE.findall(buf)[-1])
+                results.append((start, arrivals, time.perf_counter(), n))
+        finally:
+            writer.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    return load.summarize("service", concurrency, in_len, out_len, results,
+                          time.perf_counter() - t0)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def top_functions(raw: Path, n: int = 25) -> list[str]:
+    """py-spy's raw (collapsed) stacks -> the functions with the most self samples."""
+    own: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        total += int(count)
+        own[stack.split(";")[-1]] += int(count)
+    return [f"{100 * c / total:5.1f}%  {frame}" for frame, c in own.most_common(n)]
+
+
+def main() -> int:
+    from mistral_build.dev_model import build_dev_model
+    from mistral_build.local_server import prepare_app_dir, render_build_context
+    from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=16)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--requests-per-worker", type=int, default=2)
+    ap.add_argument("--port", type=int, default=8093)
+    ap.add_argument("--step-ms", type=float, default=10.0,
+                    help="replay engine step (10 ms x 256 streams = 25,600 tok/s offered)")
+    ap.add_argument("--profile", help="write py-spy's top self-time functions here")
+    args = ap.parse_args()
+
+    build_dev_model()
+    app = prepare_app_dir(render_build_context(CACHE_DIR / "replay-bench-context"))
+    env = dict(os.environ, INFERENCE_SERVER_PORT=str(args.port), PYTHONUNBUFFERED="1",
+               MTT_ARTIFACT=str(DEV_MODEL_DIR), MTT_ENGINE="replay", MTT_DEVICE="cpu",
+               MTT_MAX_INFLIGHT="1024", MTT_MAX_WAITING="1024",
+               MTT_MAX_BATCH_SIZE=str(args.concurrency), MTT_REPLAY_STEP_MS=str(args.step_ms))
+    env["PYTHONPATH"] = os.pathsep.join([str(app.parent / "packages"), env.get("PYTHONPATH", "")])
+    log = open(CACHE_DIR / "replay-bench-server.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, str(app / "main.py")], cwd=app, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{args.port}"
+    spy = None
+    try:
+        import httpx
+
+        for _ in range(600):
+            try:
+                if httpx.get(url + "/v1/models/model", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise SystemExit(f"server exited; see {log.name}")
+            time.sleep(0.1)
+        asyncio.run(load.run_level(url, 8, args.input_len, 8, 1))  # warm-up
+        if args.profile:
+            raw = Path(args.profile).with_suffix(".raw")
+            spy = subprocess.Popen(["py-spy", "record", "-p", str(proc.pid), "-r", "200",
+                                    "--format", "raw", "-o", str(raw), "--nonblocking"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1)
+        cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+        row = asyncio.run(raw_level(args.port, args.concurrency, args.input_len,
+                                    args.output_len, args.requests_per_worker))
+        cpu, wall = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
+        row.update(kind="service+replay", step_ms=args.step_ms, server_cpu_s=round(cpu, 2),
+                   server_cores_busy=round(cpu / wall, 2),
+                   tok_per_s_per_core=round(row["output_tokens"] / cpu, 1))
+        print(json.dumps(row), flush=True)
+        if spy is not None:
+            spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+            spy.wait(timeout=30)
+            lines = top_functions(raw)
+            Path(args.profile).write_text("\n".join(lines) + "\n")
+            print("\n".join(lines[:15]))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
