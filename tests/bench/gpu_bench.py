@@ -240,9 +240,9 @@ def engine_bench(args) -> None:
     if engine._graphs:
         # The engine thread is idle now (no requests), so replaying here is safe.
         graph_floor(engine)
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(0.0005)  # does the GIL hand-off between threads cost step time?
-    sweep(engine, "static+graphs, GIL switch 0.5 ms", [1, 256], 128, 128, 1, 20)
+    interval = sys.getswitchinterval()  # from_pretrained set gil_switch_interval_ms
+    sys.setswitchinterval(0.005)  # Python's default: does the GIL hand-off cost step time?
+    sweep(engine, "static+graphs, GIL switch 5 ms", [1, 256], 128, 128, 1, 20)
     sys.setswitchinterval(interval)
     if not args.skip_variants:
         article_way(model, args)
@@ -285,6 +285,9 @@ def service_bench(args) -> None:
     })
     if args.engine == "pytorch":
         env["MTT_PYTORCH_KV_CACHE"] = "static"
+    for item in args.set or []:
+        key, _, value = item.partition("=")
+        env["MTT_" + key.upper()] = value
     cold = drop_page_cache()
     log = open(args.log, "w") if args.log else subprocess.DEVNULL  # noqa: SIM115
     t0 = time.perf_counter()
@@ -304,19 +307,19 @@ def service_bench(args) -> None:
                 raise SystemExit("server not ready in 300 s")
             time.sleep(0.1)
         emit(figure="server_start_to_ready", seconds=round(time.perf_counter() - t0, 1),
-             page_cache_dropped=cold, engine=args.engine)
+             page_cache_dropped=cold, engine=args.engine, set=args.set)
         for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):  # same warm-up as the engine run
             if c <= args.max_batch_size:
                 asyncio.run(load.run_level(url, c, 128, 4, 1))
         for in_len, out_len, per_worker, budget in ((128, 128, 2, 20), (1024, 256, 1, 60)):
-            if args.quick and in_len > 128:
+            if (args.quick or args.short) and in_len > 128:
                 continue
             for c in args.concurrency:
                 if time_left() < budget:
                     emit(figure="skipped", variant="service", concurrency=c, why="out of time")
                     continue
                 row = asyncio.run(load.run_level(url, c, in_len, out_len, per_worker))
-                emit(figure="service", **row)
+                emit(figure="service", set=args.set, **row)
     finally:
         proc.terminate()
         try:
@@ -343,6 +346,9 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--skip-variants", action="store_true",
                     help="only the fast path (no eager / dynamic / HF generate runs)")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE",
+                    help="service: a setting for the server (MTT_KEY=VALUE)")
+    ap.add_argument("--short", action="store_true", help="service: 128/128 only")
     ap.add_argument("--disk-test", action="store_true", help="time cold disk reads first")
     ap.add_argument("--drop-page-cache", action="store_true",
                     help="drop the OS page cache before a cold load (the device VM only)")

@@ -33,4 +33,9 @@ $B engine "$ART" ${DROP---drop-page-cache} ${QUICK:+--quick} ${ENGINE_FLAGS:-} $
 $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} ${QUICK:+--quick} ${MBS:+--max-batch-size $MBS} \
   ${LEVELS:+--concurrency $LEVELS} --deadline $((START + BUDGET)) --log "$OUT/server.log" \
   --out "$OUT/results.jsonl" 2>&1 | tee "$OUT/service.log"
+if [ -n "${AB:-}" ]; then  # the same server at Python's default GIL switch interval
+  $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} --short --concurrency 64 256 \
+    --set gil_switch_interval_ms=5 --deadline $((START + BUDGET + 40)) --log "$OUT/server-ab.log" \
+    --out "$OUT/results.jsonl" 2>&1 | tee "$OUT/service-ab.log"
+fi
 echo "total $(( $(date +%s) - START )) s"

@@ -63,6 +63,9 @@ class Settings(BaseModel):
     load_prefetch_threads: int = Field(
         8, ge=0, description="Threads that read the checkpoint into the page cache while it "
         "loads (cold-start time on cloud disks); 0: off.")
+    gil_switch_interval_ms: float = Field(
+        0.5, gt=0, description="PyTorch engine on a GPU: the process's GIL switch interval "
+        "(sys.setswitchinterval); the engine thread and the event loop share the GIL.")
     cuda_graphs: bool = Field(
         True, description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs."
     )

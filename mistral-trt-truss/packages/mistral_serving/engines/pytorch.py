@@ -23,6 +23,7 @@ import contextlib
 import inspect
 import logging
 import random
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -189,6 +190,11 @@ class TorchEngine:
         placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
         model = model.to(device).eval()
+        if device.type == "cuda":
+            # The engine thread and the server's event loop share the GIL. At Python's
+            # default 5 ms switch interval a busy loop can hold the engine thread for up
+            # to 5 ms per decode step (a step is 7-15 ms on an H200).
+            sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
         if settings.pytorch_kv_cache == "static":
             from mistral_serving.engines.pytorch_static import StaticTorchEngine
 

@@ -83,6 +83,7 @@ class StaticTorchEngine(TorchEngine):
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool = None
         self._lens: list[int] = []  # per running row: tokens in its slot (CPU mirror)
+        self._fuse_weights()
         super().__init__(model, eos_token_id, limits, max_num_tokens)
         self.info.details.update(kv_cache="static", kv_columns=self._cols,
                                  cuda_graphs=self._use_graphs)
@@ -93,6 +94,29 @@ class StaticTorchEngine(TorchEngine):
         kv = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return 2 * config.num_hidden_layers * kv * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @torch.no_grad()
+    def _fuse_weights(self) -> None:
+        """One [q; k; v] and one [gate; up] matrix per layer: at batch 1 a decode step is
+        a chain of matrix-vector products, and two big ones beat five small ones. The
+        model's own projections become views into these (no extra memory), so the
+        checkpoint's modules still compute the same function."""
+        self._wqkv, self._wgu = [], []
+        for layer in self._layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projs = [attn.q_proj, attn.k_proj, attn.v_proj]
+            self._wqkv.append(self._fuse(projs))
+            self._wgu.append(self._fuse([mlp.gate_proj, mlp.up_proj]))
+
+    @staticmethod
+    def _fuse(linears) -> torch.Tensor:
+        fused = torch.cat([lin.weight for lin in linears])
+        start = 0
+        for lin in linears:
+            rows = lin.weight.shape[0]
+            lin.weight = torch.nn.Parameter(fused[start:start + rows], requires_grad=False)
+            start += rows
+        return fused
 
     # ---- buffers (made on the engine thread, inside inference mode) ----
 
@@ -136,9 +160,10 @@ class StaticTorchEngine(TorchEngine):
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q = attn.q_proj(h).view(n, t, hq, d).transpose(1, 2)
-            k = attn.k_proj(h).view(n, t, hkv, d).transpose(1, 2)
-            v = attn.v_proj(h).view(n, t, hkv, d)
+            q, k, v = F.linear(h, self._wqkv[i]).split([hq * d, hkv * d, hkv * d], dim=-1)
+            q = q.reshape(n, t, hq, d).transpose(1, 2)
+            k = k.reshape(n, t, hkv, d).transpose(1, 2)
+            v = v.reshape(n, t, hkv, d)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
             kc, vc = self._k[i], self._v[i]
             kc[slots, :, positions] = k.transpose(1, 2)  # [n, T, hkv, d] at (slot, :, pos)
@@ -156,7 +181,8 @@ class StaticTorchEngine(TorchEngine):
                     enable_gqa=hkv != hq)
                 o = o.transpose(1, 2).reshape(n, t, hq * d)
             x = x + attn.o_proj(o)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            gate, up = F.linear(layer.post_attention_layernorm(x), self._wgu[i]).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
         return self._model.model.norm(x)
 
     def _decode_logits(self, n: int, width: int) -> torch.Tensor:

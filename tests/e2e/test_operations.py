@@ -1,0 +1,122 @@
+"""Operations end to end: /metrics, admission control (429 with Retry-After), dropping
+waiters whose client left, and the drain on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from urllib.parse import urlparse
+
+import pytest
+import requests
+
+from tests.e2e.metrics_util import scrape, value, wait_for
+
+pytestmark = pytest.mark.e2e
+
+PREDICT = "/v1/models/model:predict"
+METRIC_NAMES = [
+    "mtt:time_to_first_token_seconds_bucket", "mtt:time_per_output_token_seconds_bucket",
+    "mtt:e2e_request_latency_seconds_bucket", "mtt:request_queue_time_seconds_bucket",
+    "mtt:prompt_tokens_total", "mtt:generation_tokens_total", "mtt:request_finished_total",
+    "mtt:num_requests_running", "mtt:num_requests_waiting", "mtt:request_rejected_total",
+    "mtt:request_prompt_tokens_bucket", "mtt:request_generation_tokens_bucket",
+]
+
+
+def test_metrics_count_tokens_and_requests(server_url):
+    before = scrape(server_url)
+    r = requests.post(server_url + PREDICT, json={"prompt": "count me", "max_new_tokens": 5},
+                      timeout=60).json()
+    after = scrape(server_url)
+    names = {name for name, _ in after}
+    assert set(METRIC_NAMES) - {"mtt:request_rejected_total"} <= names
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert delta("mtt:prompt_tokens_total") == r["usage"]["prompt_tokens"]
+    assert delta("mtt:generation_tokens_total") == 5
+    assert delta("mtt:request_finished_total", route="predict", finished_reason="length") == 1
+    assert delta("mtt:e2e_request_latency_seconds_count", route="predict") == 1
+    assert delta("mtt:time_to_first_token_seconds_count", route="predict") == 1
+
+
+def _stream(url: str, n_tokens: int) -> requests.Response:
+    return requests.post(url + PREDICT, stream=True, timeout=120, json={
+        "prompt": "busy", "max_new_tokens": n_tokens, "streaming": True})
+
+
+def test_overload_is_refused_at_once_with_429_and_retry_after(start_server):
+    server = start_server(max_inflight=2, max_waiting=2)
+    results: list[int] = []
+    headers: list[dict] = []
+    lock = threading.Lock()
+
+    def call() -> None:
+        r = requests.post(server.url + PREDICT, timeout=120,
+                          json={"prompt": "load", "max_new_tokens": 1500})
+        with lock:
+            results.append(r.status_code)
+            headers.append(dict(r.headers) | {"body": r.text})
+
+    threads = [threading.Thread(target=call) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert sorted(results).count(200) == 4 and results.count(429) == 6, results
+    refused = [h for h in headers if "capacity" in h["body"]]
+    assert refused and all(h["retry-after"] == "1" for h in refused)
+    assert value(server.url, "mtt:request_rejected_total", reason="queue_full") == 6
+    server.stop()
+
+
+def test_a_waiting_request_whose_client_left_is_dropped(start_server):
+    server = start_server(max_inflight=1, max_waiting=4)
+    holder = _stream(server.url, 4000)
+    reader = holder.iter_content(chunk_size=None)
+    assert next(reader)
+    # A raw request: it waits for the single slot, so no response headers would come.
+    waiter = socket.create_connection((urlparse(server.url).hostname, urlparse(server.url).port))
+    body = json.dumps({"prompt": "wait", "max_new_tokens": 10}).encode()
+    waiter.sendall(f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 1, 30, "a waiter")
+    waiter.close()
+    wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 0, 30, "the waiter to go")
+    assert value(server.url, "mtt:num_requests_running") == 1
+    holder.close()
+    server.stop()
+
+
+def test_sigterm_drains_streams_within_the_grace_period(start_server):
+    server = start_server(drain_grace_seconds=60)
+    streams = [_stream(server.url, 400) for _ in range(3)]
+    readers = [s.iter_content(chunk_size=None) for s in streams]
+    for reader in readers:
+        assert next(reader)
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    with pytest.raises(requests.ConnectionError):  # the listener is closed: not ready
+        requests.get(server.url + "/v1/models/model", timeout=5)
+    texts = [b"".join(reader) for reader in readers]
+    assert server.process.wait(60) == 0
+    log = server.log()
+    assert log.count('"finish_reason": "length"') >= 3 and '"output_tokens": 400' in log
+    assert all(texts)
+
+
+def test_sigterm_aborts_what_outlasts_the_grace_period(start_server):
+    server = start_server(drain_grace_seconds=1)
+    stream = _stream(server.url, 4000)
+    reader = stream.iter_content(chunk_size=None)
+    assert next(reader)
+    server.process.send_signal(signal.SIGTERM)
+    b"".join(reader)  # ends when the grace period aborts the request
+    assert server.process.wait(60) == 0
+    assert '"finish_reason": "abort"' in server.log()
