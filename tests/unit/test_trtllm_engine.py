@@ -62,10 +62,12 @@ def make_engine_dir(
     max_seq_len: int = 2048,
     max_batch_size: int = 8,
     capability: str = "9.0",
+    paged_context_fmha: bool = True,
 ) -> Path:
     engine_dir = root / "engine"
     engine_dir.mkdir()
-    build = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len, "max_num_tokens": 8192}
+    build = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len, "max_num_tokens": 8192,
+             "plugin_config": {"use_paged_context_fmha": paged_context_fmha}}
     if max_input_len is not None:
         build["max_input_len"] = max_input_len
     config = {
@@ -255,6 +257,13 @@ def test_load_constructs_llm_for_token_ids(fake_trtllm, tmp_path):
     assert engine.eos_token_id == EOS
     assert engine.info.name == "tensorrt_llm"
     assert engine.info.details["tensorrt_llm_version"] == "1.2.1"
+
+
+@pytest.mark.parametrize("paged_context_fmha", [True, False])
+def test_chunked_prefill_follows_the_engines_paged_context_fmha(fake_trtllm, tmp_path,
+                                                                 paged_context_fmha):
+    engine = load(tmp_path, paged_context_fmha=paged_context_fmha)
+    assert engine.llm.args.enable_chunked_prefill is paged_context_fmha
 
 
 def test_limits_come_from_config_json(fake_trtllm, tmp_path):

@@ -57,6 +57,9 @@ class Metrics:
                              registry=registry)
         self.waiting = Gauge(name("num_requests_waiting"), "Requests waiting for a slot.",
                              registry=registry)
+        self.artifact = Gauge(name("artifact_info"),
+                              "What is served (1): its build manifest in one line.",
+                              ["engine", "artifact", "manifest"], registry=registry)
 
 
 _default: Metrics | None = None

@@ -18,7 +18,7 @@ from mistral_serving.artifacts import artifact_kind, check_manifest, resolve_art
 from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
 from mistral_serving.engines.base import Engine, EngineRequestError, SamplingOptions
 from mistral_serving.engines.select import start_engine
-from mistral_serving.manifest import BuildManifest
+from mistral_serving.manifest import BuildManifest, describe
 from mistral_serving.metrics import Metrics, default_metrics
 from mistral_serving.schema import PredictRequest, describe_validation_error
 from mistral_serving.settings import Settings
@@ -68,8 +68,8 @@ class GenerationService:
         fetched = time.monotonic()
         kind = artifact_kind(artifact_dir)
         manifest = check_manifest(artifact_dir, settings.verify_hashes)
-        if manifest is not None:
-            log.info("artifact manifest: %s", manifest.model_dump_json(exclude={"files"}))
+        described = describe(manifest) if manifest is not None else "no build manifest"
+        log.info("artifact %s: %s", artifact_dir, described)
         tokenizer = load_tokenizer(artifact_dir)
         engine = start_engine(artifact_dir, kind, settings, tokenizer)
         done = time.monotonic()
@@ -78,7 +78,10 @@ class GenerationService:
             settings.artifact, kind, engine.info.name, done - started, fetched - started,
             done - fetched, engine.limits,
         )
-        return cls(settings, tokenizer, engine, manifest, metrics)
+        service = cls(settings, tokenizer, engine, manifest, metrics)
+        service.telemetry.metrics.artifact.labels(engine.info.name, settings.artifact,
+                                                  described).set(1)
+        return service
 
     def is_healthy(self) -> bool:
         return self.engine.is_healthy()

@@ -180,6 +180,11 @@ class TrtLlmEngine:
             tokenizer_vocab_size=tokenizer_vocab_size,
         )
         config = read_engine_config(engine_dir)
+        # Prompts longer than the engine's max_num_tokens need chunked prefill
+        # (llmapi/llm_args.py: enable_chunked_prefill, default False), which needs an
+        # engine built with paged context FMHA, as `build.py engine` builds them.
+        plugins = config.get("build_config", {}).get("plugin_config", {})
+        chunked = bool(plugins.get("use_paged_context_fmha"))
         try:
             llm = LLM(
                 model=str(engine_dir),
@@ -188,6 +193,7 @@ class TrtLlmEngine:
                 kv_cache_config=KvCacheConfig(
                     free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction
                 ),
+                enable_chunked_prefill=chunked,
             )
         except Exception as exc:
             raise EngineError(f"TensorRT-LLM could not start {engine_dir}: {exc}") from exc
@@ -204,6 +210,7 @@ class TrtLlmEngine:
                 "world_size": world_size(config),
                 "built_limits": vars(built),
                 "kv_cache_free_gpu_memory_fraction": settings.kv_cache_free_gpu_memory_fraction,
+                "chunked_prefill": chunked,
             },
         )
         return cls(
