@@ -1,0 +1,135 @@
+"""Telemetry: the per-request metrics and the one structured log line (prompt and output
+text only when log_prompts is on)."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from mistral_serving.metrics import Metrics
+from mistral_serving.telemetry import RequestRecord, Telemetry
+
+LOGGER = "mistral_serving.requests"
+
+
+def make(log_prompts: bool = False) -> tuple[Telemetry, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return Telemetry(Metrics(registry), log_prompts), registry
+
+
+def value(registry: CollectorRegistry, name: str, labels: dict | None = None) -> float:
+    return registry.get_sample_value(name, labels or {}) or 0.0
+
+
+def done_record(route: str = "predict", reason: str | None = "length", prompt_tokens: int = 5,
+                completion_tokens: int = 4, first_token: bool = True) -> RequestRecord:
+    record = RequestRecord("client-id-1", route, arrived_at=time.monotonic() - 0.5)
+    record.prompt_tokens, record.completion_tokens = prompt_tokens, completion_tokens
+    record.finish_reason = reason
+    record.output = "generated words"
+    if first_token:
+        record.first_token_at = record.arrived_at + 0.1
+    return record
+
+
+def request_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.name == LOGGER]
+
+
+def test_record_usage_and_ttft() -> None:
+    record = done_record(prompt_tokens=7, completion_tokens=3)
+    assert record.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert record.ttft_s == pytest.approx(0.1)
+    assert done_record(first_token=False).ttft_s is None
+    assert RequestRecord("a", "r").engine_id != RequestRecord("a", "r").engine_id
+
+
+def test_admitted_observes_queue_time() -> None:
+    telemetry, registry = make()
+    record = RequestRecord("r", "predict", arrived_at=time.monotonic() - 0.2)
+    telemetry.admitted(record)
+    assert record.admitted_at is not None and record.admitted_at >= record.arrived_at
+    assert value(registry, "mtt:request_queue_time_seconds_count") == 1
+    assert value(registry, "mtt:request_queue_time_seconds_sum") >= 0.2
+
+
+def test_finished_updates_every_metric(caplog: pytest.LogCaptureFixture) -> None:
+    telemetry, registry = make()
+    record = done_record(route="chat_completions", reason="stop", prompt_tokens=5,
+                         completion_tokens=4)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        telemetry.finished(record)
+    route = {"route": "chat_completions"}
+    assert value(registry, "mtt:request_finished_total",
+                 route | {"finished_reason": "stop"}) == 1
+    assert value(registry, "mtt:prompt_tokens_total") == 5
+    assert value(registry, "mtt:generation_tokens_total") == 4
+    assert value(registry, "mtt:request_prompt_tokens_sum") == 5
+    assert value(registry, "mtt:request_generation_tokens_sum") == 4
+    assert value(registry, "mtt:e2e_request_latency_seconds_count", route) == 1
+    assert value(registry, "mtt:e2e_request_latency_seconds_sum", route) >= 0.5
+    assert value(registry, "mtt:time_to_first_token_seconds_sum", route) == pytest.approx(0.1)
+    assert value(registry, "mtt:time_per_output_token_seconds_count", route) == 1
+    # (ended - first token) / (tokens - 1): at least 0.4 s over 3 gaps.
+    assert value(registry, "mtt:time_per_output_token_seconds_sum", route) >= 0.4 / 3
+    assert record.ended_at is not None
+
+
+def test_no_ttft_or_tpot_without_output(caplog: pytest.LogCaptureFixture) -> None:
+    telemetry, registry = make()
+    telemetry.finished(done_record(first_token=False, completion_tokens=0, reason="abort"))
+    route = {"route": "predict"}
+    assert value(registry, "mtt:time_to_first_token_seconds_count", route) == 0
+    assert value(registry, "mtt:time_per_output_token_seconds_count", route) == 0
+    assert value(registry, "mtt:request_finished_total",
+                 route | {"finished_reason": "abort"}) == 1
+
+
+def test_single_token_has_ttft_but_no_tpot() -> None:
+    telemetry, registry = make()
+    telemetry.finished(done_record(completion_tokens=1))
+    route = {"route": "predict"}
+    assert value(registry, "mtt:time_to_first_token_seconds_count", route) == 1
+    assert value(registry, "mtt:time_per_output_token_seconds_count", route) == 0
+
+
+def test_missing_finish_reason_counts_as_error(caplog: pytest.LogCaptureFixture) -> None:
+    telemetry, registry = make()
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        telemetry.finished(done_record(reason=None))
+    assert value(registry, "mtt:request_finished_total",
+                 {"route": "predict", "finished_reason": "error"}) == 1
+    (line,) = request_lines(caplog)
+    assert line.finish_reason == "error"
+
+
+def test_one_log_line_with_fields_and_no_text_by_default(
+        caplog: pytest.LogCaptureFixture) -> None:
+    telemetry, _ = make(log_prompts=False)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        telemetry.finished(done_record(reason="length"), "secret prompt")
+    (line,) = request_lines(caplog)
+    assert line.levelno == logging.INFO
+    assert line.event == "request"
+    assert line.request_id == "client-id-1"
+    assert line.route == "predict"
+    assert (line.prompt_tokens, line.output_tokens) == (5, 4)
+    assert line.finish_reason == "length"
+    assert line.ttft_s == pytest.approx(0.1, abs=1e-3)
+    assert line.duration_s >= 0.5
+    assert not hasattr(line, "prompt") and not hasattr(line, "output")
+    assert "secret prompt" not in line.getMessage()
+    assert "generated words" not in line.getMessage()
+    assert "client-id-1" in line.getMessage()
+
+
+def test_log_prompts_adds_prompt_and_output(caplog: pytest.LogCaptureFixture) -> None:
+    telemetry, _ = make(log_prompts=True)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        telemetry.finished(done_record(), "the prompt")
+    (line,) = request_lines(caplog)
+    assert line.prompt == "the prompt"
+    assert line.output == "generated words"
