@@ -63,8 +63,10 @@ class Model:
 
     async def is_healthy(self) -> bool:
         self._drainer.install()  # here: the first call on the server's main-thread loop
-        return (self._service is not None and self._service.is_healthy()
-                and not self._drainer.draining)
+        if self._service is not None and not self._service.is_healthy():
+            self._drainer.engine_died()
+            return False
+        return self._service is not None and not self._drainer.draining
 
     def _stop_admitting(self) -> None:
         self._admission.draining = True

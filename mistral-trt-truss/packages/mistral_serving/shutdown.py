@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -50,6 +51,16 @@ class Drainer:
         self._stop_admitting()
         log.info("SIGTERM: draining; in-flight requests have %.0fs to finish", self.grace_seconds)
         asyncio.get_running_loop().call_later(self.grace_seconds, self._grace_over)
+
+    def engine_died(self) -> None:
+        """The engine can no longer serve: stop the process (through the same drain) so
+        that Kubernetes restarts the container; an unready pod would otherwise stay up,
+        serving nothing, until someone notices."""
+        if self.draining:
+            return
+        log.error("the engine is dead: shutting down so that the container is restarted")
+        os.kill(os.getpid(), signal.SIGTERM)
+        self.begin()
 
     def _grace_over(self) -> None:
         aborted = self._abort_all()

@@ -1,0 +1,162 @@
+"""Drainer: stop admitting at once, abort what is left after the grace period, once; and
+its SIGTERM handler chained in front of the previous one (on the main thread)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from mistral_serving.shutdown import Drainer
+
+
+class Calls:
+    def __init__(self) -> None:
+        self.stop_admitting = 0
+        self.abort_all = 0
+
+    def stop(self) -> None:
+        self.stop_admitting += 1
+
+    def abort(self) -> int:
+        self.abort_all += 1
+        return 3
+
+
+@pytest.fixture
+def restore_sigterm() -> Iterator[None]:
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_begin_stops_admitting_now_and_aborts_after_the_grace() -> None:
+    calls = Calls()
+    drainer = Drainer(0.1, calls.stop, calls.abort)
+
+    async def main() -> None:
+        drainer.begin()
+        assert drainer.draining
+        assert calls.stop_admitting == 1  # at once, before any await
+        assert calls.abort_all == 0
+        await asyncio.sleep(0.03)
+        assert calls.abort_all == 0  # still inside the grace period
+        await asyncio.sleep(0.15)
+        assert calls.abort_all == 1
+
+    asyncio.run(main())
+
+
+def test_begin_is_idempotent() -> None:
+    calls = Calls()
+    drainer = Drainer(0.02, calls.stop, calls.abort)
+
+    async def main() -> None:
+        drainer.begin()
+        drainer.begin()
+        await asyncio.sleep(0.01)
+        drainer.begin()
+        await asyncio.sleep(0.1)
+
+    asyncio.run(main())
+    assert (calls.stop_admitting, calls.abort_all) == (1, 1)
+
+
+def test_zero_grace_aborts_on_the_next_loop_turn() -> None:
+    calls = Calls()
+    drainer = Drainer(0, calls.stop, calls.abort)
+
+    async def main() -> None:
+        drainer.begin()
+        assert calls.abort_all == 0  # scheduled, not called inline
+        await asyncio.sleep(0.01)
+        assert calls.abort_all == 1
+
+    asyncio.run(main())
+
+
+def test_sigterm_begins_draining_and_chains_to_the_previous_handler(
+        restore_sigterm: None) -> None:
+    calls = Calls()
+    previous_calls: list[tuple[int, bool]] = []
+    drainer = Drainer(0.05, calls.stop, calls.abort)
+
+    def previous(signum: int, frame: object) -> None:
+        # Ours ran first: begin() is already scheduled on the loop (not run yet).
+        previous_calls.append((signum, drainer.draining))
+
+    signal.signal(signal.SIGTERM, previous)
+
+    async def main() -> None:
+        drainer.install()
+        assert signal.getsignal(signal.SIGTERM) is not previous
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(0.01)
+        assert previous_calls == [(signal.SIGTERM, False)]
+        assert drainer.draining and calls.stop_admitting == 1
+        await asyncio.sleep(0.1)
+        assert calls.abort_all == 1
+
+    asyncio.run(main())
+
+
+def test_install_twice_chains_once(restore_sigterm: None) -> None:
+    calls = Calls()
+    previous_calls: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: previous_calls.append(signum))
+    drainer = Drainer(10, calls.stop, calls.abort)
+
+    async def main() -> None:
+        drainer.install()
+        ours = signal.getsignal(signal.SIGTERM)
+        drainer.install()
+        assert signal.getsignal(signal.SIGTERM) is ours
+        signal.raise_signal(signal.SIGTERM)
+        await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert previous_calls == [signal.SIGTERM]
+    assert calls.stop_admitting == 1
+
+
+def test_sigterm_with_ignored_previous_handler(restore_sigterm: None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    calls = Calls()
+    drainer = Drainer(10, calls.stop, calls.abort)
+
+    async def main() -> None:
+        drainer.install()
+        signal.raise_signal(signal.SIGTERM)  # SIG_IGN is not callable: nothing to chain
+        await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert drainer.draining and calls.stop_admitting == 1
+
+
+def test_install_off_the_main_thread_does_nothing(restore_sigterm: None) -> None:
+    def marker(signum: int, frame: object) -> None:
+        pass
+
+    signal.signal(signal.SIGTERM, marker)
+    drainer = Drainer(10, Calls().stop, Calls().abort)
+    errors: list[BaseException] = []
+
+    async def install() -> None:
+        drainer.install()
+
+    def run() -> None:
+        try:
+            asyncio.run(install())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(5)
+    assert errors == []
+    assert signal.getsignal(signal.SIGTERM) is marker
