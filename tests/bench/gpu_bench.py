@@ -318,8 +318,12 @@ def service_bench(args) -> None:
                 if time_left() < budget:
                     emit(figure="skipped", variant="service", concurrency=c, why="out of time")
                     continue
-                row = asyncio.run(load.run_level(url, c, in_len, out_len, per_worker))
-                emit(figure="service", set=args.set, **row)
+                if args.client == "raw":
+                    row = load.run_level_raw(args.port, c, in_len, out_len, per_worker,
+                                             args.client_procs)
+                else:
+                    row = asyncio.run(load.run_level(url, c, in_len, out_len, per_worker))
+                emit(figure="service", set=args.set, client=args.client, **row)
     finally:
         proc.terminate()
         try:
@@ -348,6 +352,9 @@ def main() -> int:
                     help="only the fast path (no eager / dynamic / HF generate runs)")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE",
                     help="service: a setting for the server (MTT_KEY=VALUE)")
+    ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
+                    help="service: the load client (tests/bench/load.py)")
+    ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--short", action="store_true", help="service: 128/128 only")
     ap.add_argument("--disk-test", action="store_true", help="time cold disk reads first")
     ap.add_argument("--drop-page-cache", action="store_true",

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import statistics
 import sys
 import time
@@ -82,6 +83,72 @@ async def run_level(url: str, concurrency: int, in_len: int, out_len: int,
     return summarize("service", concurrency, in_len, out_len, results, wall)
 
 
+USAGE = re.compile(rb'"completion_tokens": ?(\d+)')
+TEXT = re.compile(rb'"text": "[^"]')
+
+
+async def raw_requests(port: int, concurrency: int, todo: list[list[int]], out_len: int):
+    """The lean client: raw HTTP/1.1 over asyncio streams, one keep-alive connection per
+    worker, no SSE parsing beyond finding the end and the usage (httpx spends ~100 us of
+    client CPU per event, which caps one client process near 5,000-9,000 events/s)."""
+    results = []
+
+    async def worker():
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while todo:
+                body = json.dumps({"prompt": todo.pop(), "max_tokens": out_len,
+                                   "temperature": 0.0, "stream": True,
+                                   "stream_options": {"include_usage": True}}).encode()
+                start, arrivals = time.perf_counter(), []
+                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                             b"Content-Type: application/json\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                buf = b""
+                while b"data: [DONE]" not in buf[-64:]:
+                    data = await reader.read(65536)
+                    if not data:
+                        raise RuntimeError("connection closed")
+                    if TEXT.search(data):  # a read holding some output text
+                        arrivals.append(time.perf_counter())
+                    buf = buf[-4096:] + data
+                while not buf.endswith(b"0\r\n\r\n"):  # the chunked body's last chunk
+                    buf += await reader.read(65536)
+                results.append((start, arrivals, time.perf_counter(),
+                                int(USAGE.findall(buf)[-1])))
+        finally:
+            writer.close()
+
+    await asyncio.gather(*[worker() for _ in range(concurrency)])
+    return results
+
+
+def _raw_proc(job):
+    port, concurrency, todo, out_len, start_at = job
+    time.sleep(max(0.0, start_at - time.time()))
+    return asyncio.run(raw_requests(port, concurrency, todo, out_len))
+
+
+def run_level_raw(port: int, concurrency: int, in_len: int, out_len: int, per_worker: int,
+                  procs: int = 4, seed: int = 0) -> dict:
+    """`concurrency` workers spread over `procs` client processes (perf_counter is
+    CLOCK_MONOTONIC, shared across processes, so their times line up)."""
+    import multiprocessing
+
+    todo = prompts(concurrency * per_worker, in_len, seed)
+    procs = max(1, min(procs, concurrency))
+    shares = [concurrency // procs + (i < concurrency % procs) for i in range(procs)]
+    jobs, at = [], 0
+    start_at = time.time() + 1.0
+    for share in shares:
+        jobs.append((port, share, todo[at:at + share * per_worker], out_len, start_at))
+        at += share * per_worker
+    with multiprocessing.get_context("fork").Pool(procs) as pool:
+        results = [r for part in pool.map(_raw_proc, jobs) for r in part]
+    wall = max(e for _, _, e, _ in results) - min(s for s, _, _, _ in results)
+    return summarize("service", concurrency, in_len, out_len, results, wall)
+
+
 def summarize(kind: str, concurrency: int, in_len: int, out_len: int, results, wall: float) -> dict:
     """results: (start, [token arrival times], end, n_tokens) per request."""
     ttft = [a[0] - s for s, a, e, n in results if a]
@@ -108,10 +175,18 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--requests-per-worker", type=int, default=2)
     ap.add_argument("--json", help="append the result lines to this file")
+    ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
+                    help="raw: lean HTTP over asyncio streams in --procs processes")
+    ap.add_argument("--procs", type=int, default=4)
     args = ap.parse_args()
     for c in args.concurrency:
-        row = asyncio.run(run_level(args.url, c, args.input_len, args.output_len,
-                                    args.requests_per_worker))
+        if args.client == "raw":
+            port = int(args.url.rsplit(":", 1)[1].split("/")[0])
+            row = run_level_raw(port, c, args.input_len, args.output_len,
+                                args.requests_per_worker, args.procs)
+        else:
+            row = asyncio.run(run_level(args.url, c, args.input_len, args.output_len,
+                                        args.requests_per_worker))
         line = json.dumps(row)
         print(line, flush=True)
         if args.json:

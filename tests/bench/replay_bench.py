@@ -17,7 +17,6 @@ import asyncio
 import collections
 import json
 import os
-import re
 import subprocess
 import sys
 import time
@@ -27,45 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(Path(__file__).resolve().parent)]
 
 import load  # noqa: E402
-
-USAGE = re.compile(rb'"completion_tokens": ?(\d+)')
-
-
-async def raw_level(port: int, concurrency: int, in_len: int, out_len: int, per_worker: int):
-    """A lean client (raw HTTP/1.1 over asyncio streams, keep-alive, no SSE parsing beyond
-    finding the end and the usage), so that the server, not the client, runs out of CPU."""
-    todo = load.prompts(concurrency * per_worker, in_len)
-    results = []
-
-    async def worker():
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            while todo:
-                body = json.dumps({"prompt": todo.pop(), "max_tokens": out_len,
-                                   "temperature": 0.0, "stream": True,
-                                   "stream_options": {"include_usage": True}}).encode()
-                start, arrivals = time.perf_counter(), []
-                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                             b"Content-Type: application/json\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
-                buf = b""
-                while b"data: [DONE]" not in buf[-64:]:
-                    data = await reader.read(65536)
-                    if not data:
-                        raise RuntimeError("connection closed")
-                    arrivals.append(time.perf_counter())
-                    buf = buf[-4096:] + data
-                while not buf.endswith(b"0\r\n\r\n"):  # the chunked body's last chunk
-                    buf += await reader.read(65536)
-                n = int(USAGE.findall(buf)[-1])
-                results.append((start, arrivals, time.perf_counter(), n))
-        finally:
-            writer.close()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*[worker() for _ in range(concurrency)])
-    return load.summarize("service", concurrency, in_len, out_len, results,
-                          time.perf_counter() - t0)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -99,6 +59,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8093)
     ap.add_argument("--step-ms", type=float, default=10.0,
                     help="replay engine step (10 ms x 256 streams = 25,600 tok/s offered)")
+    ap.add_argument("--client-procs", type=int, default=1,
+                    help="load client processes (this machine has 2 cores: keep 1)")
     ap.add_argument("--profile", help="write py-spy's top self-time functions here")
     args = ap.parse_args()
 
@@ -134,8 +96,8 @@ def main() -> int:
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1)
         cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
-        row = asyncio.run(raw_level(args.port, args.concurrency, args.input_len,
-                                    args.output_len, args.requests_per_worker))
+        row = load.run_level_raw(args.port, args.concurrency, args.input_len,
+                                 args.output_len, args.requests_per_worker, args.client_procs)
         cpu, wall = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
         row.update(kind="service+replay", step_ms=args.step_ms, server_cpu_s=round(cpu, 2),
                    server_cores_busy=round(cpu / wall, 2),

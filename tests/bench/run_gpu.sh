@@ -23,15 +23,16 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 } 2>&1 | tee "$OUT/env.txt"
 
 B="$PY tests/bench/gpu_bench.py"
+
 $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$OUT/results.jsonl" 2>&1 | grep -v "it/s]" | tee "$OUT/artifact.log"
 du -sh "$ART" | tee -a "$OUT/artifact.log"
 
 # Engine phase gets until START + 60% of the budget; the service the rest.
-$B engine "$ART" ${DROP---drop-page-cache} ${QUICK:+--quick} ${ENGINE_FLAGS:-} ${MBS:+--max-batch-size $MBS} \
+[ -n "${SKIP_ENGINE:-}" ] || $B engine "$ART" ${DROP---drop-page-cache} ${QUICK:+--quick} ${ENGINE_FLAGS:-} ${MBS:+--max-batch-size $MBS} \
   --deadline $((START + BUDGET * 60 / 100)) --out "$OUT/results.jsonl" 2>&1 \
   | grep -v "it/s]" | tee "$OUT/engine.log"
 $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} ${QUICK:+--quick} ${MBS:+--max-batch-size $MBS} \
-  ${LEVELS:+--concurrency $LEVELS} --deadline $((START + BUDGET)) --log "$OUT/server.log" \
+  ${LEVELS:+--concurrency $LEVELS} ${SERVICE_FLAGS:-} --deadline $((START + BUDGET)) --log "$OUT/server.log" \
   --out "$OUT/results.jsonl" 2>&1 | tee "$OUT/service.log"
 if [ -n "${AB:-}" ]; then  # the same server at Python's default GIL switch interval
   $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} --short --concurrency 64 256 \

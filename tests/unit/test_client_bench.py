@@ -104,8 +104,8 @@ def test_request_rate_mode_spaces_arrivals() -> None:
                                   progress=False))
     starts = sorted(r["start"] for r in results["runs"][0]["requests"])
     # burstiness -> infinity makes the gamma gaps constant: 1/20 s, so 4 gaps span 0.2 s
-    # (a sleep never ends early; a loaded machine may only make it later).
-    assert 0.19 <= starts[-1] - starts[0] < 0.7
+    # (a sleep never ends early; a loaded machine may only make it later, so no upper bound).
+    assert starts[-1] - starts[0] >= 0.19
     assert results["runs"][0]["request_rate"] == 20.0
 
 

@@ -382,3 +382,53 @@ def test_log_prompts_setting_reaches_telemetry(tok: Tokenizer) -> None:
     assert service.telemetry.log_prompts is True
     service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
     assert service.telemetry.log_prompts is False
+
+
+def test_scripted_engine_satisfies_the_engine_protocol() -> None:
+    from mistral_serving.engines.base import Engine
+
+    assert isinstance(ScriptedEngine(), Engine)
+
+
+def test_stream_logs_prompt_text_when_asked(tok: Tokenizer,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    engine = ScriptedEngine.from_ids(tok.encode("Fine."), limits=LIMITS)
+    service, _ = make_service(tok, engine, log_prompts=True)
+    record = RequestRecord("r", ROUTE)
+
+    async def main() -> None:
+        async for _ in service.stream(gen_for([1]), record, prompt_text="How are you?"):
+            pass
+
+    with caplog.at_level("INFO", logger="mistral_serving.requests"):
+        asyncio.run(main())
+    (line,) = [r for r in caplog.records if r.name == "mistral_serving.requests"]
+    assert (line.prompt, line.output, line.finish_reason) == ("How are you?", "Fine.", "length")
+
+
+def test_stop_string_in_the_engines_last_delta_is_a_stop(tok: Tokenizer) -> None:
+    ids = tok.encode(STOP_TEXT)
+    # One delta with every token and the engine's own finish: the stop string wins.
+    engine = ScriptedEngine.from_ids(ids, per_step=len(ids), limits=LIMITS)
+    service, registry = make_service(tok, engine)
+    record = RequestRecord("r", ROUTE)
+    chunks = asyncio.run(collect(service, gen_for([1], stop=("STOP",)), record))
+    assert "".join(chunks) == "Answer: yes. "
+    assert record.finish_reason == "stop"
+    assert finished(registry, "stop") == 1
+
+
+def test_stop_string_completed_by_the_final_flush_is_a_stop(tok: Tokenizer) -> None:
+    """A stop string ending in a byte-fallback character ("🫠" is four <0xNN> tokens) is
+    only seen when the detokenizer flushes at the end of the stream. The output is cut
+    at the stop string, so the finish reason must be "stop", not the engine's "length"."""
+    ids = tok.encode("Hi 🫠")
+    assert tok.table.is_byte_token[ids[-1]]
+    engine = ScriptedEngine.from_ids(ids, finish_reason="length", limits=LIMITS)
+    service, registry = make_service(tok, engine)
+    record = RequestRecord("r", ROUTE)
+    chunks = asyncio.run(collect(service, gen_for([1], stop=("🫠",)), record))
+    assert "".join(chunks).rstrip() == "Hi"
+    assert "🫠" not in record.output
+    assert record.finish_reason == "stop"
+    assert finished(registry, "stop") == 1
