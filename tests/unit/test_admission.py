@@ -167,7 +167,7 @@ def test_draining_refuses_new_and_waiting_requests() -> None:
         assert adm.inflight == 0
 
     asyncio.run(main())
-    assert rejected(reg, "draining") == 1
+    assert rejected(reg, "draining") == 2  # the new request and the dropped waiter
 
 
 def test_waiting_client_that_leaves_is_dropped() -> None:

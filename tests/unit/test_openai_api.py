@@ -108,11 +108,16 @@ def test_non_text_content_part_is_refused(service: GenerationService) -> None:
 
 
 def test_developer_role_is_a_system_message(service: GenerationService, tok: Tokenizer) -> None:
-    msgs = [{"role": "developer", "content": "Be terse."}, *USER]
+    # After the user turn, so that as a user message it would be merged into that turn
+    # ("Hi there\n\nBe terse.") instead of leading it as the system prompt.
+    msgs = [*USER, {"role": "developer", "content": "Be terse."}]
     call = parse(Route.CHAT, {"messages": msgs}, service)
-    expected = encode_chat([ChatMessage(role="system", content="Be terse."),
-                            ChatMessage(role="user", content="Hi there")], tok)
+    expected = encode_chat([ChatMessage(role="user", content="Hi there"),
+                            ChatMessage(role="system", content="Be terse.")], tok)
     assert call.gen.prompt_ids == expected
+    as_user = encode_chat([ChatMessage(role="user", content="Hi there"),
+                           ChatMessage(role="user", content="Be terse.")], tok)
+    assert call.gen.prompt_ids != as_user
 
 
 def test_content_as_text_parts(service: GenerationService, tok: Tokenizer) -> None:
@@ -152,6 +157,21 @@ def test_chat_prompt_over_the_input_limit(service: GenerationService) -> None:
     long = [{"role": "user", "content": " ".join(["word"] * 60)}]
     with pytest.raises(RequestError, match="input tokens"):
         parse(Route.CHAT, {"messages": long}, service)
+
+
+def test_chat_prompt_over_the_limit_names_messages(service: GenerationService) -> None:
+    """The error's `param` must name a field of the request: a chat request has no
+    `prompt`, its prompt is `messages` (OpenAI answers param "messages" here too)."""
+    long = [{"role": "user", "content": " ".join(["word"] * 60)}]
+    with pytest.raises(RequestError) as err:
+        parse(Route.CHAT, {"messages": long}, service)
+    assert err.value.param == "messages"
+
+
+def test_completion_prompt_over_the_limit_names_prompt(service: GenerationService) -> None:
+    with pytest.raises(RequestError) as err:
+        parse(Route.COMPLETIONS, {"prompt": " ".join(["word"] * 60)}, service)
+    assert err.value.param == "prompt"
 
 
 # ---- parse: completions ----

@@ -152,7 +152,7 @@ def test_install_off_the_main_thread_does_nothing(restore_sigterm: None) -> None
     def run() -> None:
         try:
             asyncio.run(install())
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     thread = threading.Thread(target=run)

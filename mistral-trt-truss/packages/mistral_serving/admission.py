@@ -80,6 +80,7 @@ class Admission:
                 if is_disconnected is not None and await is_disconnected():
                     raise ClientGone
                 if self.draining:
+                    self._metrics.rejected.labels("draining").inc()
                     raise Draining
         except BaseException:
             if waiter.done() and not waiter.cancelled():

@@ -56,6 +56,7 @@ def download(repo_id: str, revision: str, cache_dir: Path, token: str | None) ->
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
+        HfHubHTTPError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -76,6 +77,12 @@ def download(repo_id: str, revision: str, cache_dir: Path, token: str | None) ->
         raise ArtifactError(
             f"{repo_id} not found or private ({hint}); put a read token in the Truss secret "
             "hf_access_token"
+        ) from None
+    except HfHubHTTPError as exc:  # the Hub answered, with an error: not a network problem
+        status = exc.response.status_code if exc.response is not None else "?"
+        raise ArtifactError(
+            f"the Hub refused {repo_id}@{revision} (HTTP {status}); check the token in the "
+            "Truss secret hf_access_token and the repo's access rights"
         ) from None
     except (OSError, LocalEntryNotFoundError) as exc:  # network down: try the cache alone
         log.warning("Hub unreachable (%s); looking in the local cache", type(exc).__name__)
@@ -102,12 +109,12 @@ def artifact_kind(artifact_dir: Path) -> ArtifactKind:
 
 def check_manifest(artifact_dir: Path, verify_hashes: bool) -> BuildManifest | None:
     """The artifact's build manifest, its files checked (sizes always, hashes if asked)."""
-    manifest = read_manifest(artifact_dir)
-    if manifest is None:
-        log.warning("%s has no build manifest: versions, GPU and file integrity are unchecked",
-                    artifact_dir)
-        return None
     try:
+        manifest = read_manifest(artifact_dir)
+        if manifest is None:
+            log.warning("%s has no build manifest: versions, GPU and file integrity are "
+                        "unchecked", artifact_dir)
+            return None
         verify_files(artifact_dir, manifest, hashes=verify_hashes)
     except ManifestError as exc:
         raise ArtifactError(str(exc)) from None

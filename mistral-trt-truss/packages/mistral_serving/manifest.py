@@ -9,7 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MANIFEST_NAME = "build_manifest.json"
 FORMAT_VERSION = 1
@@ -76,8 +76,10 @@ def read_manifest(artifact_dir: Path) -> BuildManifest | None:
         return None
     try:
         return BuildManifest.model_validate_json(path.read_text())
-    except ValueError as exc:
-        raise ManifestError(f"{path}: unreadable build manifest ({exc})") from None
+    except ValidationError as exc:  # one line: the first problem is enough to act on
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "file"
+        raise ManifestError(f"{path}: unreadable build manifest ({where}: {first['msg']})") from None
 
 
 def verify_files(artifact_dir: Path, manifest: BuildManifest, hashes: bool = True) -> None:

@@ -136,12 +136,14 @@ def parse(route: Route, body: Any, service: GenerationService) -> OpenAICall:
     if isinstance(req, ChatCompletionRequest):
         ids = service.prompt_ids(None, [m.to_chat() for m in req.messages])
         wanted = req.max_completion_tokens or req.max_tokens
+        param = "messages"
     else:
         ids = _completion_prompt_ids(req.prompt, service)
         wanted = req.max_tokens
+        param = "prompt"
     limit = service.engine.limits.max_seq_len
     sampling = SamplingOptions(
-        max_new_tokens=service.check_prompt(ids, wanted or limit),
+        max_new_tokens=service.check_prompt(ids, wanted or limit, param),
         temperature=req.temperature,
         top_k=req.top_k,
         top_p=req.top_p,

@@ -103,19 +103,19 @@ class GenerationService:
                 raise RequestError(str(exc), param="messages") from None
         return self.tokenizer.encode(prompt or "", bos=True)
 
-    def check_prompt(self, ids: list[int], max_new_tokens: int) -> int:
+    def check_prompt(self, ids: list[int], max_new_tokens: int, param: str = "prompt") -> int:
         """Refuse a prompt the engine cannot take; return max_new_tokens clamped to what
         the engine allows after this prompt."""
         limits = self.engine.limits
         if len(ids) > limits.max_input_len:
             raise RequestError(
                 f"prompt is {len(ids)} tokens; this engine accepts at most "
-                f"{limits.max_input_len} input tokens", param="prompt")
+                f"{limits.max_input_len} input tokens", param=param)
         room = limits.max_seq_len - len(ids)
         if room < 1:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, which leaves no room to generate within the "
-                f"engine's {limits.max_seq_len}-token sequence limit", param="prompt")
+                f"engine's {limits.max_seq_len}-token sequence limit", param=param)
         return min(max_new_tokens, room)
 
     def parse_predict(self, body: object) -> tuple[PredictRequest, GenerationRequest]:
@@ -125,7 +125,8 @@ class GenerationService:
             raise RequestError(describe_validation_error(exc)) from None
         ids = self.prompt_ids(req.prompt, req.messages)
         sampling = SamplingOptions(
-            max_new_tokens=self.check_prompt(ids, req.max_new_tokens),
+            max_new_tokens=self.check_prompt(ids, req.max_new_tokens,
+                                             "messages" if req.messages else "prompt"),
             temperature=req.temperature,
             top_k=req.top_k,
             top_p=req.top_p if 0.0 < req.top_p < 1.0 else 1.0,
@@ -161,8 +162,8 @@ class GenerationService:
                 if delta.finish_reason is not None:
                     engine_done, engine_reason = True, delta.finish_reason
                     break
+            tail = text.finish()  # may complete a stop string (a byte-fallback character)
             reason = "stop" if text.stopped else (engine_reason or "abort")
-            tail = text.finish()
             record.output = text.text
             if tail:
                 record.first_token_at = record.first_token_at or time.monotonic()
