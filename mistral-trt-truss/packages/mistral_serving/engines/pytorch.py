@@ -13,6 +13,10 @@ pads the shorter side, leaving trims columns that are padding for every row.
 Sampling is ours, per request (temperature, top-k, top-p, seed, repetition / presence /
 frequency penalties), because transformers' own continuous-batching manager takes one
 generation config for all requests. Measured choice: see docs/performance.md.
+
+On a GPU, `pytorch_kv_cache: static` selects the fast path in `pytorch_static.py`
+(preallocated KV slots, our own Llama/Mistral forward pass, CUDA graphs): 6.4x this
+engine's throughput at 256 concurrent requests and 13x for one stream on an H200.
 """
 
 from __future__ import annotations
