@@ -92,8 +92,8 @@ class Model:
         headers = {"X-Request-Id": record.request_id}
         if req.streaming:
             return self._streaming_response(
-                service.stream(gen, record, req.prompt), ticket, "text/plain; charset=utf-8",
-                headers)
+                service.stream(gen, record, req.prompt), ticket, record,
+                "text/plain; charset=utf-8", headers)
         try:
             await service.complete(gen, record, request.is_disconnected, req.prompt)
         except RequestError as exc:
@@ -128,7 +128,7 @@ class Model:
             return self._streaming_response(
                 openai_api.sse_events(call, service.stream(call.gen, record), record,
                                       self._settings.served_model_name),
-                ticket, "text/event-stream", headers)
+                ticket, record, "text/event-stream", headers)
         try:
             await service.complete(call.gen, record, request.is_disconnected)
         except RequestError as exc:
@@ -166,19 +166,28 @@ class Model:
         self._service.telemetry.admitted(record)
         return ticket
 
-    @staticmethod
-    def _streaming_response(chunks, ticket: Ticket, media_type: str,
-                            headers: dict[str, str]) -> StreamingResponse:
+    def _streaming_response(self, chunks, ticket: Ticket, record: RequestRecord,
+                            media_type: str, headers: dict[str, str]) -> StreamingResponse:
+        started = []
+
         async def body():
+            started.append(True)
             try:
                 async for chunk in chunks:
                     yield chunk
             finally:
                 ticket.release()
 
+        def gone() -> None:
+            # If the body never started (client gone before the first byte), nothing
+            # reached the engine: free the slot and still count and log the request.
+            ticket.release()
+            if not started:
+                record.finish_reason = "abort"
+                self._service.telemetry.finished(record)
+
         # A StreamingResponse (not a bare generator) so that a client disconnect cancels
-        # the stream, which aborts the engine request. If the body never starts (client
-        # gone before the first byte), the finalizer still frees the slot.
+        # the stream, which aborts the engine request.
         response = StreamingResponse(body(), media_type=media_type, headers=headers)
-        weakref.finalize(response, ticket.release)
+        weakref.finalize(response, gone)
         return response
