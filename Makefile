@@ -33,6 +33,7 @@ serve: $(DEV_MODEL)
 
 test: $(DEV_MODEL)
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m pytest
 
 # The production image runs our code on TensorRT-LLM 1.2.1's pins (transformers 4.57.3,

@@ -144,11 +144,13 @@ def arrival_gaps(n: int, rate: float, burstiness: float, rng: random.Random) -> 
     return [0.0] + [rng.gammavariate(burstiness, theta) for _ in range(max(0, n - 1))]
 
 
-async def timed_request(client: AsyncClient, cfg: BenchConfig, item: PromptItem, index: int,
-                        run_start: float) -> RequestRecord:
+async def timed_request(
+    client: AsyncClient, cfg: BenchConfig, item: PromptItem, index: int, run_start: float
+) -> RequestRecord:
     """One streamed request timed the way vLLM's request functions time it."""
-    record = RequestRecord(index=index, prompt=item.prompt if item.prompt is not None
-                           else item.messages)
+    record = RequestRecord(
+        index=index, prompt=item.prompt if item.prompt is not None else item.messages
+    )
     sampling = sampling_for(cfg, item)
     start = time.perf_counter()
     record.start = start - run_start
@@ -187,8 +189,13 @@ async def timed_request(client: AsyncClient, cfg: BenchConfig, item: PromptItem,
     return record
 
 
-async def replay_counts(client: AsyncClient, cfg: BenchConfig, items: Sequence[PromptItem],
-                        records: list[RequestRecord], parallel: int) -> None:
+async def replay_counts(
+    client: AsyncClient,
+    cfg: BenchConfig,
+    items: Sequence[PromptItem],
+    records: list[RequestRecord],
+    parallel: int,
+) -> None:
     """Predict route: exact token counts from a non-streaming replay of each request."""
     sem = asyncio.Semaphore(max(1, parallel))
 
@@ -215,8 +222,9 @@ async def replay_counts(client: AsyncClient, cfg: BenchConfig, items: Sequence[P
     await asyncio.gather(*(one(i, r) for i, r in zip(items, records, strict=True)))
 
 
-async def run_point(client: AsyncClient, cfg: BenchConfig, items: Sequence[PromptItem],
-                    point: Point) -> tuple[list[RequestRecord], float]:
+async def run_point(
+    client: AsyncClient, cfg: BenchConfig, items: Sequence[PromptItem], point: Point
+) -> tuple[list[RequestRecord], float]:
     """Send every item under the point's load; return the records and the run's duration."""
     progress = Progress(len(items), point.label, cfg.progress)
     limit = point.concurrency if point.mode != "rate" else cfg.max_concurrency
@@ -239,9 +247,11 @@ async def run_point(client: AsyncClient, cfg: BenchConfig, items: Sequence[Promp
             progress.update(record.success)
             records.append(record)
     else:
-        gaps = (arrival_gaps(len(items), point.request_rate, cfg.burstiness,
-                             random.Random(cfg.seed))
-                if point.mode == "rate" and point.request_rate else [0.0] * len(items))
+        gaps = (
+            arrival_gaps(len(items), point.request_rate, cfg.burstiness, random.Random(cfg.seed))
+            if point.mode == "rate" and point.request_rate
+            else [0.0] * len(items)
+        )
         tasks: list[asyncio.Task[RequestRecord]] = []
         for i, item in enumerate(items):
             if gaps[i] > 0:
@@ -256,12 +266,16 @@ def sweep_points(cfg: BenchConfig) -> list[Point]:
     if cfg.one_at_a_time:
         return [Point("one-at-a-time", "sequential", 1, None, None)]
     if cfg.request_rate:
-        return [Point(f"rate={r:g}/s", "rate", cfg.max_concurrency, r, cfg.burstiness)
-                for r in cfg.request_rate]
+        return [
+            Point(f"rate={r:g}/s", "rate", cfg.max_concurrency, r, cfg.burstiness)
+            for r in cfg.request_rate
+        ]
     return [Point(f"concurrency={c}", "concurrency", c, None, None) for c in cfg.concurrency]
 
 
-async def prepare_prompts(client: AsyncClient, cfg: BenchConfig) -> tuple[list[PromptItem], dict[str, Any]]:
+async def prepare_prompts(
+    client: AsyncClient, cfg: BenchConfig
+) -> tuple[list[PromptItem], dict[str, Any]]:
     rng = random.Random(cfg.seed)
     info: dict[str, Any] = {}
     if cfg.dataset:
@@ -271,8 +285,9 @@ async def prepare_prompts(client: AsyncClient, cfg: BenchConfig) -> tuple[list[P
         return items, info
 
     async def count_tokens(text: str) -> int:
-        kw: dict[str, Any] = ({"messages": [{"role": "user", "content": text}]} if cfg.chat
-                              else {"prompt": text})
+        kw: dict[str, Any] = (
+            {"messages": [{"role": "user", "content": text}]} if cfg.chat else {"prompt": text}
+        )
         done = await client.predict(**kw, sampling=SamplingParams(max_new_tokens=1, seed=cfg.seed))
         if done.usage is None:
             raise ClientError("the server sent no usage; cannot size synthetic prompts")
@@ -280,35 +295,48 @@ async def prepare_prompts(client: AsyncClient, cfg: BenchConfig) -> tuple[list[P
 
     fit = await fit_length(count_tokens, cfg.input_len, rng)
     items = synthetic_prompts(cfg.num_prompts, fit, cfg.input_len, cfg.output_len, rng, cfg.chat)
-    info.update(source="synthetic", words=fit.words_for(cfg.input_len),
-                fit_overhead_tokens=fit.overhead, fit_tokens_per_word=fit.per_word)
+    info.update(
+        source="synthetic",
+        words=fit.words_for(cfg.input_len),
+        fit_overhead_tokens=fit.overhead,
+        fit_tokens_per_word=fit.per_word,
+    )
     return items, info
 
 
 def format_report(label: str, m: dict[str, Any]) -> str:
     """A text table in the layout of vLLM's benchmark_serving output."""
+
     def f(v: Any, spec: str = ".2f") -> str:
         return "n/a" if v is None else format(v, spec)
 
-    lines = [f"{' ' + label + ' ':=^56}",
-             f"{'Successful requests:':<40} {m['completed']}",
-             f"{'Failed requests:':<40} {m['failed']}",
-             f"{'Benchmark duration (s):':<40} {f(m['duration_s'])}",
-             f"{'Total input tokens:':<40} {m['total_input_tokens']}",
-             f"{'Total generated tokens:':<40} {m['total_output_tokens']}",
-             f"{'Request throughput (req/s):':<40} {f(m['request_throughput'])}",
-             f"{'Output token throughput (tok/s):':<40} {f(m['output_throughput'])}",
-             f"{'Total token throughput (tok/s):':<40} {f(m['total_token_throughput'])}"]
+    lines = [
+        f"{' ' + label + ' ':=^56}",
+        f"{'Successful requests:':<40} {m['completed']}",
+        f"{'Failed requests:':<40} {m['failed']}",
+        f"{'Benchmark duration (s):':<40} {f(m['duration_s'])}",
+        f"{'Total input tokens:':<40} {m['total_input_tokens']}",
+        f"{'Total generated tokens:':<40} {m['total_output_tokens']}",
+        f"{'Request throughput (req/s):':<40} {f(m['request_throughput'])}",
+        f"{'Output token throughput (tok/s):':<40} {f(m['output_throughput'])}",
+        f"{'Total token throughput (tok/s):':<40} {f(m['total_token_throughput'])}",
+    ]
     if m.get("request_goodput") is not None:
         lines.append(f"{'Request goodput (req/s):':<40} {f(m['request_goodput'])}")
-    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
-              "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    titles = {
+        "ttft": "Time to First Token",
+        "tpot": "Time per Output Token (excl. 1st token)",
+        "itl": "Inter-token Latency",
+        "e2el": "End-to-end Latency",
+    }
     for key, title in titles.items():
         lines.append(f"{' ' + title + ' ':-^56}")
         for stat in ("mean", "median", "p90", "p99"):
             name = f"{stat}_{key}_ms"
             if name in m:
-                lines.append(f"{(stat.capitalize() if stat in ('mean', 'median') else stat.upper()) + ' ' + key.upper() + ' (ms):':<40} {f(m[name])}")
+                lines.append(
+                    f"{(stat.capitalize() if stat in ('mean', 'median') else stat.upper()) + ' ' + key.upper() + ' (ms):':<40} {f(m[name])}"
+                )
     lines.append("=" * 56)
     return "\n".join(lines)
 
@@ -316,8 +344,14 @@ def format_report(label: str, m: dict[str, Any]) -> str:
 async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     points = sweep_points(cfg)
     max_in_flight = max([p.concurrency or 0 for p in points] + [cfg.max_concurrency or 0, 1])
-    async with AsyncClient(cfg.url, timeout=cfg.timeout, retries=cfg.retries, api=cfg.backend,
-                           model=cfg.model, max_connections=max(64, max_in_flight * 2)) as client:
+    async with AsyncClient(
+        cfg.url,
+        timeout=cfg.timeout,
+        retries=cfg.retries,
+        api=cfg.backend,
+        model=cfg.model,
+        max_connections=max(64, max_in_flight * 2),
+    ) as client:
         if cfg.ready_timeout > 0:
             await client.wait_until_ready(cfg.ready_timeout)
         items, prompt_info = await prepare_prompts(client, cfg)
@@ -338,11 +372,17 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 if r.success:
                     sources[r.output_tokens_source] = sources.get(r.output_tokens_source, 0) + 1
             metrics["output_tokens_sources"] = sources
-            runs.append({**asdict(point), "metrics": metrics,
-                         "requests": [r.to_dict() for r in records]})
+            runs.append(
+                {**asdict(point), "metrics": metrics, "requests": [r.to_dict() for r in records]}
+            )
             print(format_report(point.label, metrics), flush=True)
-    return {"config": asdict(cfg), "model": client.model, "prompts": prompt_info,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs}
+    return {
+        "config": asdict(cfg),
+        "model": client.model,
+        "prompts": prompt_info,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": runs,
+    }
 
 
 def write_results(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
@@ -363,22 +403,39 @@ def _csv(kind: type, text: str) -> list[Any]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=DEFAULT_URL, help="server base URL (default %(default)s)")
-    p.add_argument("--backend", choices=["predict", "openai"], default="predict",
-                   help="predict: our Truss route; openai: /v1/completions (or chat) of any "
-                        "OpenAI-compatible server (ours, trtllm-serve, vLLM)")
-    p.add_argument("--model", help="model name for OpenAI servers (default: first of GET /v1/models)")
+    p.add_argument(
+        "--backend",
+        choices=["predict", "openai"],
+        default="predict",
+        help="predict: our Truss route; openai: /v1/completions (or chat) of any "
+        "OpenAI-compatible server (ours, trtllm-serve, vLLM)",
+    )
+    p.add_argument(
+        "--model", help="model name for OpenAI servers (default: first of GET /v1/models)"
+    )
     p.add_argument("--chat", action="store_true", help="send prompts as chat messages")
-    p.add_argument("--dataset", help="prompt file: one prompt per line, or JSONL with prompt/messages")
+    p.add_argument(
+        "--dataset", help="prompt file: one prompt per line, or JSONL with prompt/messages"
+    )
     p.add_argument("--num-prompts", type=int, default=50, help="requests per sweep point")
-    p.add_argument("--input-len", type=int, default=128, help="synthetic prompt length in server tokens")
+    p.add_argument(
+        "--input-len", type=int, default=128, help="synthetic prompt length in server tokens"
+    )
     p.add_argument("--output-len", type=int, default=128, help="max new tokens per request")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", default="1", help="comma list, e.g. 1,4,16 (default 1)")
     load.add_argument("--request-rate", help="comma list of requests/s (gamma/Poisson arrivals)")
-    load.add_argument("--one-at-a-time", action="store_true",
-                      help="strictly sequential requests (the article's way of serving)")
-    p.add_argument("--burstiness", type=float, default=1.0,
-                   help="gamma shape of inter-arrival times: 1 Poisson, <1 burstier, >1 steadier")
+    load.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="strictly sequential requests (the article's way of serving)",
+    )
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of inter-arrival times: 1 Poisson, <1 burstier, >1 steadier",
+    )
     p.add_argument("--max-concurrency", type=int, help="cap on in-flight requests in rate mode")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before measuring")
     p.add_argument("--seed", type=int, default=0)
@@ -386,16 +443,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int)
     p.add_argument("--top-p", type=float)
     p.add_argument("--streaming-interval", type=int, default=1, help="predict route only")
-    p.add_argument("--slo", nargs="*", default=[], metavar="NAME:MS",
-                   help="goodput SLOs, e.g. --slo ttft:500 tpot:50 (names: ttft, tpot, e2el)")
+    p.add_argument(
+        "--slo",
+        nargs="*",
+        default=[],
+        metavar="NAME:MS",
+        help="goodput SLOs, e.g. --slo ttft:500 tpot:50 (names: ttft, tpot, e2el)",
+    )
     p.add_argument("--percentiles", default="50,90,99")
-    p.add_argument("--token-count", choices=["replay", "chunks"], default="replay",
-                   help="predict route: exact counts from a non-streaming replay (default), "
-                        "or the number of streamed chunks")
+    p.add_argument(
+        "--token-count",
+        choices=["replay", "chunks"],
+        default="replay",
+        help="predict route: exact counts from a non-streaming replay (default), "
+        "or the number of streamed chunks",
+    )
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--retries", type=int, default=0, help="retries per request (default 0)")
-    p.add_argument("--wait-ready", type=float, default=0.0, metavar="SECONDS",
-                   help="first wait up to this long for GET /v1/models/model to answer 200")
+    p.add_argument(
+        "--wait-ready",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to this long for GET /v1/models/model to answer 200",
+    )
     p.add_argument("--out", help="directory for results.json and plots")
     p.add_argument("--no-progress", action="store_true")
 
@@ -404,23 +475,42 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if args.burstiness <= 0:
         raise ValueError("--burstiness must be positive")
     return BenchConfig(
-        url=args.url, backend=args.backend, model=args.model, chat=args.chat,
-        dataset=args.dataset, num_prompts=args.num_prompts, input_len=args.input_len,
-        output_len=args.output_len, concurrency=_csv(int, args.concurrency or "1"),
+        url=args.url,
+        backend=args.backend,
+        model=args.model,
+        chat=args.chat,
+        dataset=args.dataset,
+        num_prompts=args.num_prompts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        concurrency=_csv(int, args.concurrency or "1"),
         request_rate=_csv(float, args.request_rate) if args.request_rate else None,
-        burstiness=args.burstiness, max_concurrency=args.max_concurrency,
-        one_at_a_time=args.one_at_a_time, warmup=args.warmup, seed=args.seed,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        streaming_interval=args.streaming_interval, slos=parse_slos(args.slo),
-        percentiles=_csv(float, args.percentiles), token_count=args.token_count,
-        timeout=args.timeout, retries=args.retries, ready_timeout=args.wait_ready,
-        out=args.out, progress=not args.no_progress,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        one_at_a_time=args.one_at_a_time,
+        warmup=args.warmup,
+        seed=args.seed,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        streaming_interval=args.streaming_interval,
+        slos=parse_slos(args.slo),
+        percentiles=_csv(float, args.percentiles),
+        token_count=args.token_count,
+        timeout=args.timeout,
+        retries=args.retries,
+        ready_timeout=args.wait_ready,
+        out=args.out,
+        progress=not args.no_progress,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m client bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m client bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(p)
     args = p.parse_args(argv)
     try:

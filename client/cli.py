@@ -19,23 +19,35 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m client",
         description="Generate with the mistral-trt-truss server (or any OpenAI-compatible "
-                    "server with --api openai). Benchmark: python -m client bench --help",
+        "server with --api openai). Benchmark: python -m client bench --help",
     )
     p.add_argument("prompt", help="the prompt ('-' reads it from stdin)")
     p.add_argument("--url", default=DEFAULT_URL, help="server base URL (default %(default)s)")
-    p.add_argument("--api", choices=["predict", "openai"], default="predict",
-                   help="predict: POST /v1/models/model:predict; openai: /v1/completions or "
-                        "/v1/chat/completions")
+    p.add_argument(
+        "--api",
+        choices=["predict", "openai"],
+        default="predict",
+        help="predict: POST /v1/models/model:predict; openai: /v1/completions or "
+        "/v1/chat/completions",
+    )
     p.add_argument("--model", help="model name for --api openai (default: first of GET /v1/models)")
     p.add_argument("--stream", action="store_true", help="print text as it arrives")
     p.add_argument("--chat", action="store_true", help="send the prompt as a user message")
     p.add_argument("--system", help="system message (implies --chat)")
-    p.add_argument("--json", action="store_true",
-                   help="print one JSON object {output, finish_reason, usage, ...} at the end")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object {output, finish_reason, usage, ...} at the end",
+    )
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--retries", type=int, default=3)
-    p.add_argument("--wait-ready", type=float, default=0.0, metavar="SECONDS",
-                   help="first wait up to this long for the server to be ready")
+    p.add_argument(
+        "--wait-ready",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="first wait up to this long for the server to be ready",
+    )
     g = p.add_argument_group("sampling (unset: the server's default)")
     g.add_argument("--max-new-tokens", type=int)
     g.add_argument("--temperature", type=float)
@@ -60,18 +72,20 @@ def generate(argv: Sequence[str]) -> int:
     sampling = sampling_from_args(args)
     messages: list[Message] | None = None
     if args.chat or args.system:
-        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages = [{"role": "system", "content": args.system}] if args.system else []
         messages.append({"role": "user", "content": prompt})
-    with Client(args.url, timeout=args.timeout, retries=args.retries, api=args.api,
-                model=args.model) as client:
+    with Client(
+        args.url, timeout=args.timeout, retries=args.retries, api=args.api, model=args.model
+    ) as client:
         try:
             if args.wait_ready > 0:
                 client.wait_until_ready(args.wait_ready)
             if args.stream:
                 start = time.perf_counter()
                 ttft: float | None = None
-                stream = client.stream(None if messages else prompt, messages=messages,
-                                       sampling=sampling)
+                stream = client.stream(
+                    None if messages else prompt, messages=messages, sampling=sampling
+                )
                 for piece in stream:
                     if ttft is None:
                         ttft = time.perf_counter() - start
@@ -81,16 +95,25 @@ def generate(argv: Sequence[str]) -> int:
                 elapsed = time.perf_counter() - start
                 if args.json:
                     usage = stream.usage
-                    print(json.dumps({
-                        "output": stream.text, "finish_reason": stream.finish_reason,
-                        "usage": None if usage is None else usage.__dict__,
-                        "ttft_s": ttft, "e2e_s": elapsed, "chunks": stream.state.chunks,
-                    }, ensure_ascii=False))
+                    print(
+                        json.dumps(
+                            {
+                                "output": stream.text,
+                                "finish_reason": stream.finish_reason,
+                                "usage": None if usage is None else usage.__dict__,
+                                "ttft_s": ttft,
+                                "e2e_s": elapsed,
+                                "chunks": stream.state.chunks,
+                            },
+                            ensure_ascii=False,
+                        )
+                    )
                 else:
                     sys.stdout.write("\n")
             else:
-                done = client.predict(None if messages else prompt, messages=messages,
-                                      sampling=sampling)
+                done = client.predict(
+                    None if messages else prompt, messages=messages, sampling=sampling
+                )
                 if args.json:
                     print(json.dumps(done.to_dict(), ensure_ascii=False))
                 else:

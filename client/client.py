@@ -77,8 +77,13 @@ class _Base:
             base = (sampling or SamplingParams()).set_fields()
             sampling = SamplingParams(**(base | kw))
         return build_request(
-            self.api, prompt=prompt, messages=messages, sampling=sampling, stream=stream,
-            model=self.model, extra=extra,
+            self.api,
+            prompt=prompt,
+            messages=messages,
+            sampling=sampling,
+            stream=stream,
+            model=self.model,
+            extra=extra,
         )
 
     def _url(self, path: str) -> str:
@@ -153,8 +158,15 @@ class Client(_Base):
     out). ``retries`` bounds the retries on connection errors, 503 and 429.
     """
 
-    def __init__(self, base_url: str = DEFAULT_URL, timeout: float = 600.0, retries: int = 3,
-                 *, transport: httpx.BaseTransport | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        timeout: float = 600.0,
+        retries: int = 3,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(base_url, timeout, retries, **kwargs)
         self._http = httpx.Client(timeout=timeout, headers=self.headers, transport=transport)
 
@@ -223,7 +235,9 @@ class Client(_Base):
         try:
             payload = json.loads(raw)
         except ValueError as exc:
-            raise ClientError(f"answer is not JSON: {raw[:200]!r}", status=response.status_code) from exc
+            raise ClientError(
+                f"answer is not JSON: {raw[:200]!r}", status=response.status_code
+            ) from exc
         return parse_completion(spec, payload)
 
     def chat(self, messages: list[Message], **kw: Any) -> Completion:
@@ -316,10 +330,19 @@ class AsyncTextStream:
 class AsyncClient(_Base):
     """Asyncio client (what the benchmark drives); same options as :class:`Client`."""
 
-    def __init__(self, base_url: str = DEFAULT_URL, timeout: float = 600.0, retries: int = 3,
-                 *, max_connections: int = 1024, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        timeout: float = 600.0,
+        retries: int = 3,
+        *,
+        max_connections: int = 1024,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(base_url, timeout, retries, **kwargs)
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
         self._http = httpx.AsyncClient(timeout=timeout, headers=self.headers, limits=limits)
 
     async def aclose(self) -> None:
@@ -331,7 +354,9 @@ class AsyncClient(_Base):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _send(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    async def _send(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> httpx.Response:
         url = self._url(path)
         attempt = 0
         while True:
@@ -383,7 +408,9 @@ class AsyncClient(_Base):
         try:
             payload = json.loads(raw)
         except ValueError as exc:
-            raise ClientError(f"answer is not JSON: {raw[:200]!r}", status=response.status_code) from exc
+            raise ClientError(
+                f"answer is not JSON: {raw[:200]!r}", status=response.status_code
+            ) from exc
         return parse_completion(spec, payload)
 
     async def chat(self, messages: list[Message], **kw: Any) -> Completion:
@@ -400,14 +427,18 @@ class AsyncClient(_Base):
     ) -> AsyncTextStream:
         await self._resolve_model()
         spec = self._spec(prompt, messages, True, sampling, extra, kw)
-        return AsyncTextStream(await self._send("POST", spec.path, spec.body), spec, self.decode_errors)
+        return AsyncTextStream(
+            await self._send("POST", spec.path, spec.body), spec, self.decode_errors
+        )
 
     async def wait_until_ready(self, timeout: float = 300.0, interval: float = 0.5) -> float:
         start = time.monotonic()
         last = "no answer"
         while True:
             try:
-                resp = await self._http.get(self._url(self.ready_path), timeout=min(5.0, self.timeout))
+                resp = await self._http.get(
+                    self._url(self.ready_path), timeout=min(5.0, self.timeout)
+                )
                 if resp.status_code == 200:
                     return time.monotonic() - start
                 last = f"HTTP {resp.status_code}"

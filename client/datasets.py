@@ -63,7 +63,9 @@ def load_prompts(path: str | Path, chat: bool = False) -> list[PromptItem]:
     return items
 
 
-def _item(prompt: str | None, messages: list[Message] | None, out: int | None, chat: bool) -> PromptItem:
+def _item(
+    prompt: str | None, messages: list[Message] | None, out: int | None, chat: bool
+) -> PromptItem:
     if prompt is not None and chat:
         return PromptItem(messages=[{"role": "user", "content": prompt}], output_len=out)
     return PromptItem(prompt=prompt, messages=messages, output_len=out)
@@ -84,8 +86,9 @@ class LengthFit:
         return max(1, round((tokens - self.overhead) / self.per_word))
 
 
-async def fit_length(count_tokens: Callable[[str], Awaitable[int]], input_len: int,
-                     rng: random.Random) -> LengthFit:
+async def fit_length(
+    count_tokens: Callable[[str], Awaitable[int]], input_len: int, rng: random.Random
+) -> LengthFit:
     """Two probes (``count_tokens`` returns the server's prompt_tokens for a text) give
     the template overhead and the tokens per word of the synthetic vocabulary."""
     w1 = max(4, input_len // 4)
@@ -98,7 +101,8 @@ async def fit_length(count_tokens: Callable[[str], Awaitable[int]], input_len: i
     return LengthFit(overhead=t1 - per_word * w1, per_word=per_word)
 
 
-def synthetic_prompts(n: int, fit: LengthFit, input_len: int, output_len: int,
-                      rng: random.Random, chat: bool = False) -> list[PromptItem]:
+def synthetic_prompts(
+    n: int, fit: LengthFit, input_len: int, output_len: int, rng: random.Random, chat: bool = False
+) -> list[PromptItem]:
     words = fit.words_for(input_len)
     return [_item(random_text(words, rng), None, output_len, chat) for _ in range(n)]

@@ -168,6 +168,10 @@ def error_from_event(payload: Mapping[str, Any]) -> StreamError | None:
     code = fields.get("code")
     status = code if isinstance(code, int) and 400 <= code < 600 else None
     return StreamError(
-        fields["message"], status=status, type=fields.get("type"), param=fields.get("param"),
-        code=code, body=json.dumps(payload),
+        fields["message"],
+        status=status,
+        type=fields.get("type"),
+        param=fields.get("param"),
+        code=code,
+        body=json.dumps(payload),
     )

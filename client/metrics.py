@@ -75,8 +75,11 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def summarize(values: Sequence[float], percentiles: Iterable[float] = DEFAULT_PERCENTILES,
-              scale: float = 1000.0) -> dict[str, float | None]:
+def summarize(
+    values: Sequence[float],
+    percentiles: Iterable[float] = DEFAULT_PERCENTILES,
+    scale: float = 1000.0,
+) -> dict[str, float | None]:
     """mean, median, std and pNN of values (seconds), scaled (to ms by default)."""
     pcts = list(percentiles)
     if not values:

@@ -27,8 +27,9 @@ def plot_sweep(results: dict[str, Any], out_dir: Path) -> list[Path]:
             pts = [(x, y) for x, y in zip(xs, ys, strict=True) if y is not None]
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=stat)
-        for x, y, text in zip(xs, [r["metrics"].get(f"median_{key}_ms") for r in runs], labels,
-                              strict=True):
+        for x, y, text in zip(
+            xs, [r["metrics"].get(f"median_{key}_ms") for r in runs], labels, strict=True
+        ):
             if y is not None:
                 ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
         ax.set_title(title)
@@ -37,8 +38,11 @@ def plot_sweep(results: dict[str, Any], out_dir: Path) -> list[Path]:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     cfg = results.get("config", {})
-    fig.suptitle(f"{cfg.get('backend', '?')} @ {cfg.get('url', '?')}: latency vs throughput "
-                 f"(points: {runs[0].get('mode', '')})", fontsize=10)
+    fig.suptitle(
+        f"{cfg.get('backend', '?')} @ {cfg.get('url', '?')}: latency vs throughput "
+        f"(points: {runs[0].get('mode', '')})",
+        fontsize=10,
+    )
     fig.tight_layout()
     path = out_dir / "latency_vs_throughput.png"
     fig.savefig(path, dpi=110)

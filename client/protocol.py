@@ -87,7 +87,9 @@ def parse_completion(spec: RequestSpec, payload: Any) -> Completion:
     return Completion(text, choice.get("finish_reason"), usage, payload)
 
 
-def stream_parser(spec: RequestSpec, errors: str = "strict") -> PredictStreamParser | OpenAIStreamParser:
+def stream_parser(
+    spec: RequestSpec, errors: str = "strict"
+) -> PredictStreamParser | OpenAIStreamParser:
     if spec.api == "predict":
         return PredictStreamParser(errors)
     return OpenAIStreamParser(chat=spec.chat)

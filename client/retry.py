@@ -29,7 +29,9 @@ class RetryPolicy:
     def retryable(self, error: ClientError) -> bool:
         return isinstance(error, ClientConnectionError | ServiceUnavailableError | RateLimitedError)
 
-    def delay(self, attempt: int, retry_after: float | None = None, rng: random.Random | None = None) -> float:
+    def delay(
+        self, attempt: int, retry_after: float | None = None, rng: random.Random | None = None
+    ) -> float:
         """Seconds to sleep before retry number ``attempt + 1`` (attempt counts from 0).
 
         ``backoff * 2**attempt`` capped at ``max_backoff``, plus up to ``jitter`` of it at

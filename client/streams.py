@@ -72,10 +72,10 @@ class SSEParser:
             if cut is None:
                 break
             end, width = cut
-            if width == 1 and self._buffer[end:end + 1] == b"\r" and end + 1 == len(self._buffer):
+            if width == 1 and self._buffer[end : end + 1] == b"\r" and end + 1 == len(self._buffer):
                 self._pending_cr = True  # might be the first half of \r\n
             line = self._buffer[:end].decode("utf-8")
-            self._buffer = self._buffer[end + width:]
+            self._buffer = self._buffer[end + width :]
             event = self._line(line)
             if event is not None:
                 events.append(event)
@@ -124,7 +124,7 @@ def _first_line_end(buf: bytes) -> tuple[int, int] | None:
         return None
     if r == -1 or (n != -1 and n < r):
         return n, 1
-    if r + 1 < len(buf) and buf[r + 1:r + 2] == b"\n":
+    if r + 1 < len(buf) and buf[r + 1 : r + 2] == b"\n":
         return r, 2
     return r, 1
 

@@ -18,7 +18,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 # Tokens with multi-byte characters: accents (2 bytes), CJK (3), emoji (4), a ZWJ emoji.
-DEFAULT_TOKENS: tuple[str, ...] = ("Hé", "llo", " 世", "界", " 🙂", " ok", " Ça", " 👩‍💻", " ñ", "!")
+DEFAULT_TOKENS: tuple[str, ...] = (
+    "Hé",
+    "llo",
+    " 世",
+    "界",
+    " 🙂",
+    " ok",
+    " Ça",
+    " 👩‍💻",
+    " ñ",
+    "!",
+)
 
 
 @dataclass
@@ -65,11 +76,23 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _error(self, status: int, message: str, openai: bool, param: str | None = None,
-               headers: dict[str, str] | None = None) -> None:
+    def _error(
+        self,
+        status: int,
+        message: str,
+        openai: bool,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         if openai:
-            body: Any = {"error": {"message": message, "type": "invalid_request_error",
-                                   "param": param, "code": None}}
+            body: Any = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": param,
+                    "code": None,
+                }
+            }
         else:
             body = {"error": message}
         self._json(status, body, headers)
@@ -93,8 +116,12 @@ class _Handler(BaseHTTPRequestHandler):
         if status == 503:
             self._error(503, "model is loading", openai)
         else:
-            self._error(429, "too many requests in the queue", openai,
-                        headers={"Retry-After": st.retry_after})
+            self._error(
+                429,
+                "too many requests in the queue",
+                openai,
+                headers={"Retry-After": st.retry_after},
+            )
         return False
 
     def _generated(self, n: int) -> list[str]:
@@ -135,8 +162,10 @@ class _Handler(BaseHTTPRequestHandler):
             st.max_in_flight = max(st.max_in_flight, st.in_flight)
         try:
             n = int(body.get("max_tokens" if openai else "max_new_tokens", 16))
-            usage = {"prompt_tokens": prompt_tokens(body, st.prompt_overhead),
-                     "completion_tokens": n}
+            usage = {
+                "prompt_tokens": prompt_tokens(body, st.prompt_overhead),
+                "completion_tokens": n,
+            }
             usage["total_tokens"] = usage["prompt_tokens"] + n
             with st.lock:
                 st.usage_log.append(usage)
@@ -150,8 +179,9 @@ class _Handler(BaseHTTPRequestHandler):
             with st.lock:
                 st.in_flight -= 1
 
-    def _predict(self, body: dict[str, Any], tokens: list[str], usage: dict[str, int],
-                 finish: str) -> None:
+    def _predict(
+        self, body: dict[str, Any], tokens: list[str], usage: dict[str, int], finish: str
+    ) -> None:
         st = self.server.state
         if not body.get("streaming"):
             time.sleep(st.first_token_delay + st.token_delay * len(tokens))
@@ -163,7 +193,7 @@ class _Handler(BaseHTTPRequestHandler):
         interval = max(1, int(body.get("streaming_interval") or 3))
         time.sleep(st.first_token_delay)
         for i in range(0, len(tokens), interval):
-            data = "".join(tokens[i:i + interval]).encode()
+            data = "".join(tokens[i : i + interval]).encode()
             for part in self._parts(data):
                 self._write(part)
             time.sleep(st.token_delay * interval)
@@ -179,16 +209,20 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             yield data
 
-    def _openai(self, body: dict[str, Any], tokens: list[str], usage: dict[str, int],
-                finish: str) -> None:
+    def _openai(
+        self, body: dict[str, Any], tokens: list[str], usage: dict[str, int], finish: str
+    ) -> None:
         st = self.server.state
         chat = self.path.endswith("chat/completions")
         base = {"id": "cmpl-fake", "created": 0, "model": body.get("model", "fake-model")}
         if not body.get("stream"):
             time.sleep(st.first_token_delay + st.token_delay * len(tokens))
             text = "".join(tokens)
-            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}}
-                                      if chat else {"index": 0, "text": text})
+            choice: dict[str, Any] = (
+                {"index": 0, "message": {"role": "assistant", "content": text}}
+                if chat
+                else {"index": 0, "text": text}
+            )
             choice["finish_reason"] = finish
             obj = "chat.completion" if chat else "text_completion"
             self._json(200, base | {"object": obj, "choices": [choice], "usage": usage})
@@ -199,18 +233,22 @@ class _Handler(BaseHTTPRequestHandler):
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def event(payload: dict[str, Any]) -> None:
-            data = b"data: " + json.dumps(base | {"object": obj} | payload,
-                                          ensure_ascii=False).encode() + b"\n\n"
+            data = (
+                b"data: "
+                + json.dumps(base | {"object": obj} | payload, ensure_ascii=False).encode()
+                + b"\n\n"
+            )
             for part in self._parts(data):
                 self._write(part)
 
         if chat:
-            event({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+            event(
+                {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]}
+            )
         time.sleep(st.first_token_delay)
         for i, tok in enumerate(tokens):
             last = i == len(tokens) - 1
-            choice = ({"index": 0, "delta": {"content": tok}} if chat
-                      else {"index": 0, "text": tok})
+            choice = {"index": 0, "delta": {"content": tok}} if chat else {"index": 0, "text": tok}
             choice["finish_reason"] = finish if last else None
             event({"choices": [choice]})
             time.sleep(st.token_delay)

@@ -58,7 +58,9 @@ def wait_ready(server: RunningServer, timeout: float = READY_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
-            raise RuntimeError(f"server exited with {server.process.returncode}:\n{server.log()[-4000:]}")
+            raise RuntimeError(
+                f"server exited with {server.process.returncode}:\n{server.log()[-4000:]}"
+            )
         try:
             if requests.get(f"{server.url}/v1/models/model", timeout=2).status_code == 200:
                 return
@@ -89,15 +91,21 @@ def start_server(
     (model_metadata keys), wait until ready. Servers are stopped at session end."""
     started: list[RunningServer] = []
 
-    def start(wait: bool = True, extra_env: dict[str, str] | None = None, **settings: object) -> RunningServer:
+    def start(
+        wait: bool = True, extra_env: dict[str, str] | None = None, **settings: object
+    ) -> RunningServer:
         port = free_port()
         values = dev_settings(dev_model) | {k: str(v) for k, v in settings.items()}
         env = server_env(app_context, port, values) | (extra_env or {})
         log_path = tmp_path_factory.mktemp("server") / "server.log"
         log = log_path.open("w")
         proc = subprocess.Popen(
-            server_command(app_context / "app"), cwd=app_context / "app", env=env,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            server_command(app_context / "app"),
+            cwd=app_context / "app",
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         server = RunningServer(f"http://127.0.0.1:{port}", proc, log_path)
         started.append(server)

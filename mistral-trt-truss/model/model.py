@@ -40,10 +40,14 @@ def _secret(secrets: Any, name: str) -> str | None:
         return None
 
 
-def _predict_error(status: int, message: str, request_id: str,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": message},
-                        headers={"X-Request-Id": request_id, **(headers or {})})
+def _predict_error(
+    status: int, message: str, request_id: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        status_code=status,
+        content={"error": message},
+        headers={"X-Request-Id": request_id, **(headers or {})},
+    )
 
 
 class Model:
@@ -52,14 +56,17 @@ class Model:
         self._secrets = secrets
         self._service: GenerationService | None = None
         metrics = default_metrics()
-        self._admission = Admission(self._settings.max_inflight, self._settings.max_waiting,
-                                    metrics)
-        self._drainer = Drainer(self._settings.drain_grace_seconds, self._stop_admitting,
-                                self._abort_all)
+        self._admission = Admission(
+            self._settings.max_inflight, self._settings.max_waiting, metrics
+        )
+        self._drainer = Drainer(
+            self._settings.drain_grace_seconds, self._stop_admitting, self._abort_all
+        )
 
     def load(self) -> None:
-        self._service = GenerationService.start(self._settings,
-                                                _secret(self._secrets, HF_TOKEN_SECRET))
+        self._service = GenerationService.start(
+            self._settings, _secret(self._secrets, HF_TOKEN_SECRET)
+        )
 
     async def is_healthy(self) -> bool:
         self._drainer.install()  # here: the first call on the server's main-thread loop
@@ -92,16 +99,22 @@ class Model:
         headers = {"X-Request-Id": record.request_id}
         if req.streaming:
             return self._streaming_response(
-                service.stream(gen, record, req.prompt), ticket, record,
-                "text/plain; charset=utf-8", headers)
+                service.stream(gen, record, req.prompt),
+                ticket,
+                record,
+                "text/plain; charset=utf-8",
+                headers,
+            )
         try:
             await service.complete(gen, record, request.is_disconnected, req.prompt)
         except RequestError as exc:
             return _predict_error(exc.status, exc.message, record.request_id)
         finally:
             ticket.release()
-        return JSONResponse({"output": record.output, "finish_reason": record.finish_reason,
-                             "usage": record.usage}, headers=headers)
+        return JSONResponse(
+            {"output": record.output, "finish_reason": record.finish_reason, "usage": record.usage},
+            headers=headers,
+        )
 
     async def chat_completions(self, model_input: Any, request: Request) -> Any:
         return await self._openai(openai_api.Route.CHAT, model_input, request)
@@ -118,43 +131,51 @@ class Model:
         try:
             call = openai_api.parse(route, body, service)
         except RequestError as exc:
-            return openai_api.error_response(exc.status, exc.message, exc.param,
-                                             record.request_id)
+            return openai_api.error_response(exc.status, exc.message, exc.param, record.request_id)
         ticket = await self._admit(record, request, route.value)
         if isinstance(ticket, Response):
             return ticket
         headers = {"X-Request-Id": record.request_id}
         if call.stream:
             return self._streaming_response(
-                openai_api.sse_events(call, service.stream(call.gen, record), record,
-                                      self._settings.served_model_name),
-                ticket, record, "text/event-stream", headers)
+                openai_api.sse_events(
+                    call, service.stream(call.gen, record), record, self._settings.served_model_name
+                ),
+                ticket,
+                record,
+                "text/event-stream",
+                headers,
+            )
         try:
             await service.complete(call.gen, record, request.is_disconnected)
         except RequestError as exc:
-            return openai_api.error_response(exc.status, exc.message, exc.param,
-                                             record.request_id)
+            return openai_api.error_response(exc.status, exc.message, exc.param, record.request_id)
         finally:
             ticket.release()
-        return JSONResponse(openai_api.response_body(call, record,
-                                                     self._settings.served_model_name),
-                            headers=headers)
+        return JSONResponse(
+            openai_api.response_body(call, record, self._settings.served_model_name),
+            headers=headers,
+        )
 
     # ---- helpers ----
 
-    async def _admit(self, record: RequestRecord, request: Request,
-                     route: str) -> "Ticket | Response":
+    async def _admit(
+        self, record: RequestRecord, request: Request, route: str
+    ) -> "Ticket | Response":
         """A slot in the engine, or the refusal to send instead (429 / 503 / 499)."""
         openai = route != "predict"
         try:
             ticket = await self._admission.acquire(request.is_disconnected)
         except Overloaded:
-            message = (f"server is at capacity ({self._admission.max_inflight} running, "
-                       f"{self._admission.max_waiting} waiting); retry later")
+            message = (
+                f"server is at capacity ({self._admission.max_inflight} running, "
+                f"{self._admission.max_waiting} waiting); retry later"
+            )
             headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
             if openai:
-                return openai_api.error_response(429, message, None, record.request_id,
-                                                 headers, code="rate_limit_exceeded")
+                return openai_api.error_response(
+                    429, message, None, record.request_id, headers, code="rate_limit_exceeded"
+                )
             return _predict_error(429, message, record.request_id, headers)
         except Draining:
             message = "server is shutting down; retry on another replica"
@@ -166,8 +187,14 @@ class Model:
         self._service.telemetry.admitted(record)
         return ticket
 
-    def _streaming_response(self, chunks, ticket: Ticket, record: RequestRecord,
-                            media_type: str, headers: dict[str, str]) -> StreamingResponse:
+    def _streaming_response(
+        self,
+        chunks,
+        ticket: Ticket,
+        record: RequestRecord,
+        media_type: str,
+        headers: dict[str, str],
+    ) -> StreamingResponse:
         started = []
 
         async def body():

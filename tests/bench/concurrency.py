@@ -39,10 +39,32 @@ def free_port() -> int:
 
 
 def bench(url: str, out: Path, mode: list[str]) -> dict:
-    subprocess.run([sys.executable, "-m", "client", "bench", "--url", url,
-                    "--num-prompts", str(REQUESTS), "--input-len", str(INPUT_LEN),
-                    "--output-len", str(OUTPUT_LEN), "--warmup", "2", "--wait-ready", "300",
-                    "--no-progress", "--out", str(out), *mode], check=True, cwd=REPO)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "client",
+            "bench",
+            "--url",
+            url,
+            "--num-prompts",
+            str(REQUESTS),
+            "--input-len",
+            str(INPUT_LEN),
+            "--output-len",
+            str(OUTPUT_LEN),
+            "--warmup",
+            "2",
+            "--wait-ready",
+            "300",
+            "--no-progress",
+            "--out",
+            str(out),
+            *mode,
+        ],
+        check=True,
+        cwd=REPO,
+    )
     return json.loads((out / "results.json").read_text())
 
 
@@ -51,24 +73,35 @@ def main() -> int:
         context = prepare_app_dir(render_build_context(Path(tmp) / "context")).parent
         port = free_port()
         env = server_env(context, port, dev_settings(build_dev_model()))
-        server = subprocess.Popen(server_command(context / "app"), cwd=context / "app", env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                  start_new_session=True)
+        server = subprocess.Popen(
+            server_command(context / "app"),
+            cwd=context / "app",
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             url = f"http://127.0.0.1:{port}"
-            runs = {"16 concurrent": bench(url, Path(tmp) / "c", ["--concurrency", "16"]),
-                    "16 sequential": bench(url, Path(tmp) / "s", ["--one-at-a-time"])}
+            runs = {
+                "16 concurrent": bench(url, Path(tmp) / "c", ["--concurrency", "16"]),
+                "16 sequential": bench(url, Path(tmp) / "s", ["--one-at-a-time"]),
+            }
         finally:
             os.killpg(server.pid, signal.SIGTERM)
             server.wait(60)
     print(f"\n{REQUESTS} requests, {INPUT_LEN} tokens in / {OUTPUT_LEN} out, dev model on CPU")
-    print(f"{'run':<16}{'wall s':>9}{'out tok/s':>11}{'req/s':>8}{'TTFT p50 ms':>13}"
-          f"{'TPOT p50 ms':>13}")
+    print(
+        f"{'run':<16}{'wall s':>9}{'out tok/s':>11}{'req/s':>8}{'TTFT p50 ms':>13}"
+        f"{'TPOT p50 ms':>13}"
+    )
     for name, result in runs.items():
         m = result["runs"][0]["metrics"]
-        print(f"{name:<16}{m['duration_s']:>9.2f}{m['output_throughput']:>11.1f}"
-              f"{m['request_throughput']:>8.2f}{m['median_ttft_ms']:>13.1f}"
-              f"{m['median_tpot_ms']:>13.1f}")
+        print(
+            f"{name:<16}{m['duration_s']:>9.2f}{m['output_throughput']:>11.1f}"
+            f"{m['request_throughput']:>8.2f}{m['median_ttft_ms']:>13.1f}"
+            f"{m['median_tpot_ms']:>13.1f}"
+        )
     return 0
 
 

@@ -21,8 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "mistral-trt-truss/packages"),
-                str(Path(__file__).resolve().parent)]
+sys.path[:0] = [
+    str(Path(__file__).resolve().parents[2] / "mistral-trt-truss/packages"),
+    str(Path(__file__).resolve().parent),
+]
 
 import load  # noqa: E402  (tests/bench/load.py)
 
@@ -56,10 +58,19 @@ def drop_page_cache() -> bool:
         return False
 
 
-MISTRAL_7B = dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
-                  num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                  max_position_embeddings=32768, rope_theta=1e6, sliding_window=None,
-                  bos_token_id=1, eos_token_id=2)
+MISTRAL_7B = dict(
+    vocab_size=32000,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=32768,
+    rope_theta=1e6,
+    sliding_window=None,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def make_artifact(args) -> None:
@@ -68,8 +79,14 @@ def make_artifact(args) -> None:
 
     shape = dict(MISTRAL_7B)
     if args.tiny:
-        shape.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+        shape.update(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+        )
     t = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device(device):
@@ -83,14 +100,20 @@ def make_artifact(args) -> None:
     for name in ("tokenizer.model", "tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(Path(args.tokenizer_from) / name, out / name)
     size = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    emit(figure="artifact", init_s=round(init_s, 1), save_s=round(save_s, 1),
-         safetensors_GB=round(size / 1e9, 2))
+    emit(
+        figure="artifact",
+        init_s=round(init_s, 1),
+        save_s=round(save_s, 1),
+        safetensors_GB=round(size / 1e9, 2),
+    )
 
 
 # ---- in-process ----
 
-async def drive(engine, concurrency: int, in_len: int, out_len: int, per_worker: int,
-                seed: int = 0):
+
+async def drive(
+    engine, concurrency: int, in_len: int, out_len: int, per_worker: int, seed: int = 0
+):
     from mistral_serving.engines.base import SamplingOptions
 
     todo = load.prompts(concurrency * per_worker, in_len, seed)
@@ -101,8 +124,9 @@ async def drive(engine, concurrency: int, in_len: int, out_len: int, per_worker:
         while todo:
             prompt = todo.pop()
             start, arrivals, n = time.perf_counter(), [], 0
-            async for delta in engine.generate(f"b{next(counter)}", prompt,
-                                               SamplingOptions(max_new_tokens=out_len, top_k=1)):
+            async for delta in engine.generate(
+                f"b{next(counter)}", prompt, SamplingOptions(max_new_tokens=out_len, top_k=1)
+            ):
                 if delta.token_ids:
                     arrivals.append(time.perf_counter())
                     n += len(delta.token_ids)
@@ -113,8 +137,9 @@ async def drive(engine, concurrency: int, in_len: int, out_len: int, per_worker:
     return results, time.perf_counter() - t0
 
 
-def sweep(engine, name: str, levels, in_len: int, out_len: int, per_worker: int,
-          budget_s: float) -> None:
+def sweep(
+    engine, name: str, levels, in_len: int, out_len: int, per_worker: int, budget_s: float
+) -> None:
     for c in levels:
         if time_left() < budget_s:
             emit(figure="skipped", variant=name, concurrency=c, why="out of time")
@@ -147,19 +172,33 @@ def article_way(model, args) -> None:
     dev = next(model.parameters()).device
     reps = 2 if args.quick else 3
     prompts = load.prompts(reps + 1, 128, seed=7)
-    model.generate(torch.tensor([prompts[0]], device=dev), max_new_tokens=8, min_new_tokens=8,
-                   do_sample=False, pad_token_id=0)
+    model.generate(
+        torch.tensor([prompts[0]], device=dev),
+        max_new_tokens=8,
+        min_new_tokens=8,
+        do_sample=False,
+        pad_token_id=0,
+    )
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     t = time.perf_counter()
     for p in prompts[1:]:
-        model.generate(torch.tensor([p], device=dev), max_new_tokens=128, min_new_tokens=128,
-                       do_sample=False, pad_token_id=0)
+        model.generate(
+            torch.tensor([p], device=dev),
+            max_new_tokens=128,
+            min_new_tokens=128,
+            do_sample=False,
+            pad_token_id=0,
+        )
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     wall = time.perf_counter() - t
-    emit(figure="article_hf_generate_serial", requests=reps, output_tok_s=round(reps * 128 / wall, 1),
-         e2e_s=round(wall / reps, 2))
+    emit(
+        figure="article_hf_generate_serial",
+        requests=reps,
+        output_tok_s=round(reps * 128 / wall, 1),
+        e2e_s=round(wall / reps, 2),
+    )
 
 
 def disk_read_test(artifact: Path) -> None:
@@ -186,8 +225,12 @@ def disk_read_test(artifact: Path) -> None:
         for th in pool:
             th.join()
         dt = time.perf_counter() - t
-        emit(figure="disk_read", threads=threads, GB=round(len(offsets) * chunk / 1e9, 2),
-             GB_s=round(len(offsets) * chunk / 1e9 / dt, 2))
+        emit(
+            figure="disk_read",
+            threads=threads,
+            GB=round(len(offsets) * chunk / 1e9, 2),
+            GB_s=round(len(offsets) * chunk / 1e9 / dt, 2),
+        )
 
 
 def graph_floor(engine) -> None:
@@ -203,8 +246,12 @@ def graph_floor(engine) -> None:
         for _ in range(20):
             graph.replay()
         torch.cuda.synchronize()
-        emit(figure="graph_step_gpu_ms", rows=key[0], columns=key[1],
-             ms=round((time.perf_counter() - t) / 20 * 1000, 2))
+        emit(
+            figure="graph_step_gpu_ms",
+            rows=key[0],
+            columns=key[1],
+            ms=round((time.perf_counter() - t) / 20 * 1000, 2),
+        )
 
 
 def engine_bench(args) -> None:
@@ -218,14 +265,23 @@ def engine_bench(args) -> None:
     if args.disk_test:
         disk_read_test(artifact)
     cold = drop_page_cache()
-    settings = Settings(artifact=str(artifact), engine="pytorch", pytorch_kv_cache="static",
-                        max_batch_size=args.max_batch_size, max_seq_len=args.max_seq_len,
-                        verify_hashes=False)
+    settings = Settings(
+        artifact=str(artifact),
+        engine="pytorch",
+        pytorch_kv_cache="static",
+        max_batch_size=args.max_batch_size,
+        max_seq_len=args.max_seq_len,
+        verify_hashes=False,
+    )
     t = time.perf_counter()
     engine = TorchEngine.from_pretrained(artifact, settings, eos_token_id=2)
     asyncio.run(drive(engine, 1, 8, 2, 1))  # first token out: the engine works
-    emit(figure="cold_load", seconds=round(time.perf_counter() - t, 1), page_cache_dropped=cold,
-         what="TorchEngine.from_pretrained (static KV) + first 2-token request")
+    emit(
+        figure="cold_load",
+        seconds=round(time.perf_counter() - t, 1),
+        page_cache_dropped=cold,
+        what="TorchEngine.from_pretrained (static KV) + first 2-token request",
+    )
     model = engine._model
 
     # Warm-up: capture the graphs the sweeps use (bucket x width), outside the timings.
@@ -247,8 +303,15 @@ def engine_bench(args) -> None:
     if not args.skip_variants:
         article_way(model, args)
     if not args.quick:
-        sweep(engine, "static+graphs", [c for c in (1, 16, 64, 256) if c <= args.max_batch_size],
-              1024, 256, 1, 60)
+        sweep(
+            engine,
+            "static+graphs",
+            [c for c in (1, 16, 64, 256) if c <= args.max_batch_size],
+            1024,
+            256,
+            1,
+            60,
+        )
     release(engine)
     del engine
 
@@ -267,7 +330,9 @@ def engine_bench(args) -> None:
         release(dynamic)
         del dynamic
 
+
 # ---- the real Truss server ----
+
 
 def service_bench(args) -> None:
     import httpx
@@ -275,14 +340,20 @@ def service_bench(args) -> None:
     app = Path(args.app).resolve()
     env = dict(os.environ)
     packages = str(Path(__file__).resolve().parents[2] / "mistral-trt-truss/packages")
-    env.update({
-        "INFERENCE_SERVER_PORT": str(args.port), "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join(p for p in (packages, env.get("PYTHONPATH", "")) if p),
-        "MTT_ARTIFACT": str(Path(args.dir).resolve()), "MTT_ENGINE": args.engine,
-        "MTT_VERIFY_HASHES": "false", "MTT_MAX_BATCH_SIZE": str(args.max_batch_size),
-        "MTT_MAX_SEQ_LEN": str(args.max_seq_len), "MTT_MAX_INFLIGHT": "512",
-        "MTT_MAX_WAITING": "1024",
-    })
+    env.update(
+        {
+            "INFERENCE_SERVER_PORT": str(args.port),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (packages, env.get("PYTHONPATH", "")) if p),
+            "MTT_ARTIFACT": str(Path(args.dir).resolve()),
+            "MTT_ENGINE": args.engine,
+            "MTT_VERIFY_HASHES": "false",
+            "MTT_MAX_BATCH_SIZE": str(args.max_batch_size),
+            "MTT_MAX_SEQ_LEN": str(args.max_seq_len),
+            "MTT_MAX_INFLIGHT": "512",
+            "MTT_MAX_WAITING": "1024",
+        }
+    )
     if args.engine == "pytorch":
         env["MTT_PYTORCH_KV_CACHE"] = "static"
     for item in args.set or []:
@@ -291,8 +362,13 @@ def service_bench(args) -> None:
     cold = drop_page_cache()
     log = open(args.log, "w") if args.log else subprocess.DEVNULL  # noqa: SIM115
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(app / "main.py")], cwd=app, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, str(app / "main.py")],
+        cwd=app,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{args.port}"
     try:
         while True:
@@ -306,8 +382,13 @@ def service_bench(args) -> None:
             if time.perf_counter() - t0 > 300:
                 raise SystemExit("server not ready in 300 s")
             time.sleep(0.1)
-        emit(figure="server_start_to_ready", seconds=round(time.perf_counter() - t0, 1),
-             page_cache_dropped=cold, engine=args.engine, set=args.set)
+        emit(
+            figure="server_start_to_ready",
+            seconds=round(time.perf_counter() - t0, 1),
+            page_cache_dropped=cold,
+            engine=args.engine,
+            set=args.set,
+        )
         for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):  # same warm-up as the engine run
             if c <= args.max_batch_size:
                 asyncio.run(load.run_level(url, c, 128, 4, 1))
@@ -319,8 +400,9 @@ def service_bench(args) -> None:
                     emit(figure="skipped", variant="service", concurrency=c, why="out of time")
                     continue
                 if args.client == "raw":
-                    row = load.run_level_raw(args.port, c, in_len, out_len, per_worker,
-                                             args.client_procs)
+                    row = load.run_level_raw(
+                        args.port, c, in_len, out_len, per_worker, args.client_procs
+                    )
                 else:
                     row = asyncio.run(load.run_level(url, c, in_len, out_len, per_worker))
                 emit(figure="service", set=args.set, client=args.client, **row)
@@ -348,23 +430,39 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8089)
     ap.add_argument("--log")
     ap.add_argument("--out")
-    ap.add_argument("--skip-variants", action="store_true",
-                    help="only the fast path (no eager / dynamic / HF generate runs)")
-    ap.add_argument("--set", action="append", metavar="KEY=VALUE",
-                    help="service: a setting for the server (MTT_KEY=VALUE)")
-    ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
-                    help="service: the load client (tests/bench/load.py)")
+    ap.add_argument(
+        "--skip-variants",
+        action="store_true",
+        help="only the fast path (no eager / dynamic / HF generate runs)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="service: a setting for the server (MTT_KEY=VALUE)",
+    )
+    ap.add_argument(
+        "--client",
+        choices=["raw", "httpx"],
+        default="raw",
+        help="service: the load client (tests/bench/load.py)",
+    )
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--short", action="store_true", help="service: 128/128 only")
     ap.add_argument("--disk-test", action="store_true", help="time cold disk reads first")
-    ap.add_argument("--drop-page-cache", action="store_true",
-                    help="drop the OS page cache before a cold load (the device VM only)")
+    ap.add_argument(
+        "--drop-page-cache",
+        action="store_true",
+        help="drop the OS page cache before a cold load (the device VM only)",
+    )
     ap.add_argument("--deadline", type=float, help="unix time after which sweeps are skipped")
     args = ap.parse_args()
     OUT = Path(args.out) if args.out else None
     DEADLINE = args.deadline or float("inf")
     DROP_CACHE = args.drop_page_cache
-    {"make-artifact": make_artifact, "engine": engine_bench, "service": service_bench}[args.step](args)
+    {"make-artifact": make_artifact, "engine": engine_bench, "service": service_bench}[args.step](
+        args
+    )
     return 0
 
 

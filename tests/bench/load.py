@@ -36,8 +36,13 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], out_len: int):
-    body = {"prompt": prompt, "max_tokens": out_len, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": prompt,
+        "max_tokens": out_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     arrivals: list[float] = []
     usage = None
@@ -64,15 +69,19 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: list[int], ou
     return start, arrivals, end, tokens
 
 
-async def run_level(url: str, concurrency: int, in_len: int, out_len: int,
-                    per_worker: int, seed: int = 0) -> dict:
+async def run_level(
+    url: str, concurrency: int, in_len: int, out_len: int, per_worker: int, seed: int = 0
+) -> dict:
     todo = prompts(concurrency * per_worker, in_len, seed)
     queue: asyncio.Queue = asyncio.Queue()
     for p in todo:
         queue.put_nowait(p)
     results = []
-    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    limits = httpx.Limits(
+        max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8
+    )
     async with httpx.AsyncClient(timeout=httpx.Timeout(None), limits=limits) as client:
+
         async def worker():
             while not queue.empty():
                 results.append(await one_request(client, url, queue.get_nowait(), out_len))
@@ -97,13 +106,23 @@ async def raw_requests(port: int, concurrency: int, todo: list[list[int]], out_l
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             while todo:
-                body = json.dumps({"prompt": todo.pop(), "max_tokens": out_len,
-                                   "temperature": 0.0, "stream": True,
-                                   "stream_options": {"include_usage": True}}).encode()
+                body = json.dumps(
+                    {
+                        "prompt": todo.pop(),
+                        "max_tokens": out_len,
+                        "temperature": 0.0,
+                        "stream": True,
+                        "stream_options": {"include_usage": True},
+                    }
+                ).encode()
                 start, arrivals = time.perf_counter(), []
-                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                             b"Content-Type: application/json\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\n\r\n" + body)
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: "
+                    + str(len(body)).encode()
+                    + b"\r\n\r\n"
+                    + body
+                )
                 buf = b""
                 while b"data: [DONE]" not in buf[-64:]:
                     data = await reader.read(65536)
@@ -114,8 +133,7 @@ async def raw_requests(port: int, concurrency: int, todo: list[list[int]], out_l
                     buf = buf[-4096:] + data
                 while not buf.endswith(b"0\r\n\r\n"):  # the chunked body's last chunk
                     buf += await reader.read(65536)
-                results.append((start, arrivals, time.perf_counter(),
-                                int(USAGE.findall(buf)[-1])))
+                results.append((start, arrivals, time.perf_counter(), int(USAGE.findall(buf)[-1])))
         finally:
             writer.close()
 
@@ -129,8 +147,15 @@ def _raw_proc(job):
     return asyncio.run(raw_requests(port, concurrency, todo, out_len))
 
 
-def run_level_raw(port: int, concurrency: int, in_len: int, out_len: int, per_worker: int,
-                  procs: int = 4, seed: int = 0) -> dict:
+def run_level_raw(
+    port: int,
+    concurrency: int,
+    in_len: int,
+    out_len: int,
+    per_worker: int,
+    procs: int = 4,
+    seed: int = 0,
+) -> dict:
     """`concurrency` workers spread over `procs` client processes (perf_counter is
     CLOCK_MONOTONIC, shared across processes, so their times line up)."""
     import multiprocessing
@@ -141,7 +166,7 @@ def run_level_raw(port: int, concurrency: int, in_len: int, out_len: int, per_wo
     jobs, at = [], 0
     start_at = time.time() + 1.0
     for share in shares:
-        jobs.append((port, share, todo[at:at + share * per_worker], out_len, start_at))
+        jobs.append((port, share, todo[at : at + share * per_worker], out_len, start_at))
         at += share * per_worker
     with multiprocessing.get_context("fork").Pool(procs) as pool:
         results = [r for part in pool.map(_raw_proc, jobs) for r in part]
@@ -157,13 +182,21 @@ def summarize(kind: str, concurrency: int, in_len: int, out_len: int, results, w
     itl = [y - x for s, a, e, n in results for x, y in zip(a, a[1:])]
     tokens = sum(n for *_, n in results)
     return {
-        "kind": kind, "concurrency": concurrency, "input_len": in_len, "output_len": out_len,
-        "requests": len(results), "output_tokens": tokens, "wall_s": round(wall, 2),
+        "kind": kind,
+        "concurrency": concurrency,
+        "input_len": in_len,
+        "output_len": out_len,
+        "requests": len(results),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 2),
         "output_tok_s": round(tokens / wall, 1),
-        "ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99),
-        "tpot_ms_p50": pct(tpot, 0.5), "itl_ms_p50": pct(itl, 0.5), "itl_ms_p99": pct(itl, 0.99),
-        "e2e_ms_p50": pct(e2e, 0.5), "mean_tpot_ms": round(statistics.mean(tpot) * 1000, 2)
-        if tpot else None,
+        "ttft_ms_p50": pct(ttft, 0.5),
+        "ttft_ms_p99": pct(ttft, 0.99),
+        "tpot_ms_p50": pct(tpot, 0.5),
+        "itl_ms_p50": pct(itl, 0.5),
+        "itl_ms_p99": pct(itl, 0.99),
+        "e2e_ms_p50": pct(e2e, 0.5),
+        "mean_tpot_ms": round(statistics.mean(tpot) * 1000, 2) if tpot else None,
     }
 
 
@@ -175,18 +208,24 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--requests-per-worker", type=int, default=2)
     ap.add_argument("--json", help="append the result lines to this file")
-    ap.add_argument("--client", choices=["raw", "httpx"], default="raw",
-                    help="raw: lean HTTP over asyncio streams in --procs processes")
+    ap.add_argument(
+        "--client",
+        choices=["raw", "httpx"],
+        default="raw",
+        help="raw: lean HTTP over asyncio streams in --procs processes",
+    )
     ap.add_argument("--procs", type=int, default=4)
     args = ap.parse_args()
     for c in args.concurrency:
         if args.client == "raw":
             port = int(args.url.rsplit(":", 1)[1].split("/")[0])
-            row = run_level_raw(port, c, args.input_len, args.output_len,
-                                args.requests_per_worker, args.procs)
+            row = run_level_raw(
+                port, c, args.input_len, args.output_len, args.requests_per_worker, args.procs
+            )
         else:
-            row = asyncio.run(run_level(args.url, c, args.input_len, args.output_len,
-                                        args.requests_per_worker))
+            row = asyncio.run(
+                run_level(args.url, c, args.input_len, args.output_len, args.requests_per_worker)
+            )
         line = json.dumps(row)
         print(line, flush=True)
         if args.json:

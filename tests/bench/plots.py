@@ -1,6 +1,6 @@
 """Plots for docs/performance.md from the device runs' results (docs/perf/run*-results.jsonl).
 
-    python tests/bench/plots.py   # writes docs/perf/*.png, prints the ratio table
+python tests/bench/plots.py   # writes docs/perf/*.png, prints the ratio table
 """
 
 from __future__ import annotations
@@ -39,13 +39,27 @@ def main() -> None:
         svc = pick(final, "service", shape)
         levels = sorted(eng)
         ax.plot(levels, [eng[c]["output_tok_s"] for c in levels], "o-", label="engine in-process")
-        ax.plot(levels, [svc[c]["output_tok_s"] for c in levels], "s--", label="service (Truss server, HTTP)")
+        ax.plot(
+            levels,
+            [svc[c]["output_tok_s"] for c in levels],
+            "s--",
+            label="service (Truss server, HTTP)",
+        )
         for c in levels:
             if c in svc:
-                ax.annotate(f"{100 * svc[c]['output_tok_s'] / eng[c]['output_tok_s']:.0f}%",
-                            (c, svc[c]["output_tok_s"]), textcoords="offset points", xytext=(4, -12))
-                print(shape, c, eng[c]["output_tok_s"], svc[c]["output_tok_s"],
-                      round(100 * svc[c]["output_tok_s"] / eng[c]["output_tok_s"], 1))
+                ax.annotate(
+                    f"{100 * svc[c]['output_tok_s'] / eng[c]['output_tok_s']:.0f}%",
+                    (c, svc[c]["output_tok_s"]),
+                    textcoords="offset points",
+                    xytext=(4, -12),
+                )
+                print(
+                    shape,
+                    c,
+                    eng[c]["output_tok_s"],
+                    svc[c]["output_tok_s"],
+                    round(100 * svc[c]["output_tok_s"] / eng[c]["output_tok_s"], 1),
+                )
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrent requests")
         ax.set_ylabel("output tok/s")
@@ -58,8 +72,19 @@ def main() -> None:
     # Engine variants (the tuning record), 128/128.
     r1, r4 = rows(1), final
     variants = [
-        ("HF generate, one at a time (article)", {c: r for r in r1 if r.get("figure") == "article_hf_generate_serial" for c in (1, 64, 256)}),
-        ("dynamic DynamicCache engine (before)", pick(r1, "engine", (128, 128), variant="dynamic (before)")),
+        (
+            "HF generate, one at a time (article)",
+            {
+                c: r
+                for r in r1
+                if r.get("figure") == "article_hf_generate_serial"
+                for c in (1, 64, 256)
+            },
+        ),
+        (
+            "dynamic DynamicCache engine (before)",
+            pick(r1, "engine", (128, 128), variant="dynamic (before)"),
+        ),
         ("static KV, eager", pick(r1, "engine", (128, 128), variant="static eager")),
         ("static KV + CUDA graphs", pick(r1, "engine", (128, 128), variant="static+graphs")),
         ("+ fused qkv / gate-up (final)", pick(r4, "engine", (128, 128), variant="static+graphs")),

@@ -57,23 +57,44 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--requests-per-worker", type=int, default=2)
     ap.add_argument("--port", type=int, default=8093)
-    ap.add_argument("--step-ms", type=float, default=10.0,
-                    help="replay engine step (10 ms x 256 streams = 25,600 tok/s offered)")
-    ap.add_argument("--client-procs", type=int, default=1,
-                    help="load client processes (this machine has 2 cores: keep 1)")
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=10.0,
+        help="replay engine step (10 ms x 256 streams = 25,600 tok/s offered)",
+    )
+    ap.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="load client processes (this machine has 2 cores: keep 1)",
+    )
     ap.add_argument("--profile", help="write py-spy's top self-time functions here")
     args = ap.parse_args()
 
     build_dev_model()
     app = prepare_app_dir(render_build_context(CACHE_DIR / "replay-bench-context"))
-    env = dict(os.environ, INFERENCE_SERVER_PORT=str(args.port), PYTHONUNBUFFERED="1",
-               MTT_ARTIFACT=str(DEV_MODEL_DIR), MTT_ENGINE="replay", MTT_DEVICE="cpu",
-               MTT_MAX_INFLIGHT="1024", MTT_MAX_WAITING="1024",
-               MTT_MAX_BATCH_SIZE=str(args.concurrency), MTT_REPLAY_STEP_MS=str(args.step_ms))
+    env = dict(
+        os.environ,
+        INFERENCE_SERVER_PORT=str(args.port),
+        PYTHONUNBUFFERED="1",
+        MTT_ARTIFACT=str(DEV_MODEL_DIR),
+        MTT_ENGINE="replay",
+        MTT_DEVICE="cpu",
+        MTT_MAX_INFLIGHT="1024",
+        MTT_MAX_WAITING="1024",
+        MTT_MAX_BATCH_SIZE=str(args.concurrency),
+        MTT_REPLAY_STEP_MS=str(args.step_ms),
+    )
     env["PYTHONPATH"] = os.pathsep.join([str(app.parent / "packages"), env.get("PYTHONPATH", "")])
     log = open(CACHE_DIR / "replay-bench-server.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen([sys.executable, str(app / "main.py")], cwd=app, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, str(app / "main.py")],
+        cwd=app,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{args.port}"
     spy = None
     try:
@@ -91,17 +112,41 @@ def main() -> int:
         asyncio.run(load.run_level(url, 8, args.input_len, 8, 1))  # warm-up
         if args.profile:
             raw = Path(args.profile).with_suffix(".raw")
-            spy = subprocess.Popen(["py-spy", "record", "-p", str(proc.pid), "-r", "200",
-                                    "--format", "raw", "-o", str(raw), "--nonblocking"],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "-p",
+                    str(proc.pid),
+                    "-r",
+                    "200",
+                    "--format",
+                    "raw",
+                    "-o",
+                    str(raw),
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(1)
         cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
-        row = load.run_level_raw(args.port, args.concurrency, args.input_len,
-                                 args.output_len, args.requests_per_worker, args.client_procs)
+        row = load.run_level_raw(
+            args.port,
+            args.concurrency,
+            args.input_len,
+            args.output_len,
+            args.requests_per_worker,
+            args.client_procs,
+        )
         cpu, wall = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
-        row.update(kind="service+replay", step_ms=args.step_ms, server_cpu_s=round(cpu, 2),
-                   server_cores_busy=round(cpu / wall, 2),
-                   tok_per_s_per_core=round(row["output_tokens"] / cpu, 1))
+        row.update(
+            kind="service+replay",
+            step_ms=args.step_ms,
+            server_cpu_s=round(cpu, 2),
+            server_cores_busy=round(cpu / wall, 2),
+            tok_per_s_per_core=round(row["output_tokens"] / cpu, 1),
+        )
         print(json.dumps(row), flush=True)
         if spy is not None:
             spy.send_signal(2)  # SIGINT: py-spy writes its output and exits

@@ -29,12 +29,16 @@ class GenerateCall:
 
 
 class ScriptedEngine:
-    def __init__(self, script: Sequence[TokenDelta | BaseException] = (), *,
-                 limits: EngineLimits | None = None, eos_token_id: int = 2,
-                 step_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        script: Sequence[TokenDelta | BaseException] = (),
+        *,
+        limits: EngineLimits | None = None,
+        eos_token_id: int = 2,
+        step_delay_s: float = 0.0,
+    ) -> None:
         self.script = list(script)
-        self.limits = limits or EngineLimits(max_input_len=64, max_seq_len=128,
-                                             max_batch_size=4)
+        self.limits = limits or EngineLimits(max_input_len=64, max_seq_len=128, max_batch_size=4)
         self.info = EngineInfo("scripted", {"steps": len(self.script)})
         self.eos_token_id = eos_token_id
         self.step_delay_s = step_delay_s
@@ -45,19 +49,25 @@ class ScriptedEngine:
         self._abort_events: dict[str, asyncio.Event] = {}
 
     @classmethod
-    def from_ids(cls, token_ids: Sequence[int], finish_reason: str | None = "length",
-                 per_step: int = 1, **kwargs) -> ScriptedEngine:
+    def from_ids(
+        cls,
+        token_ids: Sequence[int],
+        finish_reason: str | None = "length",
+        per_step: int = 1,
+        **kwargs,
+    ) -> ScriptedEngine:
         """A script that yields `token_ids` `per_step` at a time; the last step carries
         `finish_reason` (None: the stream then waits for an abort)."""
-        steps = [list(token_ids[i:i + per_step]) for i in range(0, len(token_ids), per_step)]
+        steps = [list(token_ids[i : i + per_step]) for i in range(0, len(token_ids), per_step)]
         script = [TokenDelta(ids) for ids in steps]
         if finish_reason is not None:
             last = script.pop() if script else TokenDelta([])
             script.append(TokenDelta(last.token_ids, finish_reason))
         return cls(script, **kwargs)
 
-    async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling: SamplingOptions) -> AsyncIterator[TokenDelta]:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
+    ) -> AsyncIterator[TokenDelta]:
         self.calls.append(GenerateCall(request_id, list(prompt_ids), sampling))
         aborted = self._abort_events.setdefault(request_id, asyncio.Event())
         try:

@@ -18,10 +18,31 @@ STATS = ("mean", "median", "std", "p50", "p90", "p99")
 
 
 def run_bench(server_url: str, out: Path, *extra: str) -> dict:
-    code = main(["--url", server_url, "--num-prompts", "6", "--concurrency", "2",
-                 "--input-len", "32", "--output-len", "8", "--warmup", "1", "--seed", "0",
-                 "--slo", "ttft:60000", "tpot:60000", "--out", str(out), "--no-progress",
-                 *extra])
+    code = main(
+        [
+            "--url",
+            server_url,
+            "--num-prompts",
+            "6",
+            "--concurrency",
+            "2",
+            "--input-len",
+            "32",
+            "--output-len",
+            "8",
+            "--warmup",
+            "1",
+            "--seed",
+            "0",
+            "--slo",
+            "ttft:60000",
+            "tpot:60000",
+            "--out",
+            str(out),
+            "--no-progress",
+            *extra,
+        ]
+    )
     assert code == 0
     return json.loads((out / "results.json").read_text())
 
@@ -36,8 +57,13 @@ def check_metrics(data: dict) -> dict:
             if name == "tpot" and value is None:  # every request stopped after one token
                 continue
             assert isinstance(value, float) and value >= 0, f"{stat}_{name}_ms"
-    for key in ("request_throughput", "output_throughput", "total_token_throughput",
-                "request_goodput", "duration_s"):
+    for key in (
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "request_goodput",
+        "duration_s",
+    ):
         assert m[key] > 0, key
     assert m["total_output_tokens"] == sum(r["output_tokens"] for r in run["requests"])
     assert m["total_input_tokens"] == sum(r["prompt_tokens"] for r in run["requests"])
@@ -77,9 +103,24 @@ def test_openai_bench_counts_agree_with_server_usage(server_url: str, tmp_path: 
 
 
 def test_one_at_a_time_mode(server_url: str, tmp_path: Path) -> None:
-    code = main(["--url", server_url, "--num-prompts", "3", "--one-at-a-time",
-                 "--input-len", "16", "--output-len", "4", "--warmup", "0",
-                 "--out", str(tmp_path), "--no-progress"])
+    code = main(
+        [
+            "--url",
+            server_url,
+            "--num-prompts",
+            "3",
+            "--one-at-a-time",
+            "--input-len",
+            "16",
+            "--output-len",
+            "4",
+            "--warmup",
+            "0",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
     assert run["mode"] == "sequential" and run["metrics"]["completed"] == 3

@@ -19,8 +19,13 @@ pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = {"top_k": 1, "seed": 0}
-PROMPTS = ["What is a mistral?", "Écris un poème sur le vent 🌬️", "日本語で風について教えて",
-           "Ünïcödé – “quotes” and emoji 🙂👩‍💻", "Расскажи о ветре"]
+PROMPTS = [
+    "What is a mistral?",
+    "Écris un poème sur le vent 🌬️",
+    "日本語で風について教えて",
+    "Ünïcödé – “quotes” and emoji 🙂👩‍💻",
+    "Расскажи о ветре",
+]
 
 
 @pytest.mark.parametrize("interval", [1, 3])
@@ -28,14 +33,15 @@ def test_stream_joined_equals_predict_output(server_url: str, interval: int) -> 
     with Client(server_url, timeout=120) as client:
         for prompt in PROMPTS[:2]:
             done = client.predict(prompt, max_new_tokens=24, **GREEDY)
-            stream = client.stream(prompt, max_new_tokens=24, streaming_interval=interval,
-                                   **GREEDY)
+            stream = client.stream(prompt, max_new_tokens=24, streaming_interval=interval, **GREEDY)
             pieces = list(stream)
             assert "".join(pieces) == done.output
             assert done.finish_reason in ("stop", "length")
             assert done.usage is not None
             assert done.usage.completion_tokens <= 24
-            assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+            assert (
+                done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+            )
             # With streaming_interval=1 each chunk is at most one generation step apart,
             # so there are never more text chunks than tokens.
             assert stream.state.chunks <= max(1, done.usage.completion_tokens)
@@ -48,8 +54,9 @@ def test_non_ascii_text_arrives_intact(server_url: str) -> None:
     with Client(server_url, timeout=120) as client:
         for prompt in PROMPTS:
             done = client.predict(prompt, max_new_tokens=48, **GREEDY)
-            streamed = "".join(client.stream(prompt, max_new_tokens=48, streaming_interval=1,
-                                             **GREEDY))
+            streamed = "".join(
+                client.stream(prompt, max_new_tokens=48, streaming_interval=1, **GREEDY)
+            )
             # The client decodes strictly: bytes damaged on the way would raise. (A U+FFFD
             # can still be in the text: random weights emit byte tokens that form no valid
             # character, and the server itself renders those as U+FFFD, identically in
@@ -61,10 +68,16 @@ def test_non_ascii_text_arrives_intact(server_url: str) -> None:
 
 def test_raw_stream_chunks_each_decode_alone(server_url: str) -> None:
     """The contract: no chunk splits a character (checked on the server's own chunks)."""
-    body = {"prompt": PROMPTS[2], "max_new_tokens": 48, "streaming": True,
-            "streaming_interval": 1, **GREEDY}
-    with httpx.stream("POST", f"{server_url}/v1/models/model:predict", json=body,
-                      timeout=120) as resp:
+    body = {
+        "prompt": PROMPTS[2],
+        "max_new_tokens": 48,
+        "streaming": True,
+        "streaming_interval": 1,
+        **GREEDY,
+    }
+    with httpx.stream(
+        "POST", f"{server_url}/v1/models/model:predict", json=body, timeout=120
+    ) as resp:
         assert resp.status_code == 200
         for chunk in resp.iter_raw():
             chunk.decode("utf-8")  # raises if a read ended inside a character
@@ -122,8 +135,11 @@ def test_nothing_listening_is_a_connection_error() -> None:
 @pytest.mark.parametrize("chat", [False, True])
 def test_openai_routes_stream_equals_non_stream_with_usage(server_url: str, chat: bool) -> None:
     with Client(server_url, timeout=120, api="openai") as client:
-        kw = ({"messages": [{"role": "user", "content": PROMPTS[1]}]} if chat
-              else {"prompt": PROMPTS[1]})
+        kw = (
+            {"messages": [{"role": "user", "content": PROMPTS[1]}]}
+            if chat
+            else {"prompt": PROMPTS[1]}
+        )
         done = client.predict(**kw, max_new_tokens=24, temperature=0.0, seed=0)
         stream = client.stream(**kw, max_new_tokens=24, temperature=0.0, seed=0)
         assert "".join(stream) == done.output
@@ -137,8 +153,13 @@ def test_openai_sdk_sees_the_same_text(server_url: str) -> None:
     sdk = openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
     with Client(server_url, timeout=120, api="openai") as client:
         ours = client.predict("Bonjour 🙂", max_new_tokens=16, temperature=0.0, seed=0)
-        theirs = sdk.completions.create(model=client.model or "model", prompt="Bonjour 🙂",
-                                        max_tokens=16, temperature=0.0, seed=0)
+        theirs = sdk.completions.create(
+            model=client.model or "model",
+            prompt="Bonjour 🙂",
+            max_tokens=16,
+            temperature=0.0,
+            seed=0,
+        )
     assert theirs.choices[0].text == ours.output
 
 
@@ -147,12 +168,37 @@ def test_cli_stream_prints_the_generated_text(server_url: str) -> None:
         expected = client.predict("What is a mistral?", max_new_tokens=16, **GREEDY).output
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONIOENCODING="utf-8")
     res = subprocess.run(
-        [sys.executable, "-m", "client", "What is a mistral?", "--stream", "--url", server_url,
-         "--max-new-tokens", "16", "--top-k", "1", "--seed", "0"],
-        capture_output=True, text=True, encoding="utf-8", env=env, timeout=120, cwd=ROOT)
+        [
+            sys.executable,
+            "-m",
+            "client",
+            "What is a mistral?",
+            "--stream",
+            "--url",
+            server_url,
+            "--max-new-tokens",
+            "16",
+            "--top-k",
+            "1",
+            "--seed",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=env,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout == expected + "\n"
     res = subprocess.run(
         [sys.executable, "-m", "client", "hi", "--url", server_url, "--temperature", "-1"],
-        capture_output=True, text=True, encoding="utf-8", env=env, timeout=120, cwd=ROOT)
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=env,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert res.returncode == 1 and "temperature" in res.stderr

@@ -11,8 +11,10 @@ import requests
 
 pytestmark = pytest.mark.e2e
 
-MESSAGES = [{"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "What is a mistral? 🌬️"}]
+MESSAGES = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "What is a mistral? 🌬️"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +32,9 @@ def predict_output(server_url: str, **body) -> dict:
 
 
 def test_chat_completion_has_openais_shape_and_the_same_text_as_predict(client, server_url):
-    r = client.chat.completions.create(model="anything", messages=MESSAGES, max_tokens=12,
-                                       temperature=0)
+    r = client.chat.completions.create(
+        model="anything", messages=MESSAGES, max_tokens=12, temperature=0
+    )
     assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
     assert r.model == "mistral-7b-instruct"  # the served name, whatever was asked
     choice = r.choices[0]
@@ -39,15 +42,27 @@ def test_chat_completion_has_openais_shape_and_the_same_text_as_predict(client, 
     same = predict_output(server_url, messages=MESSAGES, max_new_tokens=12)
     assert choice.message.content == same["output"]
     assert r.usage.model_dump() == same["usage"] | {
-        "completion_tokens_details": None, "prompt_tokens_details": None}
+        "completion_tokens_details": None,
+        "prompt_tokens_details": None,
+    }
 
 
 def test_streamed_chat_deltas_join_to_the_non_streamed_message(client):
-    full = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=30,
-                                          temperature=0).choices[0].message.content
-    chunks = list(client.chat.completions.create(
-        model="m", messages=MESSAGES, max_tokens=30, temperature=0, stream=True,
-        stream_options={"include_usage": True}))
+    full = (
+        client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=30, temperature=0)
+        .choices[0]
+        .message.content
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="m",
+            messages=MESSAGES,
+            max_tokens=30,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full
@@ -57,13 +72,20 @@ def test_streamed_chat_deltas_join_to_the_non_streamed_message(client):
 
 
 def test_completions_route_streaming_and_not(client, server_url):
-    r = client.completions.create(model="m", prompt="Once upon a time", max_tokens=10,
-                                  temperature=0)
+    r = client.completions.create(
+        model="m", prompt="Once upon a time", max_tokens=10, temperature=0
+    )
     assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
-    assert r.choices[0].text == predict_output(server_url, prompt="Once upon a time",
-                                               max_new_tokens=10)["output"]
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="m", prompt="Once upon a time", max_tokens=10, temperature=0, stream=True))
+    assert (
+        r.choices[0].text
+        == predict_output(server_url, prompt="Once upon a time", max_new_tokens=10)["output"]
+    )
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model="m", prompt="Once upon a time", max_tokens=10, temperature=0, stream=True
+        )
+    )
     assert streamed == r.choices[0].text
     assert r.usage.completion_tokens == 10
 
@@ -73,19 +95,27 @@ def test_completions_default_max_tokens_is_openais_16(client):
 
 
 def test_stop_strings_through_the_sdk(client):
-    full = client.completions.create(model="m", prompt="Tell me", max_tokens=30,
-                                     temperature=0).choices[0].text
+    full = (
+        client.completions.create(model="m", prompt="Tell me", max_tokens=30, temperature=0)
+        .choices[0]
+        .text
+    )
     stop = full[10:13]
-    r = client.completions.create(model="m", prompt="Tell me", max_tokens=30, temperature=0,
-                                  stop=[stop])
+    r = client.completions.create(
+        model="m", prompt="Tell me", max_tokens=30, temperature=0, stop=[stop]
+    )
     assert r.choices[0].text == full[: full.index(stop)] and r.choices[0].finish_reason == "stop"
 
 
 def test_async_client_streams_concurrently(aclient):
     async def one(i: int) -> str:
         stream = await aclient.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": f"q{i}"}], max_tokens=8,
-            temperature=0, stream=True)
+            model="m",
+            messages=[{"role": "user", "content": f"q{i}"}],
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+        )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     async def main() -> list[str]:
@@ -95,13 +125,16 @@ def test_async_client_streams_concurrently(aclient):
     assert len(texts) == 6 and all(texts)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"n": 2}, "n"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-    ({"logprobs": True}, "logprobs"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"temperature": 5}, "temperature"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"n": 2}, "n"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"logprobs": True}, "logprobs"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"temperature": 5}, "temperature"),
+    ],
+)
 def test_unsupported_or_bad_fields_raise_the_sdks_bad_request_error(client, kwargs, field):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=4, **kwargs)
@@ -117,5 +150,7 @@ def test_a_prompt_longer_than_the_engine_takes_is_a_400(client):
 
 def test_a_bad_conversation_is_a_400(client):
     with pytest.raises(openai.BadRequestError, match="assistant"):
-        client.chat.completions.create(model="m", messages=[
-            {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+        )

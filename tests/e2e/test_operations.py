@@ -22,18 +22,26 @@ PREDICT = "/v1/models/model:predict"
 # says why the process ended): -15 from Popen, 143 from a shell; 0 would be fine too.
 EXITED_ON_SIGTERM = (0, -signal.SIGTERM)
 METRIC_NAMES = [
-    "mtt:time_to_first_token_seconds_bucket", "mtt:time_per_output_token_seconds_bucket",
-    "mtt:e2e_request_latency_seconds_bucket", "mtt:request_queue_time_seconds_bucket",
-    "mtt:prompt_tokens_total", "mtt:generation_tokens_total", "mtt:request_finished_total",
-    "mtt:num_requests_running", "mtt:num_requests_waiting", "mtt:request_rejected_total",
-    "mtt:request_prompt_tokens_bucket", "mtt:request_generation_tokens_bucket",
+    "mtt:time_to_first_token_seconds_bucket",
+    "mtt:time_per_output_token_seconds_bucket",
+    "mtt:e2e_request_latency_seconds_bucket",
+    "mtt:request_queue_time_seconds_bucket",
+    "mtt:prompt_tokens_total",
+    "mtt:generation_tokens_total",
+    "mtt:request_finished_total",
+    "mtt:num_requests_running",
+    "mtt:num_requests_waiting",
+    "mtt:request_rejected_total",
+    "mtt:request_prompt_tokens_bucket",
+    "mtt:request_generation_tokens_bucket",
 ]
 
 
 def test_metrics_count_tokens_and_requests(server_url):
     before = scrape(server_url)
-    r = requests.post(server_url + PREDICT, json={"prompt": "count me", "max_new_tokens": 5},
-                      timeout=60).json()
+    r = requests.post(
+        server_url + PREDICT, json={"prompt": "count me", "max_new_tokens": 5}, timeout=60
+    ).json()
     after = scrape(server_url)
     names = {name for name, _ in after}
     assert set(METRIC_NAMES) - {"mtt:request_rejected_total"} <= names
@@ -50,8 +58,12 @@ def test_metrics_count_tokens_and_requests(server_url):
 
 
 def _stream(url: str, n_tokens: int) -> requests.Response:
-    return requests.post(url + PREDICT, stream=True, timeout=120, json={
-        "prompt": "busy", "max_new_tokens": n_tokens, "streaming": True})
+    return requests.post(
+        url + PREDICT,
+        stream=True,
+        timeout=120,
+        json={"prompt": "busy", "max_new_tokens": n_tokens, "streaming": True},
+    )
 
 
 def test_overload_is_refused_at_once_with_429_and_retry_after(start_server):
@@ -61,8 +73,9 @@ def test_overload_is_refused_at_once_with_429_and_retry_after(start_server):
     lock = threading.Lock()
 
     def call() -> None:
-        r = requests.post(server.url + PREDICT, timeout=120,
-                          json={"prompt": "load", "max_new_tokens": 1500})
+        r = requests.post(
+            server.url + PREDICT, timeout=120, json={"prompt": "load", "max_new_tokens": 1500}
+        )
         with lock:
             results.append(r.status_code)
             headers.append(dict(r.headers) | {"body": r.text})
@@ -87,8 +100,11 @@ def test_a_waiting_request_whose_client_left_is_dropped(start_server):
     # A raw request: it waits for the single slot, so no response headers would come.
     waiter = socket.create_connection((urlparse(server.url).hostname, urlparse(server.url).port))
     body = json.dumps({"prompt": "wait", "max_new_tokens": 10}).encode()
-    waiter.sendall(f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                   f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    waiter.sendall(
+        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 1, 30, "a waiter")
     waiter.close()
     wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 0, 30, "the waiter to go")

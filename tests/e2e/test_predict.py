@@ -23,8 +23,9 @@ def predict(url: str, **body) -> requests.Response:
 
 
 def stream_chunks(url: str, **body) -> list[bytes]:
-    with requests.post(f"{url}/v1/models/model:predict", json=body | {"streaming": True},
-                       stream=True, timeout=120) as r:
+    with requests.post(
+        f"{url}/v1/models/model:predict", json=body | {"streaming": True}, stream=True, timeout=120
+    ) as r:
         assert r.status_code == 200, r.text
         return [c for c in r.iter_content(chunk_size=None) if c]
 
@@ -37,8 +38,11 @@ def test_predict_answers_with_output_finish_reason_and_usage(server_url, dev_mod
     assert set(body) == {"output", "finish_reason", "usage"}
     assert body["finish_reason"] == "length"
     tok = load_tokenizer(dev_model)
-    assert body["usage"] == {"prompt_tokens": len(tok.encode(prompt, bos=True)),
-                             "completion_tokens": 16, "total_tokens": len(tok.encode(prompt, bos=True)) + 16}
+    assert body["usage"] == {
+        "prompt_tokens": len(tok.encode(prompt, bos=True)),
+        "completion_tokens": 16,
+        "total_tokens": len(tok.encode(prompt, bos=True)) + 16,
+    }
     assert body["output"] and r.headers["x-request-id"]
 
 
@@ -80,8 +84,13 @@ def test_the_articles_client_snippets_work_unchanged(server_url):
     # which decodes byte by byte and so only holds for ASCII text.
     url = f"{server_url}/v1/models/model:predict"
     for seed in range(100):
-        data = {"prompt": "What is a mistral?", "max_new_tokens": 4, "top_k": 0,
-                "temperature": 1.0, "seed": seed}
+        data = {
+            "prompt": "What is a mistral?",
+            "max_new_tokens": 4,
+            "top_k": 0,
+            "temperature": 1.0,
+            "seed": seed,
+        }
         output = requests.post(url, json=data, timeout=60).json()["output"]
         if output.isascii():
             break
@@ -95,7 +104,7 @@ def test_the_articles_client_snippets_work_unchanged(server_url):
 def test_stop_string_ends_the_output_before_it(server_url):
     base = {"prompt": "Once upon a time", "max_new_tokens": 40}
     full = predict(server_url, **base).json()["output"]
-    stop = full[len(full) // 2: len(full) // 2 + 3]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
     cut = full[: full.index(stop)]
     r = predict(server_url, **base, stop=[stop]).json()
     assert r["output"] == cut and r["finish_reason"] == "stop"
@@ -112,13 +121,24 @@ def test_chat_messages_are_encoded_like_mistral_common(server_url, dev_model):
     from mistral_common.protocol.instruct.request import ChatCompletionRequest
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Why?"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Why?"},
+    ]
     r = predict(server_url, messages=messages, max_new_tokens=4)
     assert r.status_code == 200, r.text
     ref = MistralTokenizer.from_file(str(dev_model / "tokenizer.model")).encode_chat_completion(
-        ChatCompletionRequest(messages=[SystemMessage(content="Be brief."), UserMessage(content="Hi"),
-                                        AssistantMessage(content="Hello!"), UserMessage(content="Why?")]))
+        ChatCompletionRequest(
+            messages=[
+                SystemMessage(content="Be brief."),
+                UserMessage(content="Hi"),
+                AssistantMessage(content="Hello!"),
+                UserMessage(content="Why?"),
+            ]
+        )
+    )
     assert r.json()["usage"]["prompt_tokens"] == len(ref.tokens)
 
 
@@ -132,22 +152,27 @@ def test_seeded_sampling_is_reproducible(server_url):
     assert a != c or a != greedy
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"prompt": "x", "temperature": -1}, "temperature"),
-    ({"prompt": "x", "top_p": 2}, "top_p"),
-    ({"prompt": "x", "max_new_tokens": 0}, "max_new_tokens"),
-    ({"prompt": "x", "streaming_interval": 0}, "streaming_interval"),
-    ({"prompt": "x", "max_new_token": 5}, "max_new_token"),
-    ({"prompt": 5}, "prompt"),
-    ({}, "prompt"),
-    ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "messages"),
-    ({"messages": [{"role": "assistant", "content": "y"}]}, "user"),
-    ({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
-     "assistant"),
-    ({"messages": [{"role": "robot", "content": "y"}]}, "role"),
-    ({"prompt": "x", "stop": [""]}, "stop"),
-    ({"prompt": "x", "seed": -1}, "seed"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"prompt": "x", "temperature": -1}, "temperature"),
+        ({"prompt": "x", "top_p": 2}, "top_p"),
+        ({"prompt": "x", "max_new_tokens": 0}, "max_new_tokens"),
+        ({"prompt": "x", "streaming_interval": 0}, "streaming_interval"),
+        ({"prompt": "x", "max_new_token": 5}, "max_new_token"),
+        ({"prompt": 5}, "prompt"),
+        ({}, "prompt"),
+        ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "messages"),
+        ({"messages": [{"role": "assistant", "content": "y"}]}, "user"),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+            "assistant",
+        ),
+        ({"messages": [{"role": "robot", "content": "y"}]}, "role"),
+        ({"prompt": "x", "stop": [""]}, "stop"),
+        ({"prompt": "x", "seed": -1}, "seed"),
+    ],
+)
 def test_bad_bodies_get_a_400_naming_the_problem(server_url, body, field):
     r = predict(server_url, **body)
     assert r.status_code == 400, r.text
@@ -171,14 +196,22 @@ def test_max_new_tokens_is_clamped_to_the_sequence_limit(server_url, dev_model):
     assert len(load_tokenizer(dev_model).encode(prompt, bos=True)) == 4090
     r = predict(server_url, prompt=prompt, max_new_tokens=2048)
     assert r.status_code == 200, r.text
-    assert r.json()["usage"] == {"prompt_tokens": 4090, "completion_tokens": 6, "total_tokens": 4096}
+    assert r.json()["usage"] == {
+        "prompt_tokens": 4090,
+        "completion_tokens": 6,
+        "total_tokens": 4096,
+    }
     assert r.json()["finish_reason"] == "length"
 
 
 def test_request_id_is_taken_from_the_header_and_logged(server, server_url):
     rid = "test-" + uuid.uuid4().hex
-    r = requests.post(f"{server_url}/v1/models/model:predict", json={"prompt": "x", "max_new_tokens": 3},
-                      headers={"X-Request-Id": rid}, timeout=60)
+    r = requests.post(
+        f"{server_url}/v1/models/model:predict",
+        json={"prompt": "x", "max_new_tokens": 3},
+        headers={"X-Request-Id": rid},
+        timeout=60,
+    )
     assert r.headers["x-request-id"] == rid
     wait_for(lambda: rid in server.log(), 10, "the request's log line")
     line = next(json.loads(x) for x in server.log().splitlines() if rid in x and '"event"' in x)
@@ -187,10 +220,20 @@ def test_request_id_is_taken_from_the_header_and_logged(server, server_url):
 
 
 def _open_streams(url: str, n: int, max_new_tokens: int):
-    responses = [requests.post(f"{url}/v1/models/model:predict", stream=True, timeout=120,
-                               json={"prompt": f"stream {i}", "max_new_tokens": max_new_tokens,
-                                     "streaming": True, "streaming_interval": 1})
-                 for i in range(n)]
+    responses = [
+        requests.post(
+            f"{url}/v1/models/model:predict",
+            stream=True,
+            timeout=120,
+            json={
+                "prompt": f"stream {i}",
+                "max_new_tokens": max_new_tokens,
+                "streaming": True,
+                "streaming_interval": 1,
+            },
+        )
+        for i in range(n)
+    ]
     # Keep each chunk iterator alive: closing it (even by garbage collection) makes
     # urllib3 close the connection, which the server rightly treats as a disconnect.
     readers = [r.iter_content(chunk_size=None) for r in responses]
@@ -201,7 +244,9 @@ def _open_streams(url: str, n: int, max_new_tokens: int):
 def test_sixteen_streams_are_generated_together(server_url):
     # Each of 16 streams has produced text while all 16 are still open: the engine is
     # running them at once (not one after another).
-    before = value(server_url, "mtt:request_finished_total", route="predict", finished_reason="abort")
+    before = value(
+        server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
+    )
     responses, _readers, firsts = _open_streams(server_url, 16, 2048)
     try:
         assert all(firsts)
@@ -209,18 +254,26 @@ def test_sixteen_streams_are_generated_together(server_url):
     finally:
         for r in responses:
             r.close()
-    wait_for(lambda: value(server_url, "mtt:num_requests_running") == 0, 30, "streams to be aborted")
-    after = value(server_url, "mtt:request_finished_total", route="predict", finished_reason="abort")
+    wait_for(
+        lambda: value(server_url, "mtt:num_requests_running") == 0, 30, "streams to be aborted"
+    )
+    after = value(
+        server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
+    )
     assert after - before == 16
 
 
 def test_concurrent_greedy_answers_equal_sequential_ones(server_url):
     prompts = [f"Question number {i}: why?" for i in range(8)]
-    sequential = [predict(server_url, prompt=p, max_new_tokens=20).json()["output"] for p in prompts]
+    sequential = [
+        predict(server_url, prompt=p, max_new_tokens=20).json()["output"] for p in prompts
+    ]
     results: dict[int, str] = {}
 
     def run(i: int) -> None:
-        results[i] = b"".join(stream_chunks(server_url, prompt=prompts[i], max_new_tokens=20)).decode()
+        results[i] = b"".join(
+            stream_chunks(server_url, prompt=prompts[i], max_new_tokens=20)
+        ).decode()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
     for t in threads:
@@ -231,25 +284,53 @@ def test_concurrent_greedy_answers_equal_sequential_ones(server_url):
 
 
 def test_client_disconnect_mid_stream_aborts_the_engine_request(server_url):
-    before = value(server_url, "mtt:request_finished_total", route="predict", finished_reason="abort")
-    r = requests.post(f"{server_url}/v1/models/model:predict", stream=True, timeout=60,
-                      json={"prompt": "long", "max_new_tokens": 4000, "streaming": True})
+    before = value(
+        server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
+    )
+    r = requests.post(
+        f"{server_url}/v1/models/model:predict",
+        stream=True,
+        timeout=60,
+        json={"prompt": "long", "max_new_tokens": 4000, "streaming": True},
+    )
     assert next(r.iter_content(chunk_size=None))
     r.close()
-    wait_for(lambda: value(server_url, "mtt:request_finished_total", route="predict",
-                           finished_reason="abort") == before + 1, 30, "the abort")
+    wait_for(
+        lambda: (
+            value(
+                server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
+            )
+            == before + 1
+        ),
+        30,
+        "the abort",
+    )
     wait_for(lambda: value(server_url, "mtt:num_requests_running") == 0, 30, "a free engine")
     assert predict(server_url, prompt="after", max_new_tokens=2).status_code == 200
 
 
 def test_client_disconnect_during_a_non_streaming_request_aborts_it(server_url):
-    before = value(server_url, "mtt:request_finished_total", route="predict", finished_reason="abort")
+    before = value(
+        server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
+    )
     host = urlparse(server_url)
     body = json.dumps({"prompt": "long", "max_new_tokens": 4000}).encode()
     with socket.create_connection((host.hostname, host.port)) as s:
-        s.sendall(b"POST /v1/models/model:predict HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                  b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-        wait_for(lambda: value(server_url, "mtt:num_requests_running") == 1, 30, "the request to start")
-    wait_for(lambda: value(server_url, "mtt:request_finished_total", route="predict",
-                           finished_reason="abort") == before + 1, 30, "the abort")
+        s.sendall(
+            b"POST /v1/models/model:predict HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        wait_for(
+            lambda: value(server_url, "mtt:num_requests_running") == 1, 30, "the request to start"
+        )
+    wait_for(
+        lambda: (
+            value(
+                server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
+            )
+            == before + 1
+        ),
+        30,
+        "the abort",
+    )
     assert predict(server_url, prompt="after", max_new_tokens=2).status_code == 200

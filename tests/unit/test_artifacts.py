@@ -100,8 +100,9 @@ def test_repo_id_needs_a_pinned_revision(tmp_path: Path, monkeypatch: pytest.Mon
 # ---- resolve_artifact: download ----
 
 
-def test_download_uses_the_pinned_revision_and_cache(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_download_uses_the_pinned_revision_and_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = install(monkeypatch, FakeSnapshot(tmp_path / "snap"))
     assert resolve_artifact(repo_settings(tmp_path), "hf_tok") == tmp_path / "snap"
     (call,) = fake.calls
@@ -111,29 +112,38 @@ def test_download_uses_the_pinned_revision_and_cache(tmp_path: Path,
 
 
 def test_download_without_token_never_uses_a_stored_login(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = install(monkeypatch, FakeSnapshot(tmp_path))
     resolve_artifact(repo_settings(tmp_path), None)
     assert fake.calls[0]["token"] is False
 
 
-def test_non_sha_revision_warns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                caplog: pytest.LogCaptureFixture) -> None:
+def test_non_sha_revision_warns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     install(monkeypatch, FakeSnapshot(tmp_path))
     with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts"):
         resolve_artifact(repo_settings(tmp_path, revision="main"), None)
     assert "not a commit sha" in caplog.text
 
 
-@pytest.mark.parametrize(("error", "token", "needles"), [
-    (RevisionNotFoundError, None, [f"revision {SHA} not found in {REPO}"]),
-    (GatedRepoError, "tok", [f"{REPO} is gated", "hf_access_token"]),
-    (RepositoryNotFoundError, None, ["not found or private", "no token was given"]),
-    (RepositoryNotFoundError, "tok", ["not found or private", "the token cannot read it"]),
-])
+@pytest.mark.parametrize(
+    ("error", "token", "needles"),
+    [
+        (RevisionNotFoundError, None, [f"revision {SHA} not found in {REPO}"]),
+        (GatedRepoError, "tok", [f"{REPO} is gated", "hf_access_token"]),
+        (RepositoryNotFoundError, None, ["not found or private", "no token was given"]),
+        (RepositoryNotFoundError, "tok", ["not found or private", "the token cannot read it"]),
+    ],
+)
 def test_hub_errors_become_one_line_artifact_errors(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: type[Exception],
-        token: str | None, needles: list[str]) -> None:
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    error: type[Exception],
+    token: str | None,
+    needles: list[str],
+) -> None:
     fake = install(monkeypatch, FakeSnapshot(hub_error(error)))
     with pytest.raises(ArtifactError) as err:
         resolve_artifact(repo_settings(tmp_path), token)
@@ -145,13 +155,19 @@ def test_hub_errors_become_one_line_artifact_errors(
     assert len(fake.calls) == 1  # a definite answer from the Hub: no cache retry
 
 
-@pytest.mark.parametrize("offline_error", [
-    ConnectionError("connection refused"),
-    LocalEntryNotFoundError("cannot reach the Hub and not in the cache"),
-])
+@pytest.mark.parametrize(
+    "offline_error",
+    [
+        ConnectionError("connection refused"),
+        LocalEntryNotFoundError("cannot reach the Hub and not in the cache"),
+    ],
+)
 def test_unreachable_hub_falls_back_to_the_cache(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-        offline_error: Exception) -> None:
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    offline_error: Exception,
+) -> None:
     cached = tmp_path / "cached-snapshot"
     fake = install(monkeypatch, FakeSnapshot(offline_error, cached))
     with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts"):
@@ -164,8 +180,7 @@ def test_unreachable_hub_falls_back_to_the_cache(
     assert "Hub unreachable" in caplog.text
 
 
-def test_unreachable_hub_and_empty_cache(tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_hub_and_empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     install(monkeypatch, FakeSnapshot(ConnectionError("down"), LocalEntryNotFoundError("no")))
     with pytest.raises(ArtifactError) as err:
         resolve_artifact(repo_settings(tmp_path), None)
@@ -178,8 +193,11 @@ def test_unreachable_hub_and_empty_cache(tmp_path: Path,
 
 def engine_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
-    config = {"version": "1.2.1", "pretrained_config": {"architecture": "MistralForCausalLM"},
-              "build_config": {"max_seq_len": 128, "max_batch_size": 4}}
+    config = {
+        "version": "1.2.1",
+        "pretrained_config": {"architecture": "MistralForCausalLM"},
+        "build_config": {"max_seq_len": 128, "max_batch_size": 4},
+    }
     (path / "config.json").write_text(json.dumps(config))
     (path / "rank0.engine").write_bytes(b"\0" * 8)
     return path
@@ -260,8 +278,9 @@ def test_missing_listed_file_fails(tmp_path: Path) -> None:
         check_manifest(artifact, verify_hashes=True)
 
 
-def test_missing_manifest_warns_and_returns_none(tmp_path: Path,
-                                                 caplog: pytest.LogCaptureFixture) -> None:
+def test_missing_manifest_warns_and_returns_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     artifact = checkpoint_dir(tmp_path / "a")
     with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts"):
         assert check_manifest(artifact, verify_hashes=True) is None
@@ -280,24 +299,31 @@ def test_unreadable_manifest_is_an_artifact_error(tmp_path: Path) -> None:
 # ---- engine selection ----
 
 
-@pytest.mark.parametrize(("kind", "setting", "expected"), [
-    ("trtllm_engine", "auto", "tensorrt_llm"),
-    ("trtllm_engine", "tensorrt_llm", "tensorrt_llm"),
-    ("hf_checkpoint", "auto", "pytorch"),
-    ("hf_checkpoint", "pytorch", "pytorch"),
-])
+@pytest.mark.parametrize(
+    ("kind", "setting", "expected"),
+    [
+        ("trtllm_engine", "auto", "tensorrt_llm"),
+        ("trtllm_engine", "tensorrt_llm", "tensorrt_llm"),
+        ("hf_checkpoint", "auto", "pytorch"),
+        ("hf_checkpoint", "pytorch", "pytorch"),
+    ],
+)
 def test_engine_name_for_accepts(kind: str, setting: str, expected: str) -> None:
     assert engine_name_for(kind, setting) == expected
 
 
-@pytest.mark.parametrize(("kind", "setting", "needles"), [
-    ("hf_checkpoint", "tensorrt_llm",
-     ["engine=tensorrt_llm", "Hugging Face checkpoint", "python build.py engine"]),
-    ("trtllm_engine", "pytorch",
-     ["engine=pytorch", "TensorRT-LLM engine", "set engine=auto"]),
-])
-def test_engine_name_for_refuses_a_mismatch(kind: str, setting: str,
-                                            needles: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("kind", "setting", "needles"),
+    [
+        (
+            "hf_checkpoint",
+            "tensorrt_llm",
+            ["engine=tensorrt_llm", "Hugging Face checkpoint", "python build.py engine"],
+        ),
+        ("trtllm_engine", "pytorch", ["engine=pytorch", "TensorRT-LLM engine", "set engine=auto"]),
+    ],
+)
+def test_engine_name_for_refuses_a_mismatch(kind: str, setting: str, needles: list[str]) -> None:
     with pytest.raises(ArtifactError) as err:
         engine_name_for(kind, setting)
     for needle in needles:

@@ -12,19 +12,42 @@ from hypothesis import strategies as st
 from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
 
-SETTINGS = settings(max_examples=150, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
-CONTENTS = ["", " ", "  ", "\n", "\n\n", " \t ", "hi", "Hello, world!", "a", " leading",
-            "trailing ", "😀", "🫠 melt", "中文", "日本語", "café", "[INST]", "[/INST]",
-            "x [/INST] y", "line1\nline2", "</s>", "<s>"]
+CONTENTS = [
+    "",
+    " ",
+    "  ",
+    "\n",
+    "\n\n",
+    " \t ",
+    "hi",
+    "Hello, world!",
+    "a",
+    " leading",
+    "trailing ",
+    "😀",
+    "🫠 melt",
+    "中文",
+    "日本語",
+    "café",
+    "[INST]",
+    "[/INST]",
+    "x [/INST] y",
+    "line1\nline2",
+    "</s>",
+    "<s>",
+]
 content = st.one_of(
     st.sampled_from(CONTENTS),
     st.lists(st.sampled_from(CONTENTS), min_size=2, max_size=3).map("".join),
     st.text(st.characters(blacklist_categories=("Cs",)), max_size=6),
 )
-message = st.builds(ChatMessage, role=st.sampled_from(["system", "user", "assistant"]),
-                    content=content)
+message = st.builds(
+    ChatMessage, role=st.sampled_from(["system", "user", "assistant"]), content=content
+)
 conversation = st.lists(message, max_size=6)
 
 
@@ -52,7 +75,8 @@ def reference(path: str, messages: list[ChatMessage]) -> list[int] | None:
     kinds = {"system": SystemMessage, "user": UserMessage, "assistant": AssistantMessage}
     try:
         request = ChatCompletionRequest(
-            messages=[kinds[m.role](content=m.content) for m in messages])
+            messages=[kinds[m.role](content=m.content) for m in messages]
+        )
         return _mistral(path).encode_chat_completion(request).tokens
     except Exception:  # noqa: BLE001 - any refusal (validation, pydantic, structure)
         return None
@@ -79,12 +103,15 @@ def _reference_keeps_empty_contents(path: str) -> bool:
     """Older mistral-common (1.8.x) joins consecutive user messages without dropping the
     empty ones ("" + "\\n\\n" + "x"); newer ones (1.13.1, and encode_chat) drop them."""
     return reference(path, msgs(("user", ""), ("user", "x"))) != reference(
-        path, msgs(("user", "x")))
+        path, msgs(("user", "x"))
+    )
 
 
 def _empty_in_user_run(messages: list[ChatMessage]) -> bool:
-    return any(a.role == b.role == "user" and not (a.content and b.content)
-               for a, b in zip(messages, messages[1:]))
+    return any(
+        a.role == b.role == "user" and not (a.content and b.content)
+        for a, b in zip(messages, messages[1:])
+    )
 
 
 @SETTINGS
@@ -100,8 +127,11 @@ def test_random_conversations_match_mistral_common(
 
 
 @SETTINGS
-@given(turns=st.lists(st.tuples(content, content.filter(bool)), min_size=1, max_size=3),
-       last=content, system=st.one_of(st.none(), content))
+@given(
+    turns=st.lists(st.tuples(content, content.filter(bool)), min_size=1, max_size=3),
+    last=content,
+    system=st.one_of(st.none(), content),
+)
 def test_well_formed_conversations_are_accepted(
     model_dir: str, turns: list[tuple[str, str]], last: str, system: str | None
 ) -> None:
@@ -128,8 +158,13 @@ def test_system_and_multi_turn(model_dir: str) -> None:
     ids = encode_chat(messages, tok)
     assert ids == reference(model_dir, messages)
     expected = (
-        [1] + tok.encode("[INST] You are terse.\n\nHi 😀 [/INST]") + tok.encode("Hello.") + [2]
-        + tok.encode("[INST] 中文? [/INST]") + tok.encode("是的") + [2]
+        [1]
+        + tok.encode("[INST] You are terse.\n\nHi 😀 [/INST]")
+        + tok.encode("Hello.")
+        + [2]
+        + tok.encode("[INST] 中文? [/INST]")
+        + tok.encode("是的")
+        + [2]
         + tok.encode("[INST] Bye [/INST]")
     )
     assert ids == expected

@@ -23,8 +23,16 @@ def run(cfg: BenchConfig) -> dict:
 @pytest.mark.parametrize("backend", ["predict", "openai"])
 def test_token_counts_agree_with_server_usage(backend: str) -> None:
     with FakeServer() as fake:
-        cfg = BenchConfig(url=fake.url, backend=backend, num_prompts=6, concurrency=[2],
-                          input_len=30, output_len=8, warmup=1, progress=False)
+        cfg = BenchConfig(
+            url=fake.url,
+            backend=backend,
+            num_prompts=6,
+            concurrency=[2],
+            input_len=30,
+            output_len=8,
+            warmup=1,
+            progress=False,
+        )
         results = run(cfg)
     (run_,) = results["runs"]
     m = run_["metrics"]
@@ -48,18 +56,39 @@ def test_token_counts_agree_with_server_usage(backend: str) -> None:
 
 def test_predict_bench_requests_are_greedy_seeded_and_token_by_token() -> None:
     with FakeServer() as fake:
-        run(BenchConfig(url=fake.url, num_prompts=2, output_len=4, input_len=10, warmup=0,
-                        seed=5, progress=False))
+        run(
+            BenchConfig(
+                url=fake.url,
+                num_prompts=2,
+                output_len=4,
+                input_len=10,
+                warmup=0,
+                seed=5,
+                progress=False,
+            )
+        )
         streamed = [b for b in fake.state.requests if b.get("streaming")]
-    assert streamed and all(b["top_k"] == 1 and b["seed"] == 5 and b["streaming_interval"] == 1
-                            and b["max_new_tokens"] == 4 for b in streamed)
+    assert streamed and all(
+        b["top_k"] == 1
+        and b["seed"] == 5
+        and b["streaming_interval"] == 1
+        and b["max_new_tokens"] == 4
+        for b in streamed
+    )
 
 
 def test_every_metric_in_json_and_plot_written(tmp_path: Path) -> None:
     with FakeServer() as fake:
-        cfg = BenchConfig(url=fake.url, num_prompts=4, concurrency=[1, 2], output_len=5,
-                          input_len=12, warmup=0, slos={"ttft": 10_000, "tpot": 10_000},
-                          progress=False)
+        cfg = BenchConfig(
+            url=fake.url,
+            num_prompts=4,
+            concurrency=[1, 2],
+            output_len=5,
+            input_len=12,
+            warmup=0,
+            slos={"ttft": 10_000, "tpot": 10_000},
+            progress=False,
+        )
         written = write_results(run(cfg), tmp_path)
     data = json.loads((tmp_path / "results.json").read_text())
     assert [r["concurrency"] for r in data["runs"]] == [1, 2]
@@ -78,30 +107,66 @@ def test_every_metric_in_json_and_plot_written(tmp_path: Path) -> None:
 
 def test_tight_slo_gives_zero_goodput() -> None:
     with FakeServer(FakeServerState(first_token_delay=0.05)) as fake:
-        m = run(BenchConfig(url=fake.url, num_prompts=3, output_len=3, input_len=8, warmup=0,
-                            slos={"ttft": 10}, progress=False))["runs"][0]["metrics"]
+        m = run(
+            BenchConfig(
+                url=fake.url,
+                num_prompts=3,
+                output_len=3,
+                input_len=8,
+                warmup=0,
+                slos={"ttft": 10},
+                progress=False,
+            )
+        )["runs"][0]["metrics"]
     assert m["good_requests"] == 0 and m["request_goodput"] == 0
     assert m["median_ttft_ms"] >= 50
 
 
 def test_one_at_a_time_never_overlaps_and_concurrency_does() -> None:
     with FakeServer(FakeServerState(token_delay=0.01)) as fake:
-        run(BenchConfig(url=fake.url, num_prompts=6, output_len=5, input_len=8, warmup=0,
-                        one_at_a_time=True, progress=False))
+        run(
+            BenchConfig(
+                url=fake.url,
+                num_prompts=6,
+                output_len=5,
+                input_len=8,
+                warmup=0,
+                one_at_a_time=True,
+                progress=False,
+            )
+        )
         assert fake.state.max_in_flight == 1
     with FakeServer(FakeServerState(token_delay=0.01)) as fake:
-        results = run(BenchConfig(url=fake.url, num_prompts=8, output_len=5, input_len=8,
-                                  warmup=0, concurrency=[4], token_count="chunks",
-                                  progress=False))
+        results = run(
+            BenchConfig(
+                url=fake.url,
+                num_prompts=8,
+                output_len=5,
+                input_len=8,
+                warmup=0,
+                concurrency=[4],
+                token_count="chunks",
+                progress=False,
+            )
+        )
         assert 2 <= fake.state.max_in_flight <= 4
     assert results["runs"][0]["requests"][0]["output_tokens_source"] == "chunks"
 
 
 def test_request_rate_mode_spaces_arrivals() -> None:
     with FakeServer() as fake:
-        results = run(BenchConfig(url=fake.url, num_prompts=5, output_len=2, input_len=8,
-                                  warmup=0, request_rate=[20.0], burstiness=1e6,
-                                  progress=False))
+        results = run(
+            BenchConfig(
+                url=fake.url,
+                num_prompts=5,
+                output_len=2,
+                input_len=8,
+                warmup=0,
+                request_rate=[20.0],
+                burstiness=1e6,
+                progress=False,
+            )
+        )
     starts = sorted(r["start"] for r in results["runs"][0]["requests"])
     # burstiness -> infinity makes the gamma gaps constant: 1/20 s, so 4 gaps span 0.2 s
     # (a sleep never ends early; a loaded machine may only make it later, so no upper bound).
@@ -129,10 +194,14 @@ def test_prompt_files(tmp_path: Path) -> None:
     plain.write_text("first prompt\n\nsecond é prompt\n", encoding="utf-8")
     items = load_prompts(plain)
     assert [i.prompt for i in items] == ["first prompt", "second é prompt"]
-    assert load_prompts(plain, chat=True)[0].messages == [{"role": "user", "content": "first prompt"}]
+    assert load_prompts(plain, chat=True)[0].messages == [
+        {"role": "user", "content": "first prompt"}
+    ]
     jl = tmp_path / "p.jsonl"
-    jl.write_text('{"prompt": "a", "output_len": 7}\n'
-                  '{"messages": [{"role": "user", "content": "b"}]}\n', encoding="utf-8")
+    jl.write_text(
+        '{"prompt": "a", "output_len": 7}\n{"messages": [{"role": "user", "content": "b"}]}\n',
+        encoding="utf-8",
+    )
     items = load_prompts(jl)
     assert items[0].prompt == "a" and items[0].output_len == 7
     assert items[1].messages == [{"role": "user", "content": "b"}]
@@ -146,8 +215,9 @@ def test_dataset_prompts_are_sent_with_their_output_len(tmp_path: Path) -> None:
     jl = tmp_path / "p.jsonl"
     jl.write_text('{"prompt": "a b c", "output_len": 3}\n{"prompt": "d e", "output_len": 5}\n')
     with FakeServer() as fake:
-        results = run(BenchConfig(url=fake.url, dataset=str(jl), num_prompts=4, warmup=0,
-                                  progress=False))
+        results = run(
+            BenchConfig(url=fake.url, dataset=str(jl), num_prompts=4, warmup=0, progress=False)
+        )
     outs = [r["output_tokens"] for r in results["runs"][0]["requests"]]
     assert outs == [3, 5, 3, 5]
 
@@ -165,9 +235,28 @@ def test_length_fit_recovers_overhead_and_rate() -> None:
 
 def test_cli_bench_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with FakeServer() as fake:
-        code = main(["--url", fake.url, "--num-prompts", "3", "--concurrency", "1,3",
-                     "--input-len", "16", "--output-len", "4", "--warmup", "1",
-                     "--slo", "ttft:5000", "tpot:1000", "--out", str(tmp_path), "--no-progress"])
+        code = main(
+            [
+                "--url",
+                fake.url,
+                "--num-prompts",
+                "3",
+                "--concurrency",
+                "1,3",
+                "--input-len",
+                "16",
+                "--output-len",
+                "4",
+                "--warmup",
+                "1",
+                "--slo",
+                "ttft:5000",
+                "tpot:1000",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
     assert code == 0
     out = capsys.readouterr().out
     assert "concurrency=3" in out and "Mean TTFT (ms)" in out and "Request goodput" in out
@@ -179,7 +268,8 @@ def test_cli_bench_writes_results(tmp_path: Path, capsys: pytest.CaptureFixture[
 def test_cli_bench_reports_unreachable_server(capsys: pytest.CaptureFixture[str]) -> None:
     from client.testing import closed_port
 
-    code = main(["--url", f"http://127.0.0.1:{closed_port()}", "--num-prompts", "1",
-                 "--no-progress"])
+    code = main(
+        ["--url", f"http://127.0.0.1:{closed_port()}", "--num-prompts", "1", "--no-progress"]
+    )
     assert code == 1
     assert "cannot reach" in capsys.readouterr().err

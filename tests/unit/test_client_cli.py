@@ -22,8 +22,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONIOENCODING="utf-8")
-    return subprocess.run([sys.executable, "-m", "client", *args], capture_output=True,
-                          text=True, encoding="utf-8", env=env, input=stdin, timeout=60, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "client", *args],
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=env,
+        input=stdin,
+        timeout=60,
+        cwd=ROOT,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,41 +46,92 @@ def expected(n: int) -> str:
 
 @pytest.mark.parametrize("api", ["predict", "openai"])
 def test_stream_prints_text(fake: FakeServer, api: str) -> None:
-    res = cli("What is a mistral?", "--stream", "--url", fake.url, "--api", api,
-              "--max-new-tokens", "10", "--seed", "3", "--streaming-interval", "1")
+    res = cli(
+        "What is a mistral?",
+        "--stream",
+        "--url",
+        fake.url,
+        "--api",
+        api,
+        "--max-new-tokens",
+        "10",
+        "--seed",
+        "3",
+        "--streaming-interval",
+        "1",
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout == expected(10) + "\n"
 
 
 def test_json_output_and_every_sampling_flag(fake: FakeServer) -> None:
-    res = cli("hello there", "--url", fake.url, "--json", "--max-new-tokens", "4",
-              "--temperature", "0.5", "--top-k", "5", "--top-p", "0.9", "--stop", "END",
-              "--stop", "STOP", "--seed", "7", "--repetition-penalty", "1.1",
-              "--presence-penalty", "0.2", "--frequency-penalty", "0.3")
+    res = cli(
+        "hello there",
+        "--url",
+        fake.url,
+        "--json",
+        "--max-new-tokens",
+        "4",
+        "--temperature",
+        "0.5",
+        "--top-k",
+        "5",
+        "--top-p",
+        "0.9",
+        "--stop",
+        "END",
+        "--stop",
+        "STOP",
+        "--seed",
+        "7",
+        "--repetition-penalty",
+        "1.1",
+        "--presence-penalty",
+        "0.2",
+        "--frequency-penalty",
+        "0.3",
+    )
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    assert out == {"output": expected(4), "finish_reason": "length",
-                   "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}}
+    assert out == {
+        "output": expected(4),
+        "finish_reason": "length",
+        "usage": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
+    }
     body = fake.state.requests[-1]
-    assert body == {"prompt": "hello there", "max_new_tokens": 4, "temperature": 0.5, "top_k": 5,
-                    "top_p": 0.9, "stop": ["END", "STOP"], "seed": 7, "repetition_penalty": 1.1,
-                    "presence_penalty": 0.2, "frequency_penalty": 0.3, "streaming": False}
+    assert body == {
+        "prompt": "hello there",
+        "max_new_tokens": 4,
+        "temperature": 0.5,
+        "top_k": 5,
+        "top_p": 0.9,
+        "stop": ["END", "STOP"],
+        "seed": 7,
+        "repetition_penalty": 1.1,
+        "presence_penalty": 0.2,
+        "frequency_penalty": 0.3,
+        "streaming": False,
+    }
 
 
 def test_stream_json_has_usage_on_openai(fake: FakeServer) -> None:
-    res = cli("hi", "--stream", "--json", "--api", "openai", "--url", fake.url,
-              "--max-new-tokens", "3")
+    res = cli(
+        "hi", "--stream", "--json", "--api", "openai", "--url", fake.url, "--max-new-tokens", "3"
+    )
     out = json.loads(res.stdout)
     assert out["output"] == expected(3) and out["usage"]["completion_tokens"] == 3
     assert out["ttft_s"] <= out["e2e_s"]
 
 
 def test_chat_with_system_and_stdin(fake: FakeServer) -> None:
-    res = cli("-", "--system", "be brief", "--url", fake.url, "--max-new-tokens", "2",
-              stdin="from stdin")
+    res = cli(
+        "-", "--system", "be brief", "--url", fake.url, "--max-new-tokens", "2", stdin="from stdin"
+    )
     assert res.returncode == 0 and res.stdout == expected(2) + "\n"
     assert fake.state.requests[-1]["messages"] == [
-        {"role": "system", "content": "be brief"}, {"role": "user", "content": "from stdin"}]
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "from stdin"},
+    ]
 
 
 def test_server_error_message_and_exit_code(fake: FakeServer) -> None:
@@ -85,14 +144,27 @@ def test_build_request_bodies() -> None:
     s = SamplingParams(max_new_tokens=5, top_k=1, streaming_interval=2, stop=["x"])
     p = build_request("predict", prompt="hi", sampling=s, stream=True)
     assert p.path == "/v1/models/model:predict"
-    assert p.body == {"prompt": "hi", "max_new_tokens": 5, "top_k": 1, "streaming_interval": 2,
-                      "stop": ["x"], "streaming": True}
-    o = build_request("openai", messages=[{"role": "user", "content": "hi"}], sampling=s,
-                      stream=True, model="m")
+    assert p.body == {
+        "prompt": "hi",
+        "max_new_tokens": 5,
+        "top_k": 1,
+        "streaming_interval": 2,
+        "stop": ["x"],
+        "streaming": True,
+    }
+    o = build_request(
+        "openai", messages=[{"role": "user", "content": "hi"}], sampling=s, stream=True, model="m"
+    )
     assert o.path == "/v1/chat/completions" and o.chat
-    assert o.body == {"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                      "max_tokens": 5, "top_k": 1, "stop": ["x"], "stream": True,
-                      "stream_options": {"include_usage": True}}
+    assert o.body == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 5,
+        "top_k": 1,
+        "stop": ["x"],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     c = build_request("openai", prompt="hi", stream=False)
     assert c.path == "/v1/completions" and "stream_options" not in c.body
     with pytest.raises(ValueError):
@@ -103,9 +175,13 @@ def test_build_request_bodies() -> None:
 
 def test_parse_completion_shapes() -> None:
     spec = build_request("openai", messages=[{"role": "user", "content": "q"}])
-    done = parse_completion(spec, {"choices": [{"message": {"content": "A"},
-                                                "finish_reason": "stop"}],
-                                   "usage": {"prompt_tokens": 2, "completion_tokens": 1}})
+    done = parse_completion(
+        spec,
+        {
+            "choices": [{"message": {"content": "A"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+        },
+    )
     assert (done.output, done.finish_reason, done.usage.total_tokens) == ("A", "stop", 3)
     with pytest.raises(ClientError, match="output"):
         parse_completion(build_request("predict", prompt="q"), {"echo": {}})

@@ -27,12 +27,21 @@ def test_predict_route_shape() -> None:
 
 
 def test_openai_shape() -> None:
-    body = {"error": {"message": "prompt too long", "type": "invalid_request_error",
-                      "param": "prompt", "code": "context_length_exceeded"}}
+    body = {
+        "error": {
+            "message": "prompt too long",
+            "type": "invalid_request_error",
+            "param": "prompt",
+            "code": "context_length_exceeded",
+        }
+    }
     err = error_from_response(400, json.dumps(body).encode(), {})
     assert err.message == "prompt too long"
-    assert (err.type, err.param, err.code) == ("invalid_request_error", "prompt",
-                                               "context_length_exceeded")
+    assert (err.type, err.param, err.code) == (
+        "invalid_request_error",
+        "prompt",
+        "context_length_exceeded",
+    )
 
 
 def test_fastapi_detail_and_non_json_bodies() -> None:
@@ -47,8 +56,9 @@ def test_fastapi_detail_and_non_json_bodies() -> None:
 def test_status_classes_and_retry_after() -> None:
     err = error_from_response(429, b'{"error": "queue full"}', {"retry-after": "3"})
     assert isinstance(err, RateLimitedError) and err.retry_after == 3.0
-    assert isinstance(error_from_response(503, b'{"error": "loading"}', {}),
-                      ServiceUnavailableError)
+    assert isinstance(
+        error_from_response(503, b'{"error": "loading"}', {}), ServiceUnavailableError
+    )
     assert type(error_from_response(302, b"", {})) is ClientError
 
 

@@ -83,8 +83,9 @@ def test_chat(fake: FakeServer, api: str) -> None:
         assert done.output == expected(4)
         assert "".join(client.chat_stream(msgs, max_new_tokens=4)) == expected(4)
     assert fake.state.requests[-1]["messages"] == msgs
-    assert fake.state.hits.get("/v1/chat/completions" if api == "openai"
-                               else "/v1/models/model:predict")
+    assert fake.state.hits.get(
+        "/v1/chat/completions" if api == "openai" else "/v1/models/model:predict"
+    )
 
 
 @pytest.mark.parametrize("api", ["predict", "openai"])
@@ -108,8 +109,10 @@ def test_unknown_sampling_field_is_rejected_locally(fake: FakeServer) -> None:
 
 
 def test_retries_503_while_loading_then_succeeds() -> None:
-    with FakeServer(FakeServerState(loading_503=2)) as fake, \
-            Client(fake.url, retries=3, backoff=0.05) as client:
+    with (
+        FakeServer(FakeServerState(loading_503=2)) as fake,
+        Client(fake.url, retries=3, backoff=0.05) as client,
+    ):
         start = time.monotonic()
         assert client.predict("x", max_new_tokens=2).output == expected(2)
         elapsed = time.monotonic() - start
@@ -118,21 +121,28 @@ def test_retries_503_while_loading_then_succeeds() -> None:
 
 
 def test_retries_are_bounded() -> None:
-    with FakeServer(FakeServerState(loading_503=10)) as fake, \
-            Client(fake.url, retries=2, backoff=0.01) as client, \
-            pytest.raises(ServiceUnavailableError, match="loading"):
+    with (
+        FakeServer(FakeServerState(loading_503=10)) as fake,
+        Client(fake.url, retries=2, backoff=0.01) as client,
+        pytest.raises(ServiceUnavailableError, match="loading"),
+    ):
         client.predict("x")
     assert fake.state.hits["/v1/models/model:predict"] == 3
 
 
 def test_429_honours_retry_after() -> None:
-    with FakeServer(FakeServerState(rate_limit_429=1, retry_after="1")) as fake, \
-            Client(fake.url, retries=1, backoff=0.01) as client:
+    with (
+        FakeServer(FakeServerState(rate_limit_429=1, retry_after="1")) as fake,
+        Client(fake.url, retries=1, backoff=0.01) as client,
+    ):
         start = time.monotonic()
         client.predict("x", max_new_tokens=1)
         assert time.monotonic() - start >= 1.0
-    with FakeServer(FakeServerState(rate_limit_429=5, retry_after="0")) as fake, \
-            Client(fake.url, retries=0) as client, pytest.raises(RateLimitedError) as info:
+    with (
+        FakeServer(FakeServerState(rate_limit_429=5, retry_after="0")) as fake,
+        Client(fake.url, retries=0) as client,
+        pytest.raises(RateLimitedError) as info,
+    ):
         client.predict("x")
     assert info.value.retry_after == 0.0
 

@@ -19,10 +19,23 @@ from client.metrics import (
 )
 
 
-def rec(ttft: float, latency: float, out: int | None, itl: list[float] | None = None,
-        prompt: int = 10, ok: bool = True) -> RequestRecord:
-    return RequestRecord(index=0, success=ok, ttft=ttft, latency=latency, output_tokens=out,
-                         prompt_tokens=prompt, itl=itl or [])
+def rec(
+    ttft: float,
+    latency: float,
+    out: int | None,
+    itl: list[float] | None = None,
+    prompt: int = 10,
+    ok: bool = True,
+) -> RequestRecord:
+    return RequestRecord(
+        index=0,
+        success=ok,
+        ttft=ttft,
+        latency=latency,
+        output_tokens=out,
+        prompt_tokens=prompt,
+        itl=itl or [],
+    )
 
 
 def test_tpot_excludes_the_first_token() -> None:
@@ -108,7 +121,9 @@ floats = st.floats(min_value=0, max_value=1e4, allow_nan=False, allow_infinity=F
 @settings(max_examples=200, deadline=None)
 @given(st.lists(floats, min_size=1, max_size=50), st.floats(min_value=0, max_value=100))
 def test_percentile_matches_numpy(values: list[float], q: float) -> None:
-    assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)), rel=1e-9, abs=1e-9)
+    assert percentile(values, q) == pytest.approx(
+        float(np.percentile(values, q)), rel=1e-9, abs=1e-9
+    )
 
 
 def test_summarize_matches_numpy() -> None:
@@ -149,9 +164,14 @@ def vllm_calculate(records: list[RequestRecord], dur_s: float, goodput: dict[str
         for req in zip(*valid, strict=True):
             if all(s >= r for s, r in zip(slo_values, req, strict=True)):
                 good += 1
-    out = {"completed": completed, "total_input_tokens": total_input,
-           "total_output_tokens": sum(out_lens), "request_throughput": completed / dur_s,
-           "request_goodput": good / dur_s, "output_throughput": sum(out_lens) / dur_s}
+    out = {
+        "completed": completed,
+        "total_input_tokens": total_input,
+        "total_output_tokens": sum(out_lens),
+        "request_throughput": completed / dur_s,
+        "request_goodput": good / dur_s,
+        "output_throughput": sum(out_lens) / dur_s,
+    }
     for name, xs in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
         out[f"mean_{name}_ms"] = np.mean(xs or 0) * 1000
         out[f"median_{name}_ms"] = np.median(xs or 0) * 1000
@@ -162,22 +182,36 @@ def vllm_calculate(records: list[RequestRecord], dur_s: float, goodput: dict[str
 
 record_strategy = st.builds(
     lambda ttft, extra, out, gaps, prompt, ok: RequestRecord(
-        index=0, success=ok, ttft=ttft, latency=ttft + extra, output_tokens=out,
-        prompt_tokens=prompt, itl=gaps),
-    st.floats(min_value=0.001, max_value=5), st.floats(min_value=0, max_value=20),
+        index=0,
+        success=ok,
+        ttft=ttft,
+        latency=ttft + extra,
+        output_tokens=out,
+        prompt_tokens=prompt,
+        itl=gaps,
+    ),
+    st.floats(min_value=0.001, max_value=5),
+    st.floats(min_value=0, max_value=20),
     st.integers(min_value=1, max_value=500),
     st.lists(st.floats(min_value=0, max_value=1), max_size=8),
-    st.integers(min_value=1, max_value=4000), st.booleans(),
+    st.integers(min_value=1, max_value=4000),
+    st.booleans(),
 )
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(record_strategy, min_size=1, max_size=20),
-       st.floats(min_value=0.1, max_value=100),
-       st.dictionaries(st.sampled_from(["ttft", "tpot", "e2el"]),
-                       st.floats(min_value=1, max_value=5000), max_size=3))
-def test_agrees_with_vllm_calculate_metrics(records: list[RequestRecord], dur: float,
-                                            slos: dict[str, float]) -> None:
+@given(
+    st.lists(record_strategy, min_size=1, max_size=20),
+    st.floats(min_value=0.1, max_value=100),
+    st.dictionaries(
+        st.sampled_from(["ttft", "tpot", "e2el"]),
+        st.floats(min_value=1, max_value=5000),
+        max_size=3,
+    ),
+)
+def test_agrees_with_vllm_calculate_metrics(
+    records: list[RequestRecord], dur: float, slos: dict[str, float]
+) -> None:
     ours = compute_metrics(records, dur, slos)
     ref = vllm_calculate(records, dur, slos)
     for key, expected in ref.items():

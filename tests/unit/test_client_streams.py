@@ -17,7 +17,7 @@ TEXT = "Hé 世界 🙂 👩‍💻 naïve Ça ñ — ok"
 def splits(data: bytes) -> list[list[bytes]]:
     """Every way to cut data in two, plus one byte at a time."""
     cuts = [[data[:i], data[i:]] for i in range(len(data) + 1)]
-    return cuts + [[data[i:i + 1] for i in range(len(data))]]
+    return cuts + [[data[i : i + 1] for i in range(len(data))]]
 
 
 def test_utf8_decoder_every_split_point() -> None:
@@ -84,9 +84,11 @@ def feed_all(parser: OpenAIStreamParser | SSEParser, parts: list[bytes]) -> list
 
 
 def test_sse_parser_fields_comments_multiline_and_crlf() -> None:
-    raw = (b": keep-alive\r\nevent: message\r\nid: 7\r\ndata: line1\r\ndata:line2\r\n\r\n"
-           b"data: {\"a\": 1}\n\n"
-           b"data: last-without-blank-line")
+    raw = (
+        b": keep-alive\r\nevent: message\r\nid: 7\r\ndata: line1\r\ndata:line2\r\n\r\n"
+        b'data: {"a": 1}\n\n'
+        b"data: last-without-blank-line"
+    )
     for parts in splits(raw):
         events = feed_all(SSEParser(), parts)
         assert [e.data for e in events] == ["line1\nline2", '{"a": 1}', "last-without-blank-line"]
@@ -101,13 +103,17 @@ def test_sse_bare_cr_line_ends() -> None:
 
 
 def completion_chunk(text: str, finish: str | None = None) -> dict:
-    return {"object": "text_completion", "choices": [{"index": 0, "text": text,
-                                                      "finish_reason": finish}]}
+    return {
+        "object": "text_completion",
+        "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+    }
 
 
 def chat_chunk(delta: dict, finish: str | None = None) -> dict:
-    return {"object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
 
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
@@ -115,8 +121,13 @@ USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 
 @pytest.mark.parametrize("eol", [b"\n", b"\r\n"])
 def test_openai_completions_stream_every_split(eol: bytes) -> None:
-    raw = sse(completion_chunk("Hé"), completion_chunk(" 世界"),
-              completion_chunk(" 🙂", "length"), {"choices": [], "usage": USAGE}, eol=eol)
+    raw = sse(
+        completion_chunk("Hé"),
+        completion_chunk(" 世界"),
+        completion_chunk(" 🙂", "length"),
+        {"choices": [], "usage": USAGE},
+        eol=eol,
+    )
     for parts in splits(raw):
         parser = OpenAIStreamParser(chat=False)
         assert "".join(feed_all(parser, parts)) == "Hé 世界 🙂"
@@ -126,8 +137,11 @@ def test_openai_completions_stream_every_split(eol: bytes) -> None:
 
 
 def test_openai_chat_stream_skips_role_only_chunk() -> None:
-    raw = sse(chat_chunk({"role": "assistant"}), chat_chunk({"content": "a"}),
-              chat_chunk({"content": "b"}, "stop"))
+    raw = sse(
+        chat_chunk({"role": "assistant"}),
+        chat_chunk({"content": "a"}),
+        chat_chunk({"content": "b"}, "stop"),
+    )
     parser = OpenAIStreamParser(chat=True)
     assert feed_all(parser, [raw]) == ["a", "b"]
     assert parser.state.chunks == 2
@@ -142,8 +156,10 @@ def test_openai_stream_without_done_is_an_error() -> None:
 
 
 def test_openai_stream_error_event_raises_with_message() -> None:
-    raw = sse(completion_chunk("x"), {"error": {"message": "engine died", "type": "server_error",
-                                                "param": None, "code": 500}})
+    raw = sse(
+        completion_chunk("x"),
+        {"error": {"message": "engine died", "type": "server_error", "param": None, "code": 500}},
+    )
     parser = OpenAIStreamParser(chat=False)
     with pytest.raises(StreamError) as info:
         feed_all(parser, [raw])

@@ -13,24 +13,45 @@ from hypothesis import strategies as st
 from mistral_serving.detokenizer import IncrementalDetokenizer
 from mistral_serving.tokenizer import Tokenizer, TokenTable, load_tokenizer
 
-SETTINGS = settings(max_examples=100, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 VALID_TEXTS = [
-    "😀", "🫠", "🦩 flamingo", "中文", "日本語のテキスト", "한국어", "café", "naïve résumé",
-    "Ωμέγα", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "hello world", "  two  spaces", "\n\nnew lines\n", "\tTab",
-    "a😀b", "x 🫠 y", "emoji👨‍👩‍👧family", "[INST]", "1 + 1 = 2",
+    "😀",
+    "🫠",
+    "🦩 flamingo",
+    "中文",
+    "日本語のテキスト",
+    "한국어",
+    "café",
+    "naïve résumé",
+    "Ωμέγα",
+    "𝔘𝔫𝔦𝔠𝔬𝔡𝔢",
+    "hello world",
+    "  two  spaces",
+    "\n\nnew lines\n",
+    "\tTab",
+    "a😀b",
+    "x 🫠 y",
+    "emoji👨‍👩‍👧family",
+    "[INST]",
+    "1 + 1 = 2",
 ]
-valid_text = st.lists(
-    st.one_of(
-        st.sampled_from(VALID_TEXTS),
-        st.text(st.characters(blacklist_categories=("Cs",)), max_size=5),
-        st.text(st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF), max_size=3),
-        st.text(st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF), max_size=3),
-    ),
-    min_size=1,
-    max_size=8,
-).map("".join).map(lambda t: t.replace("\u2581", "_"))  # a literal "▁" decodes as a space
+valid_text = (
+    st.lists(
+        st.one_of(
+            st.sampled_from(VALID_TEXTS),
+            st.text(st.characters(blacklist_categories=("Cs",)), max_size=5),
+            st.text(st.characters(min_codepoint=0x4E00, max_codepoint=0x9FFF), max_size=3),
+            st.text(st.characters(min_codepoint=0x1F300, max_codepoint=0x1FAFF), max_size=3),
+        ),
+        min_size=1,
+        max_size=8,
+    )
+    .map("".join)
+    .map(lambda t: t.replace("\u2581", "_"))
+)  # a literal "▁" decodes as a space
 
 
 @functools.cache
@@ -144,8 +165,7 @@ def test_leading_space_stripped_exactly_once(model_dir: str) -> None:
     space_byte = 3 + 0x20
     for parts in ([[space_byte], hello], [[space_byte, *hello]], [[1, space_byte], [2], hello]):
         out = "".join(_stream(table, parts))
-        assert out == _hf(model_dir).decode([i for p in parts for i in p],
-                                            skip_special_tokens=True)
+        assert out == _hf(model_dir).decode([i for p in parts for i in p], skip_special_tokens=True)
         assert out == " hello"
     # a lone space token decodes to nothing, and the next word keeps its space
     only_space = [28705]  # "▁"
@@ -175,8 +195,12 @@ def test_incremental_no_reemission_linear_work(model_dir: str, n: int) -> None:
     text = ("Streaming 🫠 text, 中文 and café. " * n)[: n * 4]
     ids = tok.encode(text)
     _CountingTuple.lookups = 0
-    counted = TokenTable(tok.table.kind, _CountingTuple(tok.table.token_bytes),
-                         tok.table.is_byte_token, tok.table.strip_leading_space)
+    counted = TokenTable(
+        tok.table.kind,
+        _CountingTuple(tok.table.token_bytes),
+        tok.table.is_byte_token,
+        tok.table.strip_leading_space,
+    )
     detok = IncrementalDetokenizer(counted)
     chunks = [detok.push([i]) for i in ids] + [detok.flush()]
     # each push returns only new text: the chunks add up to the output exactly
@@ -187,14 +211,18 @@ def test_incremental_no_reemission_linear_work(model_dir: str, n: int) -> None:
 
 
 @SETTINGS
-@given(data=st.lists(st.integers(0, 255), max_size=30), cuts=st.lists(st.integers(0, 100)),
-       specials=st.lists(st.integers(0, 30), max_size=3))
+@given(
+    data=st.lists(st.integers(0, 255), max_size=30),
+    cuts=st.lists(st.integers(0, 100)),
+    specials=st.lists(st.integers(0, 30), max_size=3),
+)
 def test_byte_level_streaming_matches_whole_decode(
     data: list[int], cuts: list[int], specials: list[int]
 ) -> None:
     # a synthetic byte-level table: ids 0..255 are the bytes, 256 is a special token
-    table = TokenTable("byte_level", tuple(bytes([b]) for b in range(256)) + (None,),
-                       (False,) * 257, False)
+    table = TokenTable(
+        "byte_level", tuple(bytes([b]) for b in range(256)) + (None,), (False,) * 257, False
+    )
     ids = list(data)
     for pos in sorted(specials, reverse=True):
         ids.insert(min(pos, len(ids)), 256)
@@ -203,8 +231,7 @@ def test_byte_level_streaming_matches_whole_decode(
 
 
 def test_byte_level_split_multibyte_char_waits() -> None:
-    table = TokenTable("byte_level", tuple(bytes([b]) for b in range(256)),
-                       (False,) * 256, False)
+    table = TokenTable("byte_level", tuple(bytes([b]) for b in range(256)), (False,) * 256, False)
     detok = IncrementalDetokenizer(table)
     raw = " 😀中".encode()
     out = [detok.push([b]) for b in raw] + [detok.flush()]

@@ -32,12 +32,14 @@ def dockerfile(context: Path) -> str:
 
 def instructions(dockerfile: str) -> list[str]:
     """Dockerfile instructions with line continuations joined."""
-    return [line for line in dockerfile.replace("\\\n", " ").splitlines()
-            if line.strip() and not line.startswith("#")]
+    return [
+        line
+        for line in dockerfile.replace("\\\n", " ").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
 
 
-def test_base_image_is_the_tensorrt_llm_release_our_engines_are_built_with(
-        dockerfile: str) -> None:
+def test_base_image_is_the_tensorrt_llm_release_our_engines_are_built_with(dockerfile: str) -> None:
     froms = [i for i in instructions(dockerfile) if i.startswith("FROM ")]
     assert froms == [f"FROM {image.BASE_IMAGE} AS truss_server"]
     assert image.TRTLLM_VERSION == "1.2.1"
@@ -67,15 +69,18 @@ def test_installed_requirements_are_the_servers_and_ours(context: Path) -> None:
     server = image.parse_requirements(image.truss_server_requirements())
     assert {r.name for r in server} <= {r.name for r in installed}
     assert (context / "constraints.txt").read_text().splitlines() == [
-        line for line in image.truss_server_constraints()]
+        line for line in image.truss_server_constraints()
+    ]
     base = image.parse_requirements(
-        (context / "base_server_requirements.txt").read_text().splitlines())
+        (context / "base_server_requirements.txt").read_text().splitlines()
+    )
     assert [str(r) for r in base] == [str(r) for r in server]
 
 
 def test_model_code_and_packages_are_copied(context: Path, dockerfile: str) -> None:
-    assert filecmp.cmp(context / "model" / "model.py", TRUSS_DIR / "model" / "model.py",
-                       shallow=False)
+    assert filecmp.cmp(
+        context / "model" / "model.py", TRUSS_DIR / "model" / "model.py", shallow=False
+    )
     for package in ("mistral_serving", "mistral_build"):
         src = TRUSS_DIR / "packages" / package
         for f in src.rglob("*.py"):
@@ -85,8 +90,7 @@ def test_model_code_and_packages_are_copied(context: Path, dockerfile: str) -> N
     assert "COPY --chown=root:root ./server ${APP_HOME}" in lines
     assert "COPY --chown=root:root ./model ${APP_HOME}/model" in lines
     assert "COPY --chown=root:root ./packages /packages" in lines
-    assert any(i.startswith("COPY") and "./config.yaml ${APP_HOME}/config.yaml" in i
-               for i in lines)
+    assert any(i.startswith("COPY") and "./config.yaml ${APP_HOME}/config.yaml" in i for i in lines)
     assert (context / "server" / "main.py").is_file()
     assert (context / "server" / "truss_server.py").is_file()
 
@@ -105,7 +109,8 @@ def test_image_runs_as_the_non_root_user_the_manifests_expect(dockerfile: str) -
 
 
 def test_rendering_without_the_flag_would_run_as_root(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # What the non-root setting changes: truss's default Dockerfile never switches user.
     from mistral_build.local_server import render_build_context
 
@@ -135,7 +140,8 @@ def docker_client(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_without_a_docker_engine_it_renders_and_prints_the_exact_commands(
-        tmp_path: Path, docker_client: None, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, docker_client: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     docker = FakeDocker(info_rc=1)
     s = DeploySettings(image="registry.example/llm/mtt", image_tag="t1")
     assert image.build_image(s, tmp_path / "ctx", runner=docker) == 0
@@ -143,19 +149,28 @@ def test_without_a_docker_engine_it_renders_and_prints_the_exact_commands(
     assert (tmp_path / "ctx" / "Dockerfile").is_file()
     out = capsys.readouterr().out
     assert "Cannot connect to the Docker daemon" in out
-    assert (f"docker build --platform linux/amd64 -t registry.example/llm/mtt:t1 "
-            f"{tmp_path / 'ctx'}") in out
+    assert (
+        f"docker build --platform linux/amd64 -t registry.example/llm/mtt:t1 {tmp_path / 'ctx'}"
+    ) in out
     assert "docker push registry.example/llm/mtt:t1" in out
 
 
 def test_with_a_docker_engine_it_builds_tags_and_pushes(
-        tmp_path: Path, docker_client: None) -> None:
+    tmp_path: Path, docker_client: None
+) -> None:
     docker = FakeDocker()
     s = DeploySettings(image="registry.example/llm/mtt", image_tag="t2")
     assert image.build_image(s, tmp_path / "ctx", runner=docker) == 0
     assert docker.calls[1:] == [
-        ["docker", "build", "--platform", "linux/amd64", "-t", "registry.example/llm/mtt:t2",
-         str(tmp_path / "ctx")],
+        [
+            "docker",
+            "build",
+            "--platform",
+            "linux/amd64",
+            "-t",
+            "registry.example/llm/mtt:t2",
+            str(tmp_path / "ctx"),
+        ],
         ["docker", "push", "registry.example/llm/mtt:t2"],
     ]
     failing = FakeDocker(build_rc=3)
@@ -169,7 +184,7 @@ def test_no_docker_client_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_conflicting_requirements_stop_the_build(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(image, "TRTLLM_PINS", (*image.TRTLLM_PINS, "pydantic<2"))
     docker = FakeDocker()
@@ -179,7 +194,7 @@ def test_conflicting_requirements_stop_the_build(
 
 
 def test_build_py_without_arguments_renders_context_and_manifests(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(image, "DEFAULT_CONTEXT_DIR", tmp_path / "ctx")
     monkeypatch.setattr(paths, "K8S_DIR", tmp_path / "k8s")

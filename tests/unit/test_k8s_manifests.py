@@ -88,9 +88,15 @@ def test_strict_validation_rejects_an_unknown_field() -> None:
 
 @pytest.mark.parametrize("gpu_type", sorted(GKE_ACCELERATORS))
 def test_other_settings_render_valid_manifests(gpu_type: str, tmp_path: Path) -> None:
-    s = DeploySettings(gpu_type=gpu_type, gpu_count=2, replicas=2, max_replicas=6,
-                       namespace="llm", cache_pvc="engine-cache",
-                       metrics_adapter="prometheus-adapter")
+    s = DeploySettings(
+        gpu_type=gpu_type,
+        gpu_count=2,
+        replicas=2,
+        max_replicas=6,
+        namespace="llm",
+        cache_pvc="engine-cache",
+        metrics_adapter="prometheus-adapter",
+    )
     for name, obj in rendered(s).items():
         kubernetes_validate.validate(obj, K8S_VERSIONS[-1], strict=True)
         assert obj["metadata"]["namespace"] == "llm", name
@@ -203,7 +209,8 @@ def test_gpu_limit_and_node_selector_follow_settings(gpu_type: str, label: str, 
     spec = pod_spec(objs)
     assert spec["nodeSelector"] == {"cloud.google.com/gke-accelerator": label}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
-        "tolerations"]
+        "tolerations"
+    ]
 
 
 def test_default_is_one_a100() -> None:
@@ -325,16 +332,24 @@ def test_pdb_selects_the_pods_and_allows_one_disruption() -> None:
     assert pdb["maxUnavailable"] == 1
 
 
-@pytest.mark.parametrize("adapter,waiting", [
-    ("gke-managed-prometheus", "prometheus.googleapis.com|mtt:num_requests_waiting|gauge"),
-    ("prometheus-adapter", "mtt:num_requests_waiting"),
-])
-def test_hpa_scales_the_deployment_on_queue_and_in_flight_gauges(adapter: str, waiting: str) -> None:
+@pytest.mark.parametrize(
+    "adapter,waiting",
+    [
+        ("gke-managed-prometheus", "prometheus.googleapis.com|mtt:num_requests_waiting|gauge"),
+        ("prometheus-adapter", "mtt:num_requests_waiting"),
+    ],
+)
+def test_hpa_scales_the_deployment_on_queue_and_in_flight_gauges(
+    adapter: str, waiting: str
+) -> None:
     s = DeploySettings(metrics_adapter=adapter, replicas=2, max_replicas=5)
     objs = rendered(s)
     hpa = objs["hpa.yaml"]["spec"]
-    assert hpa["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment",
-                                     "name": objs["deployment.yaml"]["metadata"]["name"]}
+    assert hpa["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": objs["deployment.yaml"]["metadata"]["name"],
+    }
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 5)
     names = [m["pods"]["metric"]["name"] for m in hpa["metrics"]]
     assert all(m["type"] == "Pods" for m in hpa["metrics"])
@@ -349,18 +364,34 @@ def test_hpa_scales_the_deployment_on_queue_and_in_flight_gauges(adapter: str, w
 
 def test_values_file_and_flags_override_defaults(tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
-    values.write_text("gpu_type: h100\ngpu_count: 2\nimage_tag: v7\nreplicas: 2\n"
-                      "serving:\n  max_inflight: 128\n  log_prompts: false\n")
+    values.write_text(
+        "gpu_type: h100\ngpu_count: 2\nimage_tag: v7\nreplicas: 2\n"
+        "serving:\n  max_inflight: 128\n  log_prompts: false\n"
+    )
     out = tmp_path / "k8s"
-    rc = build_main(["manifests", "--values", str(values), "--gpu-count", "4", "--out", str(out),
-                     "--set", "max_waiting=64", "--revision", "abc123"])
+    rc = build_main(
+        [
+            "manifests",
+            "--values",
+            str(values),
+            "--gpu-count",
+            "4",
+            "--out",
+            str(out),
+            "--set",
+            "max_waiting=64",
+            "--revision",
+            "abc123",
+        ]
+    )
     assert rc == 0
     dep = yaml.safe_load((out / "deployment.yaml").read_text())
     c = dep["spec"]["template"]["spec"]["containers"][0]
     assert c["image"].endswith(":v7")
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert dep["spec"]["template"]["spec"]["nodeSelector"] == {
-        "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"}
+        "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"
+    }
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["MTT_MAX_INFLIGHT"] == "128"
     assert env["MTT_MAX_WAITING"] == "64"
@@ -368,16 +399,19 @@ def test_values_file_and_flags_override_defaults(tmp_path: Path) -> None:
     assert env["MTT_ARTIFACT_REVISION"] == "abc123"
 
 
-@pytest.mark.parametrize("values", [
-    {"gpu_type": "v100"},
-    {"gpu_count": 0},
-    {"replicas": 3, "max_replicas": 2},
-    {"serving": {"not_a_setting": "1"}},
-    {"serving": {"max_inflight": "zero"}},
-    {"serving": {"artifact": "x"}},
-    {"name": "Bad_Name"},
-    {"unknown_field": 1},
-])
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"gpu_type": "v100"},
+        {"gpu_count": 0},
+        {"replicas": 3, "max_replicas": 2},
+        {"serving": {"not_a_setting": "1"}},
+        {"serving": {"max_inflight": "zero"}},
+        {"serving": {"artifact": "x"}},
+        {"name": "Bad_Name"},
+        {"unknown_field": 1},
+    ],
+)
 def test_invalid_settings_are_refused_with_a_message(values: dict[str, Any]) -> None:
     with pytest.raises(DeploySettingsError, match="invalid deploy settings"):
         load_deploy_settings(None, values)

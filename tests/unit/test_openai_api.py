@@ -39,8 +39,9 @@ def tok(dev_model: Path) -> Tokenizer:
 
 @pytest.fixture
 def service(tok: Tokenizer) -> GenerationService:
-    return GenerationService(Settings(), tok, ScriptedEngine(limits=LIMITS),
-                             metrics=Metrics(CollectorRegistry()))
+    return GenerationService(
+        Settings(), tok, ScriptedEngine(limits=LIMITS), metrics=Metrics(CollectorRegistry())
+    )
 
 
 def chat(body: dict, service: GenerationService):
@@ -50,25 +51,35 @@ def chat(body: dict, service: GenerationService):
 # ---- parse: refusals ----
 
 
-@pytest.mark.parametrize(("route", "body", "param"), [
-    (Route.CHAT, {"messages": USER, "tools": []}, "tools"),
-    (Route.CHAT, {"messages": USER, "response_format": {"type": "json_object"}},
-     "response_format"),
-    (Route.CHAT, {"messages": USER, "logit_bias": {"1": 5}}, "logit_bias"),
-    (Route.CHAT, {"messages": USER, "n": 2}, "n"),
-    (Route.CHAT, {"messages": USER, "logprobs": True}, "logprobs"),
-    (Route.CHAT, {"messages": USER, "stream_options": {"include_usage": True}},
-     "stream_options"),
-    (Route.CHAT, {"messages": USER, "top_p": 0}, "top_p"),
-    (Route.COMPLETIONS, {"prompt": "x", "echo": True}, "echo"),
-    (Route.COMPLETIONS, {"prompt": "x", "logprobs": 3}, "logprobs"),
-    (Route.COMPLETIONS, {"prompt": "x", "best_of": 2}, "best_of"),
-    (Route.COMPLETIONS, {"prompt": "x", "suffix": "y"}, "suffix"),
-    (Route.COMPLETIONS, {"prompt": "x", "n": 3}, "n"),
-    (Route.COMPLETIONS, {"prompt": "x", "logit_bias": {}}, "logit_bias"),
-])
-def test_unsupported_fields_are_refused_by_name(service: GenerationService, route: Route,
-                                               body: dict, param: str) -> None:
+@pytest.mark.parametrize(
+    ("route", "body", "param"),
+    [
+        (Route.CHAT, {"messages": USER, "tools": []}, "tools"),
+        (
+            Route.CHAT,
+            {"messages": USER, "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+        (Route.CHAT, {"messages": USER, "logit_bias": {"1": 5}}, "logit_bias"),
+        (Route.CHAT, {"messages": USER, "n": 2}, "n"),
+        (Route.CHAT, {"messages": USER, "logprobs": True}, "logprobs"),
+        (
+            Route.CHAT,
+            {"messages": USER, "stream_options": {"include_usage": True}},
+            "stream_options",
+        ),
+        (Route.CHAT, {"messages": USER, "top_p": 0}, "top_p"),
+        (Route.COMPLETIONS, {"prompt": "x", "echo": True}, "echo"),
+        (Route.COMPLETIONS, {"prompt": "x", "logprobs": 3}, "logprobs"),
+        (Route.COMPLETIONS, {"prompt": "x", "best_of": 2}, "best_of"),
+        (Route.COMPLETIONS, {"prompt": "x", "suffix": "y"}, "suffix"),
+        (Route.COMPLETIONS, {"prompt": "x", "n": 3}, "n"),
+        (Route.COMPLETIONS, {"prompt": "x", "logit_bias": {}}, "logit_bias"),
+    ],
+)
+def test_unsupported_fields_are_refused_by_name(
+    service: GenerationService, route: Route, body: dict, param: str
+) -> None:
     with pytest.raises(RequestError) as err:
         parse(route, body, service)
     assert err.value.status == 400
@@ -77,8 +88,7 @@ def test_unsupported_fields_are_refused_by_name(service: GenerationService, rout
 
 
 @pytest.mark.parametrize("field", ["tools", "response_format", "logit_bias"])
-def test_unsupported_field_message_says_unsupported(service: GenerationService,
-                                                   field: str) -> None:
+def test_unsupported_field_message_says_unsupported(service: GenerationService, field: str) -> None:
     with pytest.raises(RequestError, match=f"unsupported field: {field}"):
         chat({field: {}}, service)
 
@@ -112,11 +122,21 @@ def test_developer_role_is_a_system_message(service: GenerationService, tok: Tok
     # ("Hi there\n\nBe terse.") instead of leading it as the system prompt.
     msgs = [*USER, {"role": "developer", "content": "Be terse."}]
     call = parse(Route.CHAT, {"messages": msgs}, service)
-    expected = encode_chat([ChatMessage(role="user", content="Hi there"),
-                            ChatMessage(role="system", content="Be terse.")], tok)
+    expected = encode_chat(
+        [
+            ChatMessage(role="user", content="Hi there"),
+            ChatMessage(role="system", content="Be terse."),
+        ],
+        tok,
+    )
     assert call.gen.prompt_ids == expected
-    as_user = encode_chat([ChatMessage(role="user", content="Hi there"),
-                           ChatMessage(role="user", content="Be terse.")], tok)
+    as_user = encode_chat(
+        [
+            ChatMessage(role="user", content="Hi there"),
+            ChatMessage(role="user", content="Be terse."),
+        ],
+        tok,
+    )
     assert call.gen.prompt_ids != as_user
 
 
@@ -137,16 +157,30 @@ def test_chat_defaults(service: GenerationService) -> None:
 
 
 def test_max_completion_tokens_preferred_over_max_tokens(service: GenerationService) -> None:
-    assert chat({"max_tokens": 5, "max_completion_tokens": 7},
-                service).gen.sampling.max_new_tokens == 7
+    assert (
+        chat({"max_tokens": 5, "max_completion_tokens": 7}, service).gen.sampling.max_new_tokens
+        == 7
+    )
     assert chat({"max_tokens": 5}, service).gen.sampling.max_new_tokens == 5
     assert chat({"max_completion_tokens": 9}, service).gen.sampling.max_new_tokens == 9
 
 
 def test_options_map_to_sampling(service: GenerationService) -> None:
-    call = chat({"temperature": 0, "top_p": 0.9, "seed": 3, "stop": "###", "top_k": 5,
-                 "presence_penalty": 1.0, "frequency_penalty": 0.5,
-                 "repetition_penalty": 1.2, "user": "u", "model": "anything"}, service)
+    call = chat(
+        {
+            "temperature": 0,
+            "top_p": 0.9,
+            "seed": 3,
+            "stop": "###",
+            "top_k": 5,
+            "presence_penalty": 1.0,
+            "frequency_penalty": 0.5,
+            "repetition_penalty": 1.2,
+            "user": "u",
+            "model": "anything",
+        },
+        service,
+    )
     s = call.gen.sampling
     assert (s.temperature, s.top_p, s.seed, s.top_k) == (0.0, 0.9, 3, 5)
     assert (s.presence_penalty, s.frequency_penalty, s.repetition_penalty) == (1.0, 0.5, 1.2)
@@ -177,8 +211,7 @@ def test_completion_prompt_over_the_limit_names_prompt(service: GenerationServic
 # ---- parse: completions ----
 
 
-def test_completions_default_max_tokens_is_16(service: GenerationService,
-                                              tok: Tokenizer) -> None:
+def test_completions_default_max_tokens_is_16(service: GenerationService, tok: Tokenizer) -> None:
     call = parse(Route.COMPLETIONS, {"prompt": "Once upon"}, service)
     assert call.gen.sampling.max_new_tokens == 16
     assert call.gen.prompt_ids == tok.encode("Once upon", bos=True)
@@ -200,8 +233,7 @@ def test_completions_batches_are_refused(service: GenerationService, prompt: lis
 
 
 @pytest.mark.parametrize("bad", [-1, 32000, 10**6])
-def test_token_id_prompt_is_checked_against_the_vocab(service: GenerationService,
-                                                      bad: int) -> None:
+def test_token_id_prompt_is_checked_against_the_vocab(service: GenerationService, bad: int) -> None:
     with pytest.raises(RequestError) as err:
         parse(Route.COMPLETIONS, {"prompt": [1, 100, bad]}, service)
     assert err.value.param == "prompt"
@@ -216,8 +248,9 @@ def test_token_id_prompt_at_the_vocab_edge_is_accepted(service: GenerationServic
 # ---- bodies and streams ----
 
 
-def finished_record(output: str, reason: str, prompt_tokens: int = 4,
-                    completion_tokens: int = 3) -> RequestRecord:
+def finished_record(
+    output: str, reason: str, prompt_tokens: int = 4, completion_tokens: int = 3
+) -> RequestRecord:
     record = RequestRecord("req-1", "chat_completions", engine_id="abc")
     record.output, record.finish_reason = output, reason
     record.prompt_tokens, record.completion_tokens = prompt_tokens, completion_tokens
@@ -230,9 +263,14 @@ def test_chat_response_body(service: GenerationService) -> None:
     assert body["id"] == "chatcmpl-abc"
     assert body["object"] == "chat.completion"
     assert body["model"] == MODEL and body["created"] == call.created
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant",
-                                                         "content": "Hello!"},
-                                "logprobs": None, "finish_reason": "stop"}]
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello!"},
+            "logprobs": None,
+            "finish_reason": "stop",
+        }
+    ]
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
 
 
@@ -240,12 +278,14 @@ def test_completion_response_body(service: GenerationService) -> None:
     call = parse(Route.COMPLETIONS, {"prompt": "x"}, service)
     body = response_body(call, finished_record("yz", "length"), MODEL)
     assert body["id"] == "cmpl-abc" and body["object"] == "text_completion"
-    assert body["choices"] == [{"index": 0, "text": "yz", "logprobs": None,
-                                "finish_reason": "length"}]
+    assert body["choices"] == [
+        {"index": 0, "text": "yz", "logprobs": None, "finish_reason": "length"}
+    ]
 
 
-async def chunks_of(parts: list[str], record: RequestRecord,
-                    error: RequestError | None = None) -> AsyncIterator[str]:
+async def chunks_of(
+    parts: list[str], record: RequestRecord, error: RequestError | None = None
+) -> AsyncIterator[str]:
     for p in parts:
         yield p
     if error is not None:
@@ -253,11 +293,12 @@ async def chunks_of(parts: list[str], record: RequestRecord,
     record.finish_reason = "stop"
 
 
-def run_sse(call, parts: list[str], record: RequestRecord,
-            error: RequestError | None = None) -> list[str]:
+def run_sse(
+    call, parts: list[str], record: RequestRecord, error: RequestError | None = None
+) -> list[str]:
     async def main() -> list[str]:
-        return [e async for e in sse_events(call, chunks_of(parts, record, error), record,
-                                            MODEL)]
+        return [e async for e in sse_events(call, chunks_of(parts, record, error), record, MODEL)]
+
     return asyncio.run(main())
 
 
@@ -266,7 +307,7 @@ def decode(events: list[str]) -> list[dict]:
     out = []
     for e in events[:-1]:
         assert e.startswith("data: ") and e.endswith("\n\n")
-        out.append(json.loads(e[len("data: "):]))
+        out.append(json.loads(e[len("data: ") :]))
     return out
 
 
@@ -275,20 +316,31 @@ TRICKY = ['He said "hi"\n', "\\ back\tslash", "café 😀 東京", "\x00text\x00
 
 @pytest.mark.parametrize("include_usage", [False, True])
 def test_chat_sse_sequence(service: GenerationService, include_usage: bool) -> None:
-    body = {"stream": True} | ({"stream_options": {"include_usage": True}}
-                               if include_usage else {})
+    body = {"stream": True} | ({"stream_options": {"include_usage": True}} if include_usage else {})
     call = chat(body, service)
     record = finished_record("", "stop")
     events = decode(run_sse(call, TRICKY, record))
-    assert all(e["id"] == "chatcmpl-abc" and e["object"] == "chat.completion.chunk"
-               and e["model"] == MODEL and e["created"] == call.created for e in events)
+    assert all(
+        e["id"] == "chatcmpl-abc"
+        and e["object"] == "chat.completion.chunk"
+        and e["model"] == MODEL
+        and e["created"] == call.created
+        for e in events
+    )
     role, *deltas, finish = events[:-1] if include_usage else events
-    assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None, "finish_reason": None}]
+    assert role["choices"] == [
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
+    ]
     assert [d["choices"][0]["delta"] for d in deltas] == [{"content": t} for t in TRICKY]
     assert all(d["choices"][0]["finish_reason"] is None for d in deltas)
-    assert finish["choices"] == [{"index": 0, "delta": {}, "logprobs": None,
-                                  "finish_reason": "stop"}]
+    assert finish["choices"] == [
+        {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    ]
     if include_usage:
         assert all("usage" in e and e["usage"] is None for e in events[:-1])
         assert events[-1]["choices"] == []
@@ -309,22 +361,35 @@ def test_completion_sse_sequence(service: GenerationService) -> None:
 def test_sse_error_mid_stream_ends_with_an_error_event(service: GenerationService) -> None:
     call = chat({"stream": True}, service)
     record = finished_record("", "error")
-    events = decode(run_sse(call, ["partial"], record,
-                            RequestError("bad token", param="prompt")))
-    assert events[-1] == {"error": {"message": "bad token", "type": "invalid_request_error",
-                                    "param": "prompt", "code": None}}
+    events = decode(run_sse(call, ["partial"], record, RequestError("bad token", param="prompt")))
+    assert events[-1] == {
+        "error": {
+            "message": "bad token",
+            "type": "invalid_request_error",
+            "param": "prompt",
+            "code": None,
+        }
+    }
     assert all(e.get("choices", [{}])[0].get("finish_reason") is None for e in events[:-1])
 
 
-@pytest.mark.parametrize(("status", "kind"), [
-    (400, "invalid_request_error"), (404, "not_found_error"), (429, "rate_limit_error"),
-    (503, "service_unavailable"), (500, "server_error"),
-])
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (400, "invalid_request_error"),
+        (404, "not_found_error"),
+        (429, "rate_limit_error"),
+        (503, "service_unavailable"),
+        (500, "server_error"),
+    ],
+)
 def test_error_response_shape(status: int, kind: str) -> None:
-    resp = error_response(status, "nope", "messages", "rid-1", headers={"Retry-After": "1"},
-                          code="x")
+    resp = error_response(
+        status, "nope", "messages", "rid-1", headers={"Retry-After": "1"}, code="x"
+    )
     assert resp.status_code == status
-    assert json.loads(resp.body) == {"error": {"message": "nope", "type": kind,
-                                               "param": "messages", "code": "x"}}
+    assert json.loads(resp.body) == {
+        "error": {"message": "nope", "type": kind, "param": "messages", "code": "x"}
+    }
     assert resp.headers["X-Request-Id"] == "rid-1"
     assert resp.headers["Retry-After"] == "1"

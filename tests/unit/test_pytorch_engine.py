@@ -24,8 +24,9 @@ def hf_model(dev_model: Path):
 
 
 def make_engine(dev_model: Path, **settings) -> TorchEngine:
-    return TorchEngine.from_pretrained(dev_model, Settings(artifact=str(dev_model), device="cpu",
-                                                           **settings), EOS)
+    return TorchEngine.from_pretrained(
+        dev_model, Settings(artifact=str(dev_model), device="cpu", **settings), EOS
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +37,10 @@ def engine(dev_model: Path):
 
 
 def greedy_reference(model, prompt: list[int], n: int) -> list[int]:
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 async def collect(engine, rid, prompt, opts, delay=0.0):
@@ -54,16 +56,20 @@ PROMPTS = [[1] + list(range(100 + 37 * i, 100 + 37 * i + 2 + 5 * i)) for i in ra
 
 
 @pytest.mark.parametrize("max_batch_size", [64, 2])
-def test_batched_greedy_equals_hf_generate_with_staggered_arrivals(dev_model, hf_model,
-                                                                   max_batch_size):
+def test_batched_greedy_equals_hf_generate_with_staggered_arrivals(
+    dev_model, hf_model, max_batch_size
+):
     eng = make_engine(dev_model, max_batch_size=max_batch_size)
     try:
         refs = [greedy_reference(hf_model, p, 16) for p in PROMPTS]
 
         async def main():
-            return await asyncio.gather(*[
-                collect(eng, f"r{i}", p, SamplingOptions(max_new_tokens=16, top_k=1), 0.002 * i)
-                for i, p in enumerate(PROMPTS)])
+            return await asyncio.gather(
+                *[
+                    collect(eng, f"r{i}", p, SamplingOptions(max_new_tokens=16, top_k=1), 0.002 * i)
+                    for i, p in enumerate(PROMPTS)
+                ]
+            )
 
         results = asyncio.run(main())
         for (tokens, reasons), ref in zip(results, refs):
@@ -77,8 +83,9 @@ def test_seeded_sampling_is_reproducible_and_the_seed_matters(engine):
     opts = dict(max_new_tokens=12, temperature=1.0, top_k=0)
 
     def run(seed):
-        return asyncio.run(collect(engine, f"s{seed}", PROMPTS[0],
-                                   SamplingOptions(**opts, seed=seed)))[0]
+        return asyncio.run(
+            collect(engine, f"s{seed}", PROMPTS[0], SamplingOptions(**opts, seed=seed))
+        )[0]
 
     assert run(1) == run(1)
     assert run(1) != run(2)
@@ -87,9 +94,14 @@ def test_seeded_sampling_is_reproducible_and_the_seed_matters(engine):
 def test_a_stop_token_ends_generation_without_being_emitted(engine, hf_model):
     ref = greedy_reference(hf_model, PROMPTS[1], 8)
     stop = ref[3]
-    tokens, reasons = asyncio.run(collect(
-        engine, "stop", PROMPTS[1],
-        SamplingOptions(max_new_tokens=8, top_k=1, stop_token_ids=(stop,))))
+    tokens, reasons = asyncio.run(
+        collect(
+            engine,
+            "stop",
+            PROMPTS[1],
+            SamplingOptions(max_new_tokens=8, top_k=1, stop_token_ids=(stop,)),
+        )
+    )
     assert tokens == ref[: ref.index(stop)] and reasons[-1] == "stop"
 
 
@@ -98,8 +110,9 @@ def test_generation_is_clamped_to_the_sequence_limit(dev_model):
     try:
         assert eng.limits.max_seq_len == 40 and eng.limits.max_input_len == 32
         prompt = [1] + list(range(200, 230))  # 31 tokens: room for 9
-        tokens, reasons = asyncio.run(collect(eng, "c", prompt,
-                                              SamplingOptions(max_new_tokens=100, top_k=1)))
+        tokens, reasons = asyncio.run(
+            collect(eng, "c", prompt, SamplingOptions(max_new_tokens=100, top_k=1))
+        )
         assert len(tokens) == 9 and reasons[-1] == "length"
 
         async def too_long():
@@ -154,8 +167,15 @@ def test_a_failing_model_marks_the_engine_unhealthy_and_fails_requests(dev_model
 
 
 def _seq(prompt, gen_seed=0, generated=(), **opts) -> _Sequence:
-    return _Sequence("x", list(prompt), SamplingOptions(max_new_tokens=10, **opts), 10,
-                     lambda item: None, torch.Generator().manual_seed(gen_seed), list(generated))
+    return _Sequence(
+        "x",
+        list(prompt),
+        SamplingOptions(max_new_tokens=10, **opts),
+        10,
+        lambda item: None,
+        torch.Generator().manual_seed(gen_seed),
+        list(generated),
+    )
 
 
 def test_sampling_options_act_on_the_logits():
@@ -167,11 +187,14 @@ def test_sampling_options_act_on_the_logits():
     seq = _seq([0], 0, [1, 1, 2], top_k=1, frequency_penalty=1.0, presence_penalty=0.1)
     assert sample_next_tokens(logits, [seq]) == [3]  # 5-2.1, 4-1.1, 3
     # top_k=2 never leaves {1, 2}; top_p tiny keeps only the best.
-    picks = {sample_next_tokens(logits, [_seq([0], i, top_k=2, temperature=2.0)])[0]
-             for i in range(50)}
+    picks = {
+        sample_next_tokens(logits, [_seq([0], i, top_k=2, temperature=2.0)])[0] for i in range(50)
+    }
     assert picks <= {1, 2} and len(picks) == 2
-    picks = {sample_next_tokens(logits, [_seq([0], i, top_k=0, top_p=0.01, temperature=2.0)])[0]
-             for i in range(20)}
+    picks = {
+        sample_next_tokens(logits, [_seq([0], i, top_k=0, top_p=0.01, temperature=2.0)])[0]
+        for i in range(20)
+    }
     assert picks == {1}
     # temperature 0 is greedy whatever top_k says.
     assert sample_next_tokens(logits, [_seq([0], top_k=0, temperature=0.0)]) == [1]

@@ -27,8 +27,11 @@ def hf_model(dev_model: Path):
 
 
 def make_engine(dev_model: Path, **settings) -> StaticTorchEngine:
-    eng = TorchEngine.from_pretrained(dev_model, Settings(
-        artifact=str(dev_model), device="cpu", pytorch_kv_cache="static", **settings), EOS)
+    eng = TorchEngine.from_pretrained(
+        dev_model,
+        Settings(artifact=str(dev_model), device="cpu", pytorch_kv_cache="static", **settings),
+        EOS,
+    )
     assert isinstance(eng, StaticTorchEngine)
     return eng
 
@@ -43,9 +46,10 @@ async def collect(engine, rid, prompt, opts, delay=0.0):
 
 
 def greedy_reference(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("max_batch_size", [64, 2])
@@ -56,9 +60,12 @@ def test_static_batched_greedy_equals_hf_generate(dev_model, hf_model, max_batch
         refs = [greedy_reference(hf_model, p, n) for p, n in zip(PROMPTS, lengths)]
 
         async def main():
-            return await asyncio.gather(*[
-                collect(eng, f"r{i}", p, SamplingOptions(max_new_tokens=n, top_k=1), 0.002 * i)
-                for i, (p, n) in enumerate(zip(PROMPTS, lengths))])
+            return await asyncio.gather(
+                *[
+                    collect(eng, f"r{i}", p, SamplingOptions(max_new_tokens=n, top_k=1), 0.002 * i)
+                    for i, (p, n) in enumerate(zip(PROMPTS, lengths))
+                ]
+            )
 
         for (tokens, reasons), ref in zip(asyncio.run(main()), refs):
             assert tokens == ref

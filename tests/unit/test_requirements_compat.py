@@ -20,8 +20,10 @@ def test_the_images_requirement_sources_do_not_conflict() -> None:
 
 def test_sources_hold_what_they_claim() -> None:
     sources = image.requirement_sources()
-    names = {src: {r.name.lower().replace("_", "-") for r in image.parse_requirements(lines)}
-             for src, lines in sources.items()}
+    names = {
+        src: {r.name.lower().replace("_", "-") for r in image.parse_requirements(lines)}
+        for src, lines in sources.items()
+    }
     assert {"fastapi", "numpy", "uvicorn"} <= names["truss server requirements.txt"]
     assert {"sentencepiece", "pydantic"} <= names["config.yaml requirements"]
     assert "transformers" in names["pyproject.toml dependencies"]
@@ -29,14 +31,17 @@ def test_sources_hold_what_they_claim() -> None:
     assert {"transformers==4.57.3", "numpy<2", "fastapi<=0.121.3,>=0.120.1"} <= pins
 
 
-@pytest.mark.parametrize("ours,package", [
-    ("transformers>=5", "transformers"),
-    ("fastapi>=0.122", "fastapi"),
-    ("numpy>=2", "numpy"),
-    ("huggingface_hub>=1.0", "huggingface-hub"),
-    ("mistral-common>=1.9", "mistral-common"),
-    ("pydantic<2.9", "pydantic"),
-])
+@pytest.mark.parametrize(
+    "ours,package",
+    [
+        ("transformers>=5", "transformers"),
+        ("fastapi>=0.122", "fastapi"),
+        ("numpy>=2", "numpy"),
+        ("huggingface_hub>=1.0", "huggingface-hub"),
+        ("mistral-common>=1.9", "mistral-common"),
+        ("pydantic<2.9", "pydantic"),
+    ],
+)
 def test_a_conflicting_requirement_is_found(ours: str, package: str) -> None:
     sources = image.requirement_sources()
     sources["config.yaml requirements"] = [*sources["config.yaml requirements"], ours]
@@ -54,8 +59,12 @@ def test_resolution_rules() -> None:
     assert image.find_conflicts({"a": ["x<2"], "b": ["x>=2; python_version < '3.11'"]}) == []
     assert image.find_conflicts({"a": ["x<2"], "b": ["x>=2; python_version >= '3.12'"]}) != []
     # Index options, comments and blank lines are not requirements.
-    assert [str(r) for r in image.parse_requirements(
-        ["-i https://pypi.org/simple", "", "# c", "msgpack==1.1.0  # note"])] == ["msgpack==1.1.0"]
+    assert [
+        str(r)
+        for r in image.parse_requirements(
+            ["-i https://pypi.org/simple", "", "# c", "msgpack==1.1.0  # note"]
+        )
+    ] == ["msgpack==1.1.0"]
 
 
 def compat_pins() -> list[str]:
@@ -75,12 +84,16 @@ def test_compat_venv_pins_what_the_image_runs() -> None:
     pins = compat_pins()
     assert "transformers==4.57.3" in pins
     assert "mistral-common==1.8.6" in pins
-    conflicts = image.find_conflicts({"Makefile COMPAT_PINS": pins,
-                                      "image": list(image.TRTLLM_PINS)})
+    conflicts = image.find_conflicts(
+        {"Makefile COMPAT_PINS": pins, "image": list(image.TRTLLM_PINS)}
+    )
     assert {c.package for c in conflicts} == KNOWN_DEVIATIONS
     # Every package the image pins exactly that the compat venv installs is pinned the same.
-    exact = {r.name: str(r.specifier) for r in image.parse_requirements(image.TRTLLM_PINS)
-             if str(r.specifier).startswith("==")}
+    exact = {
+        r.name: str(r.specifier)
+        for r in image.parse_requirements(image.TRTLLM_PINS)
+        if str(r.specifier).startswith("==")
+    }
     mine = {r.name: str(r.specifier) for r in image.parse_requirements(pins)}
     for name, spec in exact.items():
         if name in mine:

@@ -26,26 +26,45 @@ def test_article_defaults() -> None:
     assert req.stop is None and req.seed is None
     assert (req.repetition_penalty, req.presence_penalty, req.frequency_penalty) == (1.0, 0.0, 0.0)
     assert req.model_dump() == {
-        "prompt": "What is TensorRT?", "messages": None, "max_new_tokens": 2048,
-        "temperature": 0.9, "top_k": 1, "top_p": 0.0, "streaming": False,
-        "streaming_interval": 3, "stop": None, "seed": None, "repetition_penalty": 1.0,
-        "presence_penalty": 0.0, "frequency_penalty": 0.0,
+        "prompt": "What is TensorRT?",
+        "messages": None,
+        "max_new_tokens": 2048,
+        "temperature": 0.9,
+        "top_k": 1,
+        "top_p": 0.0,
+        "streaming": False,
+        "streaming_interval": 3,
+        "stop": None,
+        "seed": None,
+        "repetition_penalty": 1.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
     }
 
 
 def test_article_body_validates() -> None:
-    body = {"prompt": "What is a GPU?", "max_new_tokens": 512, "temperature": 0.7,
-            "top_k": 40, "top_p": 0.9, "streaming": True, "streaming_interval": 5}
+    body = {
+        "prompt": "What is a GPU?",
+        "max_new_tokens": 512,
+        "temperature": 0.7,
+        "top_k": 40,
+        "top_p": 0.9,
+        "streaming": True,
+        "streaming_interval": 5,
+    }
     req = PredictRequest.model_validate(body)
     assert req.model_dump(include=set(body)) == body
 
 
 def test_messages_body() -> None:
     req = PredictRequest.model_validate(
-        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}
+    )
     assert req.prompt is None
-    assert req.messages == [ChatMessage(role="system", content="s"),
-                            ChatMessage(role="user", content="u")]
+    assert req.messages == [
+        ChatMessage(role="system", content="s"),
+        ChatMessage(role="user", content="u"),
+    ]
 
 
 def test_stop_string_becomes_list() -> None:
@@ -56,11 +75,21 @@ def test_stop_string_becomes_list() -> None:
 
 
 def test_limits_accepted_at_the_edges() -> None:
-    PredictRequest(prompt="", max_new_tokens=1, temperature=0.0, top_k=0, top_p=1.0,
-                   streaming_interval=1, seed=0, repetition_penalty=10.0,
-                   presence_penalty=-2.0, frequency_penalty=2.0)
-    PredictRequest(prompt="p", temperature=2.0, streaming_interval=1024, seed=2**63 - 1,
-                   stop=["x" * 256])
+    PredictRequest(
+        prompt="",
+        max_new_tokens=1,
+        temperature=0.0,
+        top_k=0,
+        top_p=1.0,
+        streaming_interval=1,
+        seed=0,
+        repetition_penalty=10.0,
+        presence_penalty=-2.0,
+        frequency_penalty=2.0,
+    )
+    PredictRequest(
+        prompt="p", temperature=2.0, streaming_interval=1024, seed=2**63 - 1, stop=["x" * 256]
+    )
 
 
 BAD_BODIES: list[tuple[dict[str, Any], str]] = [
@@ -100,8 +129,9 @@ BAD_BODIES: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize(("body", "field"), BAD_BODIES,
-                         ids=[f"{i}-{f}" for i, (_, f) in enumerate(BAD_BODIES)])
+@pytest.mark.parametrize(
+    ("body", "field"), BAD_BODIES, ids=[f"{i}-{f}" for i, (_, f) in enumerate(BAD_BODIES)]
+)
 def test_bad_body_names_the_field(body: dict[str, Any], field: str) -> None:
     with pytest.raises(ValidationError) as info:
         PredictRequest.model_validate(body)
@@ -116,11 +146,14 @@ def test_unknown_field_says_so() -> None:
     assert describe_validation_error(info.value) == "max_tokens: unknown field"
 
 
-@pytest.mark.parametrize("body", [
-    {},
-    {"max_new_tokens": 5},
-    {"prompt": "p", "messages": [{"role": "user", "content": "u"}]},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"max_new_tokens": 5},
+        {"prompt": "p", "messages": [{"role": "user", "content": "u"}]},
+    ],
+)
 def test_exactly_one_of_prompt_or_messages(body: dict[str, Any]) -> None:
     with pytest.raises(ValidationError) as info:
         PredictRequest.model_validate(body)
@@ -138,12 +171,31 @@ def test_several_problems_are_all_reported() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(body=st.dictionaries(
-    st.sampled_from(["prompt", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
-                     "streaming_interval", "stop", "bogus"]),
-    st.one_of(st.none(), st.integers(-5, 3000), st.floats(allow_nan=True), st.text(max_size=3),
-              st.lists(st.text(max_size=2), max_size=3), st.booleans()),
-))
+@given(
+    body=st.dictionaries(
+        st.sampled_from(
+            [
+                "prompt",
+                "max_new_tokens",
+                "temperature",
+                "top_k",
+                "top_p",
+                "seed",
+                "streaming_interval",
+                "stop",
+                "bogus",
+            ]
+        ),
+        st.one_of(
+            st.none(),
+            st.integers(-5, 3000),
+            st.floats(allow_nan=True),
+            st.text(max_size=3),
+            st.lists(st.text(max_size=2), max_size=3),
+            st.booleans(),
+        ),
+    )
+)
 def test_any_body_validates_or_is_described(body: dict[str, Any]) -> None:
     try:
         req = PredictRequest.model_validate(body)

@@ -36,30 +36,35 @@ def tok(dev_model: Path) -> Tokenizer:
     return load_tokenizer(dev_model)
 
 
-def make_service(tok: Tokenizer, engine: ScriptedEngine,
-                 **settings: object) -> tuple[GenerationService, CollectorRegistry]:
+def make_service(
+    tok: Tokenizer, engine: ScriptedEngine, **settings: object
+) -> tuple[GenerationService, CollectorRegistry]:
     registry = CollectorRegistry()
-    return GenerationService(Settings(**settings), tok, engine,
-                             metrics=Metrics(registry)), registry
+    return GenerationService(Settings(**settings), tok, engine, metrics=Metrics(registry)), registry
 
 
 def finished(registry: CollectorRegistry, reason: str) -> float:
-    return registry.get_sample_value(
-        "mtt:request_finished_total", {"route": ROUTE, "finished_reason": reason}) or 0.0
+    return (
+        registry.get_sample_value(
+            "mtt:request_finished_total", {"route": ROUTE, "finished_reason": reason}
+        )
+        or 0.0
+    )
 
 
 def finished_total(registry: CollectorRegistry) -> float:
     return sum(finished(registry, r) for r in ("stop", "length", "abort", "error"))
 
 
-def gen_for(ids: list[int], stop: tuple[str, ...] = (), interval: int = 1,
-            max_new_tokens: int = 32) -> GenerationRequest:
-    return GenerationRequest(ids, SamplingOptions(max_new_tokens=max_new_tokens), stop,
-                             interval)
+def gen_for(
+    ids: list[int], stop: tuple[str, ...] = (), interval: int = 1, max_new_tokens: int = 32
+) -> GenerationRequest:
+    return GenerationRequest(ids, SamplingOptions(max_new_tokens=max_new_tokens), stop, interval)
 
 
-async def collect(service: GenerationService, gen: GenerationRequest,
-                  record: RequestRecord) -> list[str]:
+async def collect(
+    service: GenerationService, gen: GenerationRequest, record: RequestRecord
+) -> list[str]:
     return [chunk async for chunk in service.stream(gen, record)]
 
 
@@ -82,8 +87,9 @@ def test_parse_predict_defaults(tok: Tokenizer) -> None:
 
 
 @pytest.mark.parametrize(("top_p", "expected"), [(0.0, 1.0), (1.0, 1.0), (0.5, 0.5)])
-def test_parse_predict_top_p_zero_or_one_is_off(tok: Tokenizer, top_p: float,
-                                                expected: float) -> None:
+def test_parse_predict_top_p_zero_or_one_is_off(
+    tok: Tokenizer, top_p: float, expected: float
+) -> None:
     service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
     _, gen = service.parse_predict({"prompt": "hi", "top_p": top_p})
     assert gen.sampling.top_p == expected
@@ -91,13 +97,30 @@ def test_parse_predict_top_p_zero_or_one_is_off(tok: Tokenizer, top_p: float,
 
 def test_parse_predict_passes_options_through(tok: Tokenizer) -> None:
     service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
-    _, gen = service.parse_predict({
-        "prompt": "hi", "max_new_tokens": 5, "temperature": 0.2, "top_k": 40, "seed": 7,
-        "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": -0.5,
-        "stop": "END", "streaming_interval": 2})
+    _, gen = service.parse_predict(
+        {
+            "prompt": "hi",
+            "max_new_tokens": 5,
+            "temperature": 0.2,
+            "top_k": 40,
+            "seed": 7,
+            "repetition_penalty": 1.1,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "stop": "END",
+            "streaming_interval": 2,
+        }
+    )
     assert gen.sampling == SamplingOptions(
-        max_new_tokens=5, temperature=0.2, top_k=40, top_p=1.0, seed=7,
-        repetition_penalty=1.1, presence_penalty=0.5, frequency_penalty=-0.5)
+        max_new_tokens=5,
+        temperature=0.2,
+        top_k=40,
+        top_p=1.0,
+        seed=7,
+        repetition_penalty=1.1,
+        presence_penalty=0.5,
+        frequency_penalty=-0.5,
+    )
     assert gen.stop == ("END",)
     assert gen.interval == 2
 
@@ -112,20 +135,23 @@ def test_parse_predict_messages_use_the_chat_encoding(tok: Tokenizer) -> None:
 def test_parse_predict_bad_conversation_is_a_400_on_messages(tok: Tokenizer) -> None:
     service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
     with pytest.raises(RequestError) as err:
-        service.parse_predict({"messages": [{"role": "user", "content": "a"},
-                                            {"role": "assistant", "content": "b"}]})
+        service.parse_predict(
+            {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+        )
     assert (err.value.status, err.value.param) == (400, "messages")
 
 
-@pytest.mark.parametrize(("body", "needle"), [
-    ({"prompt": "x", "max_tokens": 3}, "max_tokens: unknown field"),
-    ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "exactly one"),
-    ({}, "exactly one"),
-    ({"prompt": "x", "temperature": 3}, "temperature"),
-    ("not an object", "body"),
-])
-def test_parse_predict_invalid_bodies_are_400s(tok: Tokenizer, body: object,
-                                               needle: str) -> None:
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"prompt": "x", "max_tokens": 3}, "max_tokens: unknown field"),
+        ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "exactly one"),
+        ({}, "exactly one"),
+        ({"prompt": "x", "temperature": 3}, "temperature"),
+        ("not an object", "body"),
+    ],
+)
+def test_parse_predict_invalid_bodies_are_400s(tok: Tokenizer, body: object, needle: str) -> None:
     service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
     with pytest.raises(RequestError) as err:
         service.parse_predict(body)
@@ -167,8 +193,9 @@ def test_check_prompt_boundaries(tok: Tokenizer) -> None:
 
 
 @pytest.mark.parametrize("reason", ["length", "stop"])
-def test_stream_yields_the_text_and_propagates_the_engine_finish(tok: Tokenizer,
-                                                                  reason: str) -> None:
+def test_stream_yields_the_text_and_propagates_the_engine_finish(
+    tok: Tokenizer, reason: str
+) -> None:
     ids = tok.encode(TEXT)
     engine = ScriptedEngine.from_ids(ids, finish_reason=reason, limits=LIMITS)
     service, registry = make_service(tok, engine)
@@ -283,8 +310,9 @@ def test_cancelled_consumer_aborts_once_and_records_once(tok: Tokenizer) -> None
 def test_engine_request_error_becomes_a_request_error(tok: Tokenizer, at_start: bool) -> None:
     ids = tok.encode(TEXT)
     script = [] if at_start else [TokenDelta(ids[:2])]
-    engine = ScriptedEngine([*script, EngineRequestError("token id 99999 is out of range")],
-                            limits=LIMITS)
+    engine = ScriptedEngine(
+        [*script, EngineRequestError("token id 99999 is out of range")], limits=LIMITS
+    )
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
     with pytest.raises(RequestError) as err:
@@ -298,8 +326,9 @@ def test_engine_request_error_becomes_a_request_error(tok: Tokenizer, at_start: 
 
 
 def test_engine_failure_propagates_and_is_recorded_as_error(tok: Tokenizer) -> None:
-    engine = ScriptedEngine([TokenDelta(tok.encode("Hi")), EngineError("GPU fell off")],
-                            limits=LIMITS)
+    engine = ScriptedEngine(
+        [TokenDelta(tok.encode("Hi")), EngineError("GPU fell off")], limits=LIMITS
+    )
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
     with pytest.raises(EngineError, match="GPU fell off"):
@@ -390,8 +419,9 @@ def test_scripted_engine_satisfies_the_engine_protocol() -> None:
     assert isinstance(ScriptedEngine(), Engine)
 
 
-def test_stream_logs_prompt_text_when_asked(tok: Tokenizer,
-                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_stream_logs_prompt_text_when_asked(
+    tok: Tokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
     engine = ScriptedEngine.from_ids(tok.encode("Fine."), limits=LIMITS)
     service, _ = make_service(tok, engine, log_prompts=True)
     record = RequestRecord("r", ROUTE)

@@ -20,17 +20,32 @@ def test_defaults_with_nothing_given() -> None:
 
 
 def test_model_metadata_values() -> None:
-    meta = {"artifact": "org/engine", "artifact_revision": "abc123", "engine": "tensorrt_llm",
-            "max_batch_size": 8, "max_input_len": 1024, "max_seq_len": 4096,
-            "verify_hashes": False, "drain_grace_seconds": 5, "log_prompts": True}
+    meta = {
+        "artifact": "org/engine",
+        "artifact_revision": "abc123",
+        "engine": "tensorrt_llm",
+        "max_batch_size": 8,
+        "max_input_len": 1024,
+        "max_seq_len": 4096,
+        "verify_hashes": False,
+        "drain_grace_seconds": 5,
+        "log_prompts": True,
+    }
     s = Settings.load(meta, env={})
     for k, v in meta.items():
         assert getattr(s, k) == v
 
 
 def test_unknown_metadata_keys_ignored() -> None:
-    s = Settings.load({"artifact": "a", "example_model_input": {"prompt": "x"},
-                       "pretty_name": "Mistral", "avatar_url": None}, env={})
+    s = Settings.load(
+        {
+            "artifact": "a",
+            "example_model_input": {"prompt": "x"},
+            "pretty_name": "Mistral",
+            "avatar_url": None,
+        },
+        env={},
+    )
     assert s.artifact == "a"
     assert not hasattr(s, "pretty_name")
 
@@ -41,8 +56,13 @@ def test_unknown_env_vars_ignored() -> None:
 
 
 def test_env_overrides_metadata_with_coercion() -> None:
-    meta = {"artifact": "from-meta", "max_batch_size": 8, "verify_hashes": True,
-            "kv_cache_free_gpu_memory_fraction": 0.5, "engine": "pytorch"}
+    meta = {
+        "artifact": "from-meta",
+        "max_batch_size": 8,
+        "verify_hashes": True,
+        "kv_cache_free_gpu_memory_fraction": 0.5,
+        "engine": "pytorch",
+    }
     env = {
         "MTT_ARTIFACT": "/models/engine",
         "MTT_MAX_BATCH_SIZE": "32",
@@ -65,9 +85,10 @@ def test_env_overrides_metadata_with_coercion() -> None:
 
 
 def test_env_empty_string_clears_optional_but_not_artifact() -> None:
-    s = Settings.load({"max_input_len": 100, "artifact_revision": "v1", "artifact": "a"},
-                      env={"MTT_MAX_INPUT_LEN": "", "MTT_ARTIFACT_REVISION": "",
-                           "MTT_ARTIFACT": ""})
+    s = Settings.load(
+        {"max_input_len": 100, "artifact_revision": "v1", "artifact": "a"},
+        env={"MTT_MAX_INPUT_LEN": "", "MTT_ARTIFACT_REVISION": "", "MTT_ARTIFACT": ""},
+    )
     assert s.max_input_len is None and s.artifact_revision is None
     assert s.artifact == ""
 
@@ -87,8 +108,7 @@ def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
         ({}, {"MTT_MAX_BATCH_SIZE": "1.5"}, "max_batch_size"),
         ({}, {"MTT_VERIFY_HASHES": "perhaps"}, "verify_hashes"),
         ({"kv_cache_free_gpu_memory_fraction": 0}, {}, "kv_cache_free_gpu_memory_fraction"),
-        ({}, {"MTT_KV_CACHE_FREE_GPU_MEMORY_FRACTION": "1.5"},
-         "kv_cache_free_gpu_memory_fraction"),
+        ({}, {"MTT_KV_CACHE_FREE_GPU_MEMORY_FRACTION": "1.5"}, "kv_cache_free_gpu_memory_fraction"),
         ({"max_num_tokens": 8}, {}, "max_num_tokens"),
         ({"max_waiting": -1}, {}, "max_waiting"),
         ({}, {"MTT_DRAIN_GRACE_SECONDS": "-1"}, "drain_grace_seconds"),
@@ -113,8 +133,7 @@ def test_max_input_len_must_be_below_max_seq_len(input_len: int, seq_len: int) -
     with pytest.raises(SettingsError, match="max_input_len must be below max_seq_len"):
         Settings.load({"max_input_len": input_len, "max_seq_len": seq_len}, env={})
     with pytest.raises(SettingsError, match="max_input_len"):
-        Settings.load({"max_input_len": input_len},
-                      env={"MTT_MAX_SEQ_LEN": str(seq_len)})
+        Settings.load({"max_input_len": input_len}, env={"MTT_MAX_SEQ_LEN": str(seq_len)})
     ok = Settings.load({"max_input_len": seq_len - 1, "max_seq_len": seq_len}, env={})
     assert (ok.max_input_len, ok.max_seq_len) == (seq_len - 1, seq_len)
 

@@ -80,8 +80,7 @@ def test_zero_grace_aborts_on_the_next_loop_turn() -> None:
     asyncio.run(main())
 
 
-def test_sigterm_begins_draining_and_chains_to_the_previous_handler(
-        restore_sigterm: None) -> None:
+def test_sigterm_begins_draining_and_chains_to_the_previous_handler(restore_sigterm: None) -> None:
     calls = Calls()
     previous_calls: list[tuple[int, bool]] = []
     drainer = Drainer(0.05, calls.stop, calls.abort)

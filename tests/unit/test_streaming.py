@@ -14,10 +14,12 @@ from mistral_serving.detokenizer import IncrementalDetokenizer
 from mistral_serving.streaming import StopMatcher, TextStream
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
 
-SETTINGS = settings(max_examples=300, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
-TOKEN_SETTINGS = settings(max_examples=100, deadline=None,
-                          suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+TOKEN_SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 small_text = st.text(alphabet="ab c\n😀中", max_size=30)
 stop_string = st.text(alphabet="ab c\n😀中", min_size=1, max_size=4)
@@ -53,8 +55,11 @@ def _run_matcher(stops: list[str], parts: list[str]) -> tuple[list[str], str, bo
 
 
 @SETTINGS
-@given(text=small_text, stops=st.lists(stop_string, min_size=1, max_size=3),
-       cuts=st.lists(st.integers(0, 100), max_size=12))
+@given(
+    text=small_text,
+    stops=st.lists(stop_string, min_size=1, max_size=3),
+    cuts=st.lists(st.integers(0, 100), max_size=12),
+)
 def test_stop_matcher_earliest_stop_any_split(text: str, stops: list[str], cuts: list[int]) -> None:
     # With no stop string inside another, "first to appear" and "earliest position"
     # agree, so the output does not depend on how the text is split.
@@ -72,8 +77,11 @@ def test_stop_matcher_earliest_stop_any_split(text: str, stops: list[str], cuts:
 
 
 @SETTINGS
-@given(text=small_text, stops=st.lists(stop_string, max_size=3),
-       cuts=st.lists(st.integers(0, 100), max_size=12))
+@given(
+    text=small_text,
+    stops=st.lists(stop_string, max_size=3),
+    cuts=st.lists(st.integers(0, 100), max_size=12),
+)
 def test_stop_matcher_any_stops(text: str, stops: list[str], cuts: list[int]) -> None:
     # Any stop set (also one inside another): the output is the text seen until the
     # matcher stopped, cut at the earliest stop occurrence in it; emitted text never
@@ -108,12 +116,12 @@ def test_stop_matcher_holds_back_only_possible_stop_prefixes(text: str, stop: st
         sent += m.push(ch)
         if m.stopped:
             break
-        held = text[len(sent): i + 1]
+        held = text[len(sent) : i + 1]
         assert len(held) < len(stop)
         assert stop.startswith(held)
         # and the longest such suffix is the one held
         for n in range(len(held) + 1, min(len(stop), i + 2)):
-            assert not stop.startswith(text[i + 1 - n: i + 1])
+            assert not stop.startswith(text[i + 1 - n : i + 1])
 
 
 def test_stop_matcher_examples() -> None:
@@ -150,6 +158,7 @@ def test_stop_matcher_earliest_of_several() -> None:
 
 # -- TextStream with the real tokenizer -----------------------------------------------------
 
+
 @functools.cache
 def _tok(path: str) -> Tokenizer:
     return load_tokenizer(Path(path))
@@ -161,8 +170,24 @@ def tok(dev_model: Path) -> Tokenizer:
 
 
 words = st.lists(
-    st.sampled_from(["Hello", "world", "😀", "🫠", "中文", "café", " ", "\n", "stop", "END",
-                     "a", "b", ",", "  "]),
+    st.sampled_from(
+        [
+            "Hello",
+            "world",
+            "😀",
+            "🫠",
+            "中文",
+            "café",
+            " ",
+            "\n",
+            "stop",
+            "END",
+            "a",
+            "b",
+            ",",
+            "  ",
+        ]
+    ),
     max_size=15,
 ).map(" ".join)
 
@@ -178,7 +203,7 @@ def _feed(stream: TextStream, ids: list[int], group: int = 1) -> tuple[list, int
     for k in range(0, len(ids), group):
         if stream.stopped:
             break
-        batch = ids[k: k + group]
+        batch = ids[k : k + group]
         results.append(stream.add(batch))
         fed += len(batch)
     return results, fed
@@ -202,9 +227,7 @@ def test_text_stream_no_stop_joins_to_decode(
 
 @TOKEN_SETTINGS
 @given(text=words, interval=st.integers(1, 6))
-def test_text_stream_interval_one_token_at_a_time(
-    tok: Tokenizer, text: str, interval: int
-) -> None:
+def test_text_stream_interval_one_token_at_a_time(tok: Tokenizer, text: str, interval: int) -> None:
     ids = tok.encode(text)
     stream = TextStream(tok.table, (), interval)
     sent = ""
@@ -214,7 +237,7 @@ def test_text_stream_interval_one_token_at_a_time(
             assert chunk is None  # chunks only when `interval` tokens have gathered
         else:
             # at each interval: a chunk exactly when there is unsent text
-            assert chunk == (stream.text[len(sent):] or None)
+            assert chunk == (stream.text[len(sent) :] or None)
         sent += chunk or ""
         assert stream.text.startswith(sent)
     sent += stream.finish()
@@ -244,9 +267,16 @@ def test_text_stream_interval_counts(tok: Tokenizer) -> None:
 
 
 @TOKEN_SETTINGS
-@given(text=words, stops=st.lists(st.sampled_from(
-    ["stop", "END", "o w", "😀", "中", "café", "\n", "lo", "d 🫠", "xyz"]), min_size=1, max_size=3),
-    interval=st.integers(1, 4), group=st.integers(1, 3))
+@given(
+    text=words,
+    stops=st.lists(
+        st.sampled_from(["stop", "END", "o w", "😀", "中", "café", "\n", "lo", "d 🫠", "xyz"]),
+        min_size=1,
+        max_size=3,
+    ),
+    interval=st.integers(1, 4),
+    group=st.integers(1, 3),
+)
 def test_text_stream_with_stops(
     tok: Tokenizer, text: str, stops: list[str], interval: int, group: int
 ) -> None:
@@ -312,7 +342,7 @@ def test_stop_flushes_unsent_text_at_once(tok: Tokenizer) -> None:
     stop_at = next(n for n, chunk in enumerate(out) if chunk is not None)
     assert out[stop_at] == "Hello world "
     assert stream.stopped and stream.num_tokens == stop_at + 1
-    assert all(c is None for c in out[stop_at + 1:])
+    assert all(c is None for c in out[stop_at + 1 :])
     assert stream.finish() == "" and stream.text == "Hello world "
 
 

@@ -24,8 +24,13 @@ def value(registry: CollectorRegistry, name: str, labels: dict | None = None) ->
     return registry.get_sample_value(name, labels or {}) or 0.0
 
 
-def done_record(route: str = "predict", reason: str | None = "length", prompt_tokens: int = 5,
-                completion_tokens: int = 4, first_token: bool = True) -> RequestRecord:
+def done_record(
+    route: str = "predict",
+    reason: str | None = "length",
+    prompt_tokens: int = 5,
+    completion_tokens: int = 4,
+    first_token: bool = True,
+) -> RequestRecord:
     record = RequestRecord("client-id-1", route, arrived_at=time.monotonic() - 0.5)
     record.prompt_tokens, record.completion_tokens = prompt_tokens, completion_tokens
     record.finish_reason = reason
@@ -58,13 +63,13 @@ def test_admitted_observes_queue_time() -> None:
 
 def test_finished_updates_every_metric(caplog: pytest.LogCaptureFixture) -> None:
     telemetry, registry = make()
-    record = done_record(route="chat_completions", reason="stop", prompt_tokens=5,
-                         completion_tokens=4)
+    record = done_record(
+        route="chat_completions", reason="stop", prompt_tokens=5, completion_tokens=4
+    )
     with caplog.at_level(logging.INFO, logger=LOGGER):
         telemetry.finished(record)
     route = {"route": "chat_completions"}
-    assert value(registry, "mtt:request_finished_total",
-                 route | {"finished_reason": "stop"}) == 1
+    assert value(registry, "mtt:request_finished_total", route | {"finished_reason": "stop"}) == 1
     assert value(registry, "mtt:prompt_tokens_total") == 5
     assert value(registry, "mtt:generation_tokens_total") == 4
     assert value(registry, "mtt:request_prompt_tokens_sum") == 5
@@ -84,8 +89,7 @@ def test_no_ttft_or_tpot_without_output(caplog: pytest.LogCaptureFixture) -> Non
     route = {"route": "predict"}
     assert value(registry, "mtt:time_to_first_token_seconds_count", route) == 0
     assert value(registry, "mtt:time_per_output_token_seconds_count", route) == 0
-    assert value(registry, "mtt:request_finished_total",
-                 route | {"finished_reason": "abort"}) == 1
+    assert value(registry, "mtt:request_finished_total", route | {"finished_reason": "abort"}) == 1
 
 
 def test_single_token_has_ttft_but_no_tpot() -> None:
@@ -100,14 +104,17 @@ def test_missing_finish_reason_counts_as_error(caplog: pytest.LogCaptureFixture)
     telemetry, registry = make()
     with caplog.at_level(logging.INFO, logger=LOGGER):
         telemetry.finished(done_record(reason=None))
-    assert value(registry, "mtt:request_finished_total",
-                 {"route": "predict", "finished_reason": "error"}) == 1
+    assert (
+        value(
+            registry, "mtt:request_finished_total", {"route": "predict", "finished_reason": "error"}
+        )
+        == 1
+    )
     (line,) = request_lines(caplog)
     assert line.finish_reason == "error"
 
 
-def test_one_log_line_with_fields_and_no_text_by_default(
-        caplog: pytest.LogCaptureFixture) -> None:
+def test_one_log_line_with_fields_and_no_text_by_default(caplog: pytest.LogCaptureFixture) -> None:
     telemetry, _ = make(log_prompts=False)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         telemetry.finished(done_record(reason="length"), "secret prompt")

@@ -13,15 +13,46 @@ from hypothesis import strategies as st
 
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
 
-FAST = settings(max_examples=80, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
-SLOW = settings(max_examples=40, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+SLOW = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 SNIPPETS = [
-    "😀", "👍🏽", "👨‍👩‍👧", "🇫🇷", "中文", "日本語のテキスト", "한국어", "café", "naïve", "Ωμέγα",
-    " ", "  ", "   ", "\n", "\n\n", "\t", " \n ", "\r\n", "[INST]", "[/INST]", "<s>", "</s>",
-    "Hello", "world", ".", ",", "'", "1234", "\u200b", "\x00", "ﬁ", "é",
+    "😀",
+    "👍🏽",
+    "👨‍👩‍👧",
+    "🇫🇷",
+    "中文",
+    "日本語のテキスト",
+    "한국어",
+    "café",
+    "naïve",
+    "Ωμέγα",
+    " ",
+    "  ",
+    "   ",
+    "\n",
+    "\n\n",
+    "\t",
+    " \n ",
+    "\r\n",
+    "[INST]",
+    "[/INST]",
+    "<s>",
+    "</s>",
+    "Hello",
+    "world",
+    ".",
+    ",",
+    "'",
+    "1234",
+    "\u200b",
+    "\x00",
+    "ﬁ",
+    "é",
 ]
 unicode_text = st.lists(
     st.one_of(
@@ -67,6 +98,7 @@ def model_dir(dev_model: Path) -> str:
 
 # -- SentencePiece path -------------------------------------------------------------------
 
+
 def test_loads_sentencepiece_when_model_present(model_dir: str) -> None:
     tok = _ours(model_dir)
     sp = _sp(str(Path(model_dir) / "tokenizer.model"))
@@ -90,7 +122,8 @@ def test_encode_equals_sentencepiece_and_mistral_common(model_dir: str, text: st
     assert ids == _sp(model).encode(text)
     assert ids == _mistral_common_raw(model).encode(text, bos=False, eos=False)
     assert tok.encode(text, bos=True) == _mistral_common_raw(model).encode(
-        text, bos=True, eos=False)
+        text, bos=True, eos=False
+    )
 
 
 @FAST
@@ -127,6 +160,7 @@ def test_missing_tokenizer_files(tmp_path: Path) -> None:
 
 
 # -- Hugging Face tokenizer.json fallback --------------------------------------------------
+
 
 def test_hf_fallback_table_equals_sentencepiece_table(model_dir: str) -> None:
     sp_tok, hf_tok = _ours(model_dir), _ours(model_dir, prefer_sentencepiece=False)
@@ -182,12 +216,16 @@ def _byte_level_dir(root: str) -> str:
     out = Path(root)
     out.mkdir(parents=True, exist_ok=True)
     raw.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<|begin_of_text|>",
-        "eos_token": "<|end_of_text|>",
-        "clean_up_tokenization_spaces": False,
-    }))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<|begin_of_text|>",
+                "eos_token": "<|end_of_text|>",
+                "clean_up_tokenization_spaces": False,
+            }
+        )
+    )
     return str(out)
 
 

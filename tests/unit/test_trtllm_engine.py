@@ -66,8 +66,12 @@ def make_engine_dir(
 ) -> Path:
     engine_dir = root / "engine"
     engine_dir.mkdir()
-    build = {"max_batch_size": max_batch_size, "max_seq_len": max_seq_len, "max_num_tokens": 8192,
-             "plugin_config": {"use_paged_context_fmha": paged_context_fmha}}
+    build = {
+        "max_batch_size": max_batch_size,
+        "max_seq_len": max_seq_len,
+        "max_num_tokens": 8192,
+        "plugin_config": {"use_paged_context_fmha": paged_context_fmha},
+    }
     if max_input_len is not None:
         build["max_input_len"] = max_input_len
     config = {
@@ -260,8 +264,9 @@ def test_load_constructs_llm_for_token_ids(fake_trtllm, tmp_path):
 
 
 @pytest.mark.parametrize("paged_context_fmha", [True, False])
-def test_chunked_prefill_follows_the_engines_paged_context_fmha(fake_trtllm, tmp_path,
-                                                                 paged_context_fmha):
+def test_chunked_prefill_follows_the_engines_paged_context_fmha(
+    fake_trtllm, tmp_path, paged_context_fmha
+):
     engine = load(tmp_path, paged_context_fmha=paged_context_fmha)
     assert engine.llm.args.enable_chunked_prefill is paged_context_fmha
 

@@ -147,8 +147,10 @@ class DeploySettings(BaseModel):
                 raise ValueError(f"{key!r} is not a field of mistral_serving Settings")
             if key in owned:
                 raise ValueError(f"set {key!r} as a deploy setting, not under serving")
-        return {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-                for k, v in value.items()}
+        return {
+            k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in value.items()
+        }
 
     @model_validator(mode="after")
     def _check(self) -> DeploySettings:
@@ -219,8 +221,7 @@ def load_deploy_settings(
         return DeploySettings(**values)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}"
-            for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
         )
         raise DeploySettingsError(f"invalid deploy settings: {problems}") from None
 
@@ -228,9 +229,15 @@ def load_deploy_settings(
 def add_settings_arguments(parser: Any) -> None:
     """The flags `image`, `manifests` and the no-argument run share."""
     g = parser.add_argument_group("deploy settings (override defaults and --values)")
-    g.add_argument("--values", type=Path, metavar="FILE",
-                   help="YAML file with DeploySettings fields (see docs/deploy.md).")
-    g.add_argument("--image", help="Image repository, e.g. REGION-docker.pkg.dev/PROJECT/REPO/NAME.")
+    g.add_argument(
+        "--values",
+        type=Path,
+        metavar="FILE",
+        help="YAML file with DeploySettings fields (see docs/deploy.md).",
+    )
+    g.add_argument(
+        "--image", help="Image repository, e.g. REGION-docker.pkg.dev/PROJECT/REPO/NAME."
+    )
     g.add_argument("--tag", dest="image_tag", help="Image tag.")
     g.add_argument("--artifact", help="Hugging Face repo id of the engine artifact.")
     g.add_argument("--revision", dest="artifact_revision", help="Pinned artifact revision.")
@@ -239,13 +246,27 @@ def add_settings_arguments(parser: Any) -> None:
     g.add_argument("--replicas", type=int, help="Initial replicas (HPA minimum).")
     g.add_argument("--max-replicas", type=int, help="HPA maximum.")
     g.add_argument("--namespace", help="Namespace to write into the manifests.")
-    g.add_argument("--set", dest="serving_set", action="append", metavar="KEY=VALUE",
-                   help="Serving setting for the pod (model_metadata key), e.g. max_inflight=128.")
+    g.add_argument(
+        "--set",
+        dest="serving_set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="Serving setting for the pod (model_metadata key), e.g. max_inflight=128.",
+    )
 
 
 def settings_from_args(args: Any) -> DeploySettings:
-    names = ["image", "image_tag", "artifact", "artifact_revision", "gpu_type", "gpu_count",
-             "replicas", "max_replicas", "namespace"]
+    names = [
+        "image",
+        "image_tag",
+        "artifact",
+        "artifact_revision",
+        "gpu_type",
+        "gpu_count",
+        "replicas",
+        "max_replicas",
+        "namespace",
+    ]
     overrides: dict[str, Any] = {n: getattr(args, n, None) for n in names}
     serving: dict[str, str] = {}
     for item in getattr(args, "serving_set", None) or []:

@@ -167,9 +167,15 @@ def find_conflicts(
     image's `transformers==4.57.3` must itself satisfy every other source, or the image
     build would replace the version TensorRT-LLM was built and tested with).
     """
-    env = {"python_version": python_version, "python_full_version": python_version + ".0",
-           "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-           "os_name": "posix", "implementation_name": "cpython"}
+    env = {
+        "python_version": python_version,
+        "python_full_version": python_version + ".0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+    }
     by_name: dict[str, list[tuple[str, Requirement]]] = {}
     for source, lines in sources.items():
         for req in parse_requirements(lines):
@@ -236,8 +242,12 @@ def docker_unavailable(runner: Runner = subprocess.run) -> str | None:
     if shutil.which("docker") is None:
         return "the docker client is not installed"
     try:
-        proc = runner(["docker", "info", "--format", "{{.ServerVersion}}"],
-                      capture_output=True, text=True, timeout=20)
+        proc = runner(
+            ["docker", "info", "--format", "{{.ServerVersion}}"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"`docker info` failed: {exc}"
     if proc.returncode != 0:
@@ -268,22 +278,28 @@ def build_image(
             print(f"  {c}", file=sys.stderr)
         return 1
     render_image_context(context_dir)
-    print(f"Rendered the Docker build context into {context_dir} "
-          f"(FROM {BASE_IMAGE}, runs as uid 60000).")
+    print(
+        f"Rendered the Docker build context into {context_dir} "
+        f"(FROM {BASE_IMAGE}, runs as uid 60000)."
+    )
     cmds = docker_commands(context_dir, settings.image_ref, push)
     shown = "\n".join("  " + " ".join(c) for c in cmds)
     why = docker_unavailable(runner)
     if why is not None:
-        print(f"Not building the image here: {why}.\n"
-              f"On a machine with Docker (and `gcloud auth configure-docker` for the registry) run:\n"
-              f"{shown}")
+        print(
+            f"Not building the image here: {why}.\n"
+            f"On a machine with Docker (and `gcloud auth configure-docker` for the registry) run:\n"
+            f"{shown}"
+        )
         return 0
     for cmd in cmds:
         print("+ " + " ".join(cmd), flush=True)
         proc = runner(cmd)
         if proc.returncode != 0:
-            print(f"error: {' '.join(cmd[:2])} failed with exit code {proc.returncode}",
-                  file=sys.stderr)
+            print(
+                f"error: {' '.join(cmd[:2])} failed with exit code {proc.returncode}",
+                file=sys.stderr,
+            )
             return proc.returncode
     print(f"Built{' and pushed' if push else ''} {settings.image_ref}.")
     return 0
@@ -303,9 +319,13 @@ def image_command(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "image", help="Render the Truss image build context; build and push it with Docker.")
+        "image", help="Render the Truss image build context; build and push it with Docker."
+    )
     add_settings_arguments(p)
-    p.add_argument("--context-dir", default=str(DEFAULT_CONTEXT_DIR),
-                   help="Where to render the build context (default: .cache/image-context).")
+    p.add_argument(
+        "--context-dir",
+        default=str(DEFAULT_CONTEXT_DIR),
+        help="Where to render the build context (default: .cache/image-context).",
+    )
     p.add_argument("--no-push", action="store_true", help="Build and tag only.")
     p.set_defaults(func=image_command)

@@ -50,8 +50,12 @@ def server_env(context_dir: Path, port: int, settings: dict[str, str]) -> dict[s
 
 def dev_settings(artifact: Path = DEV_MODEL_DIR) -> dict[str, str]:
     """Settings for the CPU dev model (what `make serve` and the e2e tests use)."""
-    return {"artifact": str(artifact), "engine": "pytorch", "device": "cpu",
-            "cache_dir": str(CACHE_DIR / "artifacts")}
+    return {
+        "artifact": str(artifact),
+        "engine": "pytorch",
+        "device": "cpu",
+        "cache_dir": str(CACHE_DIR / "artifacts"),
+    }
 
 
 def server_command(app_dir: Path) -> list[str]:
@@ -72,8 +76,11 @@ def serve(args: argparse.Namespace) -> int:
         settings[key] = value
     context = render_build_context(CACHE_DIR / "serve-context")
     app = prepare_app_dir(context)
-    print(f"Truss server on http://127.0.0.1:{args.port} (ready when "
-          f"GET /v1/models/model answers 200); Ctrl-C stops it.", flush=True)
+    print(
+        f"Truss server on http://127.0.0.1:{args.port} (ready when "
+        f"GET /v1/models/model answers 200); Ctrl-C stops it.",
+        flush=True,
+    )
     # Become the server (exec, no child process): Ctrl-C and SIGTERM reach it directly.
     os.chdir(app)
     command = server_command(app)
@@ -81,9 +88,17 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="Run the real Truss server locally (dev model by default).")
+    p = subparsers.add_parser(
+        "serve", help="Run the real Truss server locally (dev model by default)."
+    )
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
-    p.add_argument("--artifact", help="Serve this artifact (path or repo id) instead of the dev model.")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE",
-                   help="Override a setting (model_metadata key), e.g. --set max_inflight=8.")
+    p.add_argument(
+        "--artifact", help="Serve this artifact (path or repo id) instead of the dev model."
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="Override a setting (model_metadata key), e.g. --set max_inflight=8.",
+    )
     p.set_defaults(func=serve)

@@ -72,8 +72,11 @@ def _meta(s: DeploySettings, name: str, extra_labels: dict[str, str] | None = No
     meta: dict[str, Any] = {"name": name}
     if s.namespace:
         meta["namespace"] = s.namespace
-    meta["labels"] = {**labels(s), "app.kubernetes.io/part-of": "mistral-trt-truss",
-                      **(extra_labels or {})}
+    meta["labels"] = {
+        **labels(s),
+        "app.kubernetes.io/part-of": "mistral-trt-truss",
+        **(extra_labels or {}),
+    }
     return meta
 
 
@@ -133,7 +136,9 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
         "env": env,
         "resources": _resources(s),
         "startupProbe": _http_probe(
-            READY_PATH, PROBE_PERIOD_STARTUP, 5,
+            READY_PATH,
+            PROBE_PERIOD_STARTUP,
+            5,
             math.ceil(s.startup_timeout_seconds / PROBE_PERIOD_STARTUP),
         ),
         "readinessProbe": {**_http_probe(READY_PATH, 5, 3, 3), "successThreshold": 1},
@@ -366,19 +371,30 @@ def drift(s: DeploySettings, out_dir: Path = K8S_DIR) -> list[str]:
         path = out_dir / name
         old = path.read_text() if path.is_file() else ""
         if old != text:
-            problems.append("".join(difflib.unified_diff(
-                old.splitlines(True), text.splitlines(True), str(path), f"{name} (rendered)")))
+            problems.append(
+                "".join(
+                    difflib.unified_diff(
+                        old.splitlines(True), text.splitlines(True), str(path), f"{name} (rendered)"
+                    )
+                )
+            )
     return problems
 
 
 def run_manifests(s: DeploySettings, out_dir: Path = K8S_DIR) -> int:
     paths = write_manifests(s, out_dir)
-    print(f"Rendered {len(paths)} files into {out_dir}: "
-          f"{', '.join(p.relative_to(out_dir).as_posix() for p in paths)}")
-    print(f"  image {s.image_ref}, artifact {s.artifact}@{s.artifact_revision}, "
-          f"{s.gpu_count}x {s.gke_accelerator}, replicas {s.replicas}..{s.max_replicas}")
-    print(f"  next: create the Secret ({out_dir / SECRET_TEMPLATE_FILE} says how), "
-          f"then kubectl apply -f {out_dir}/")
+    print(
+        f"Rendered {len(paths)} files into {out_dir}: "
+        f"{', '.join(p.relative_to(out_dir).as_posix() for p in paths)}"
+    )
+    print(
+        f"  image {s.image_ref}, artifact {s.artifact}@{s.artifact_revision}, "
+        f"{s.gpu_count}x {s.gke_accelerator}, replicas {s.replicas}..{s.max_replicas}"
+    )
+    print(
+        f"  next: create the Secret ({out_dir / SECRET_TEMPLATE_FILE} says how), "
+        f"then kubectl apply -f {out_dir}/"
+    )
     return 0
 
 
@@ -406,7 +422,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("manifests", help="Render the Kubernetes manifests into k8s/.")
     add_settings_arguments(p)
     p.add_argument("--out", default=str(K8S_DIR), help="Output folder (default: k8s/).")
-    p.add_argument("--check", action="store_true",
-                   help="Do not write; exit 1 when the folder differs from the rendering.")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="Do not write; exit 1 when the folder differs from the rendering.",
+    )
     p.set_defaults(func=manifests_command)
-

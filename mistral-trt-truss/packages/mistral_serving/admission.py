@@ -58,8 +58,9 @@ class Admission:
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self, is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-                      poll_s: float = 0.5) -> Ticket:
+    async def acquire(
+        self, is_disconnected: Callable[[], Awaitable[bool]] | None = None, poll_s: float = 0.5
+    ) -> Ticket:
         if self.draining:
             self._metrics.rejected.labels("draining").inc()
             raise Draining

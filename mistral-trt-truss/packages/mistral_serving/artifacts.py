@@ -47,8 +47,11 @@ def resolve_artifact(settings: Settings, hf_token: str | None) -> Path:
             "`build.py engine --push` printed (or a tag), so every replica serves the same files"
         )
     if not _COMMIT_SHA.match(settings.artifact_revision):
-        log.warning("artifact_revision %r is not a commit sha: a moved branch or tag changes "
-                    "what new replicas serve", settings.artifact_revision)
+        log.warning(
+            "artifact_revision %r is not a commit sha: a moved branch or tag changes "
+            "what new replicas serve",
+            settings.artifact_revision,
+        )
     return download(settings.artifact, settings.artifact_revision, settings.cache_path, hf_token)
 
 
@@ -112,8 +115,10 @@ def check_manifest(artifact_dir: Path, verify_hashes: bool) -> BuildManifest | N
     try:
         manifest = read_manifest(artifact_dir)
         if manifest is None:
-            log.warning("%s has no build manifest: versions, GPU and file integrity are "
-                        "unchecked", artifact_dir)
+            log.warning(
+                "%s has no build manifest: versions, GPU and file integrity are unchecked",
+                artifact_dir,
+            )
             return None
         verify_files(artifact_dir, manifest, hashes=verify_hashes)
     except ManifestError as exc:

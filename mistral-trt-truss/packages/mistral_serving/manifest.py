@@ -79,7 +79,9 @@ def read_manifest(artifact_dir: Path) -> BuildManifest | None:
     except ValidationError as exc:  # one line: the first problem is enough to act on
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "file"
-        raise ManifestError(f"{path}: unreadable build manifest ({where}: {first['msg']})") from None
+        raise ManifestError(
+            f"{path}: unreadable build manifest ({where}: {first['msg']})"
+        ) from None
 
 
 def verify_files(artifact_dir: Path, manifest: BuildManifest, hashes: bool = True) -> None:

@@ -50,8 +50,14 @@ class GenerationRequest:
 
 
 class GenerationService:
-    def __init__(self, settings: Settings, tokenizer: Tokenizer, engine: Engine,
-                 manifest: BuildManifest | None = None, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        tokenizer: Tokenizer,
+        engine: Engine,
+        manifest: BuildManifest | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.engine = engine
@@ -60,8 +66,9 @@ class GenerationService:
         self._live: set[str] = set()  # request ids in the engine now
 
     @classmethod
-    def start(cls, settings: Settings, hf_token: str | None,
-              metrics: Metrics | None = None) -> GenerationService:
+    def start(
+        cls, settings: Settings, hf_token: str | None, metrics: Metrics | None = None
+    ) -> GenerationService:
         """Resolve the artifact, check it, start its engine; log what and how long."""
         started = time.monotonic()
         artifact_dir = resolve_artifact(settings, hf_token)
@@ -75,12 +82,18 @@ class GenerationService:
         done = time.monotonic()
         log.info(
             "loaded %s (%s) with the %s engine in %.1fs (fetch %.1fs, start %.1fs); limits %s",
-            settings.artifact, kind, engine.info.name, done - started, fetched - started,
-            done - fetched, engine.limits,
+            settings.artifact,
+            kind,
+            engine.info.name,
+            done - started,
+            fetched - started,
+            done - fetched,
+            engine.limits,
         )
         service = cls(settings, tokenizer, engine, manifest, metrics)
-        service.telemetry.metrics.artifact.labels(engine.info.name, settings.artifact,
-                                                  described).set(1)
+        service.telemetry.metrics.artifact.labels(
+            engine.info.name, settings.artifact, described
+        ).set(1)
         return service
 
     def is_healthy(self) -> bool:
@@ -110,12 +123,16 @@ class GenerationService:
         if len(ids) > limits.max_input_len:
             raise RequestError(
                 f"prompt is {len(ids)} tokens; this engine accepts at most "
-                f"{limits.max_input_len} input tokens", param=param)
+                f"{limits.max_input_len} input tokens",
+                param=param,
+            )
         room = limits.max_seq_len - len(ids)
         if room < 1:
             raise RequestError(
                 f"prompt is {len(ids)} tokens, which leaves no room to generate within the "
-                f"engine's {limits.max_seq_len}-token sequence limit", param=param)
+                f"engine's {limits.max_seq_len}-token sequence limit",
+                param=param,
+            )
         return min(max_new_tokens, room)
 
     def parse_predict(self, body: object) -> tuple[PredictRequest, GenerationRequest]:
@@ -125,8 +142,9 @@ class GenerationService:
             raise RequestError(describe_validation_error(exc)) from None
         ids = self.prompt_ids(req.prompt, req.messages)
         sampling = SamplingOptions(
-            max_new_tokens=self.check_prompt(ids, req.max_new_tokens,
-                                             "messages" if req.messages else "prompt"),
+            max_new_tokens=self.check_prompt(
+                ids, req.max_new_tokens, "messages" if req.messages else "prompt"
+            ),
             temperature=req.temperature,
             top_k=req.top_k,
             top_p=req.top_p if 0.0 < req.top_p < 1.0 else 1.0,
@@ -135,11 +153,11 @@ class GenerationService:
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
         )
-        return req, GenerationRequest(ids, sampling, tuple(req.stop or ()),
-                                      req.streaming_interval)
+        return req, GenerationRequest(ids, sampling, tuple(req.stop or ()), req.streaming_interval)
 
-    async def stream(self, gen: GenerationRequest, record: RequestRecord,
-                     prompt_text: str | None = None) -> AsyncIterator[str]:
+    async def stream(
+        self, gen: GenerationRequest, record: RequestRecord, prompt_text: str | None = None
+    ) -> AsyncIterator[str]:
         """Text chunks as they are ready; `record` is filled in as it goes and reported
         (log line + metrics) when the stream ends. Leaving early (client gone, stop
         string) aborts the engine request."""
@@ -182,9 +200,13 @@ class GenerationService:
             self._live.discard(record.engine_id)
             self.telemetry.finished(record, prompt_text)
 
-    async def complete(self, gen: GenerationRequest, record: RequestRecord,
-                       is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-                       prompt_text: str | None = None) -> RequestRecord:
+    async def complete(
+        self,
+        gen: GenerationRequest,
+        record: RequestRecord,
+        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+        prompt_text: str | None = None,
+    ) -> RequestRecord:
         """The whole answer; stops (and aborts the engine request) if the client leaves."""
 
         async def drain() -> None:

@@ -37,7 +37,8 @@ class Settings(BaseModel):
         "~/.cache/mistral-trt-truss", description="Where downloaded artifacts are cached."
     )
     engine: Literal["auto", "tensorrt_llm", "pytorch", "replay"] = Field(
-        "auto", description="`auto` picks from the artifact: engine dir -> tensorrt_llm. "
+        "auto",
+        description="`auto` picks from the artifact: engine dir -> tensorrt_llm. "
         "`replay` is for benchmarks only: it emits pre-made tokens without a model.",
     )
     served_model_name: str = Field(
@@ -61,18 +62,28 @@ class Settings(BaseModel):
         "transformers' forward over a growing, left-padded DynamicCache (any causal LM).",
     )
     load_prefetch_threads: int = Field(
-        8, ge=0, description="Threads that read the checkpoint into the page cache while it "
-        "loads (cold-start time on cloud disks); 0: off.")
+        8,
+        ge=0,
+        description="Threads that read the checkpoint into the page cache while it "
+        "loads (cold-start time on cloud disks); 0: off.",
+    )
     gil_switch_interval_ms: float = Field(
-        0.5, gt=0, description="PyTorch engine on a GPU: the process's GIL switch interval "
-        "(sys.setswitchinterval); the engine thread and the event loop share the GIL.")
+        0.5,
+        gt=0,
+        description="PyTorch engine on a GPU: the process's GIL switch interval "
+        "(sys.setswitchinterval); the engine thread and the event loop share the GIL.",
+    )
     cuda_graphs: bool = Field(
-        True, description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs."
+        True,
+        description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs.",
     )
 
     replay_step_ms: float = Field(
-        10.0, gt=0, description="engine=replay (benchmarks only): milliseconds per step; "
-        "each step emits one token to every live request.")
+        10.0,
+        gt=0,
+        description="engine=replay (benchmarks only): milliseconds per step; "
+        "each step emits one token to every live request.",
+    )
 
     # Limits (never above what the engine allows).
     max_input_len: int | None = Field(None, ge=1, description="Lower the engine's input limit.")
@@ -80,8 +91,12 @@ class Settings(BaseModel):
 
     # TensorRT-LLM engine.
     kv_cache_free_gpu_memory_fraction: float = Field(
-        0.9, gt=0, le=1, description="Share of free GPU memory for the KV cache (TensorRT-LLM, "
-        "and the static PyTorch cache when max_seq_len is unset).")
+        0.9,
+        gt=0,
+        le=1,
+        description="Share of free GPU memory for the KV cache (TensorRT-LLM, "
+        "and the static PyTorch cache when max_seq_len is unset).",
+    )
 
     # Admission control and shutdown.
     max_inflight: int = Field(256, ge=1, description="Requests generating at once.")
@@ -104,7 +119,9 @@ class Settings(BaseModel):
         return Path(self.cache_dir).expanduser()
 
     @classmethod
-    def load(cls, model_metadata: dict[str, Any] | None, env: dict[str, str] | None = None) -> Settings:
+    def load(
+        cls, model_metadata: dict[str, Any] | None, env: dict[str, str] | None = None
+    ) -> Settings:
         """Settings from `model_metadata`, overridden by `MTT_*` environment variables."""
         env = dict(os.environ) if env is None else env
         values: dict[str, Any] = {
@@ -118,8 +135,14 @@ class Settings(BaseModel):
             return cls(**values)
         except ValidationError as exc:
             problems = "; ".join(
-                ": ".join(part for part in (".".join(str(p) for p in e["loc"]),
-                                            e["msg"].removeprefix("Value error, ")) if part)
+                ": ".join(
+                    part
+                    for part in (
+                        ".".join(str(p) for p in e["loc"]),
+                        e["msg"].removeprefix("Value error, "),
+                    )
+                    if part
+                )
                 for e in exc.errors()
             )
             raise SettingsError(f"invalid settings: {problems}") from None

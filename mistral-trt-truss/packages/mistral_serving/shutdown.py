@@ -19,8 +19,9 @@ log = logging.getLogger(__name__)
 
 
 class Drainer:
-    def __init__(self, grace_seconds: float, stop_admitting: Callable[[], None],
-                 abort_all: Callable[[], int]) -> None:
+    def __init__(
+        self, grace_seconds: float, stop_admitting: Callable[[], None], abort_all: Callable[[], int]
+    ) -> None:
         self.grace_seconds = grace_seconds
         self._stop_admitting = stop_admitting
         self._abort_all = abort_all

@@ -31,8 +31,11 @@ class RequestRecord:
 
     @property
     def usage(self) -> dict[str, int]:
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
-                "total_tokens": self.prompt_tokens + self.completion_tokens}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
 
     @property
     def ttft_s(self) -> float | None:
@@ -62,12 +65,17 @@ class Telemetry:
             m.ttft.labels(route).observe(record.ttft_s)
             if record.completion_tokens > 1:
                 m.tpot.labels(route).observe(
-                    (record.ended_at - record.first_token_at) / (record.completion_tokens - 1))
+                    (record.ended_at - record.first_token_at) / (record.completion_tokens - 1)
+                )
         line = {
-            "event": "request", "request_id": record.request_id, "route": route,
-            "prompt_tokens": record.prompt_tokens, "output_tokens": record.completion_tokens,
+            "event": "request",
+            "request_id": record.request_id,
+            "route": route,
+            "prompt_tokens": record.prompt_tokens,
+            "output_tokens": record.completion_tokens,
             "ttft_s": None if record.ttft_s is None else round(record.ttft_s, 4),
-            "duration_s": round(duration, 4), "finish_reason": record.finish_reason or "error",
+            "duration_s": round(duration, 4),
+            "finish_reason": record.finish_reason or "error",
         }
         if self.log_prompts:
             line |= {"prompt": prompt, "output": record.output}

@@ -130,8 +130,11 @@ def _hf_tokenizer(artifact_dir: Path) -> Tokenizer:
             token_bytes.append(None)
             is_byte.append(False)
         elif byte_level:
-            token_bytes.append(bytes(byte_map[c] for c in piece) if all(c in byte_map for c in piece)
-                               else piece.encode())
+            token_bytes.append(
+                bytes(byte_map[c] for c in piece)
+                if all(c in byte_map for c in piece)
+                else piece.encode()
+            )
             is_byte.append(False)
         elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
             token_bytes.append(bytes([int(piece[3:5], 16)]))
@@ -144,5 +147,6 @@ def _hf_tokenizer(artifact_dir: Path) -> Tokenizer:
     eos = tok.eos_token_id
     if eos is None:
         raise ValueError(f"{artifact_dir}: tokenizer has no eos token")
-    return Tokenizer(table, tok.bos_token_id, eos,
-                     lambda text: tok.encode(text, add_special_tokens=False))
+    return Tokenizer(
+        table, tok.bos_token_id, eos, lambda text: tok.encode(text, add_special_tokens=False)
+    )

@@ -140,7 +140,8 @@ def static_kv_columns(model, settings: Settings, max_seq: int) -> int:
     if columns < 256:
         raise EngineError(
             f"a static KV cache for {settings.max_batch_size} sequences does not fit in "
-            f"{budget / 2**30:.1f} GiB: lower max_batch_size or set max_seq_len")
+            f"{budget / 2**30:.1f} GiB: lower max_batch_size or set max_seq_len"
+        )
     return min(max_seq, columns)
 
 
@@ -152,8 +153,12 @@ class TorchEngine:
         self.limits = limits
         self.info = EngineInfo(
             "pytorch",
-            {"device": str(self._device), "dtype": str(next(model.parameters()).dtype),
-             "max_batch_size": limits.max_batch_size, "max_num_tokens": max_num_tokens},
+            {
+                "device": str(self._device),
+                "dtype": str(next(model.parameters()).dtype),
+                "max_batch_size": limits.max_batch_size,
+                "max_num_tokens": max_num_tokens,
+            },
         )
         self._max_num_tokens = max_num_tokens
         # transformers 5.x names the KV cache argument `cache`; 4.57 (the TensorRT-LLM
@@ -204,11 +209,18 @@ class TorchEngine:
 
             columns = static_kv_columns(model, settings, max_seq)
             return StaticTorchEngine(
-                model, eos_token_id,
+                model,
+                eos_token_id,
                 EngineLimits(min(max_input, columns - 1), columns, settings.max_batch_size),
-                settings.max_num_tokens, cuda_graphs=settings.cuda_graphs)
-        return cls(model, eos_token_id, EngineLimits(max_input, max_seq, settings.max_batch_size),
-                   settings.max_num_tokens)
+                settings.max_num_tokens,
+                cuda_graphs=settings.cuda_graphs,
+            )
+        return cls(
+            model,
+            eos_token_id,
+            EngineLimits(max_input, max_seq, settings.max_batch_size),
+            settings.max_num_tokens,
+        )
 
     # ---- the async interface (event loop side) ----
 
@@ -234,9 +246,15 @@ class TorchEngine:
         gen = torch.Generator(device=self._device)
         gen.manual_seed(sampling.seed if sampling.seed is not None else random.getrandbits(63))
         seq = _Sequence(
-            request_id, list(prompt_ids), sampling, min(sampling.max_new_tokens, room), emit,
-            gen, stop_ids=frozenset((self.eos_token_id, *sampling.stop_token_ids)),
-            loop=loop, queue=queue,
+            request_id,
+            list(prompt_ids),
+            sampling,
+            min(sampling.max_new_tokens, room),
+            emit,
+            gen,
+            stop_ids=frozenset((self.eos_token_id, *sampling.stop_token_ids)),
+            loop=loop,
+            queue=queue,
         )
         with self._lock:
             self._waiting.append(seq)
@@ -353,11 +371,17 @@ class TorchEngine:
         ids = torch.zeros((len(seqs), width), dtype=torch.long, device=self._device)
         mask = torch.zeros_like(ids)
         for row, seq in enumerate(seqs):
-            ids[row, width - len(seq.prompt):] = torch.tensor(seq.prompt, device=self._device)
-            mask[row, width - len(seq.prompt):] = 1
+            ids[row, width - len(seq.prompt) :] = torch.tensor(seq.prompt, device=self._device)
+            mask[row, width - len(seq.prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self._model(input_ids=ids, attention_mask=mask, position_ids=positions,
-                          use_cache=True, logits_to_keep=1, **{self._cache_arg: _new_cache([])})
+        out = self._model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_arg: _new_cache([])},
+        )
         kv = _cache_tensors(out[self._cache_arg])
         lengths = torch.tensor([len(s.prompt) for s in seqs], device=self._device)
         self._join(seqs, kv, mask, lengths)
@@ -367,9 +391,13 @@ class TorchEngine:
         ones = torch.ones((len(self._running), 1), dtype=torch.long, device=self._device)
         self._mask = torch.cat([self._mask, ones], dim=1)
         # The cache grows in place.
-        out = self._model(input_ids=self._last[:, None], attention_mask=self._mask,
-                          position_ids=self._pos[:, None], use_cache=True,
-                          **{self._cache_arg: self._cache})
+        out = self._model(
+            input_ids=self._last[:, None],
+            attention_mask=self._mask,
+            position_ids=self._pos[:, None],
+            use_cache=True,
+            **{self._cache_arg: self._cache},
+        )
         self._pos = self._pos + 1
         self._advance(list(self._running), out.logits[:, -1, :], first_row=0)
 
@@ -392,7 +420,7 @@ class TorchEngine:
             if reason is not None:
                 finished_rows.append(row)
         # One host-to-device copy for the step, not one tiny write per row.
-        self._last[first_row:first_row + len(seqs)] = torch.tensor(tokens).to(self._device)
+        self._last[first_row : first_row + len(seqs)] = torch.tensor(tokens).to(self._device)
         self._deliver(deliveries)
         if finished_rows:
             done = set(finished_rows)
@@ -412,16 +440,26 @@ class TorchEngine:
         def left_pad(t: torch.Tensor, n: int, dim_from_end: int) -> torch.Tensor:
             return F.pad(t, (0, 0) * dim_from_end + (n, 0)) if n else t
 
-        self._cache = _new_cache([
-            (torch.cat([left_pad(ok, width - old_width, 1), left_pad(nk, width - new_width, 1)]),
-             torch.cat([left_pad(ov, width - old_width, 1), left_pad(nv, width - new_width, 1)]))
-            for (ok, ov), (nk, nv) in zip(_cache_tensors(self._cache), kv)
-        ])
-        self._mask = torch.cat([left_pad(self._mask, width - old_width, 0),
-                                left_pad(mask, width - new_width, 0)])
+        self._cache = _new_cache(
+            [
+                (
+                    torch.cat(
+                        [left_pad(ok, width - old_width, 1), left_pad(nk, width - new_width, 1)]
+                    ),
+                    torch.cat(
+                        [left_pad(ov, width - old_width, 1), left_pad(nv, width - new_width, 1)]
+                    ),
+                )
+                for (ok, ov), (nk, nv) in zip(_cache_tensors(self._cache), kv)
+            ]
+        )
+        self._mask = torch.cat(
+            [left_pad(self._mask, width - old_width, 0), left_pad(mask, width - new_width, 0)]
+        )
         self._pos = torch.cat([self._pos, lengths])
-        self._last = torch.cat([self._last, torch.zeros(len(seqs), dtype=torch.long,
-                                                        device=self._device)])
+        self._last = torch.cat(
+            [self._last, torch.zeros(len(seqs), dtype=torch.long, device=self._device)]
+        )
         self._running.extend(seqs)
 
     def _select(self, rows: list[int]) -> None:
@@ -436,10 +474,12 @@ class TorchEngine:
         used = mask.any(dim=0).nonzero()
         start = int(used[0]) if len(used) else 0
         self._mask = mask[:, start:]
-        self._cache = _new_cache([
-            (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
-            for k, v in _cache_tensors(self._cache)
-        ])
+        self._cache = _new_cache(
+            [
+                (k.index_select(0, index)[:, :, start:], v.index_select(0, index)[:, :, start:])
+                for k, v in _cache_tensors(self._cache)
+            ]
+        )
         self._last = self._last.index_select(0, index)
         self._pos = self._pos.index_select(0, index)
 
@@ -479,7 +519,9 @@ def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def sample_next_tokens(logits: torch.Tensor, seqs: list[_Sequence]) -> list[int]:
     """One token per row, each row with its own request's sampling options."""
-    plain_greedy = [i for i, s in enumerate(seqs) if s.sampling.greedy and not _penalized(s.sampling)]
+    plain_greedy = [
+        i for i, s in enumerate(seqs) if s.sampling.greedy and not _penalized(s.sampling)
+    ]
     sampled = set(range(len(seqs))) - set(plain_greedy)
     tokens: list[int] = [0] * len(seqs)
     if plain_greedy:
@@ -500,8 +542,9 @@ def _sample_row(row: torch.Tensor, seq: _Sequence) -> int:
     if opts.repetition_penalty != 1.0:  # HF semantics: over prompt and output tokens
         seen = torch.tensor(sorted(set(seq.prompt) | set(seq.generated)), device=row.device)
         scores = row[seen]
-        row[seen] = torch.where(scores < 0, scores * opts.repetition_penalty,
-                                scores / opts.repetition_penalty)
+        row[seen] = torch.where(
+            scores < 0, scores * opts.repetition_penalty, scores / opts.repetition_penalty
+        )
     if seq.generated and (opts.presence_penalty or opts.frequency_penalty):  # OpenAI semantics
         ids, counts = torch.tensor(seq.generated, device=row.device).unique(return_counts=True)
         row[ids] -= opts.presence_penalty + opts.frequency_penalty * counts.to(row.dtype)

@@ -66,8 +66,14 @@ def supports_static_path(model) -> str | None:
 
 
 class StaticTorchEngine(TorchEngine):
-    def __init__(self, model, eos_token_id: int, limits: EngineLimits, max_num_tokens: int,
-                 cuda_graphs: bool = True) -> None:
+    def __init__(
+        self,
+        model,
+        eos_token_id: int,
+        limits: EngineLimits,
+        max_num_tokens: int,
+        cuda_graphs: bool = True,
+    ) -> None:
         why = supports_static_path(model)
         if why is not None:
             raise EngineError(f"pytorch_kv_cache=static cannot run this model: {why}")
@@ -85,15 +91,22 @@ class StaticTorchEngine(TorchEngine):
         self._lens: list[int] = []  # per running row: tokens in its slot (CPU mirror)
         self._fuse_weights()
         super().__init__(model, eos_token_id, limits, max_num_tokens)
-        self.info.details.update(kv_cache="static", kv_columns=self._cols,
-                                 cuda_graphs=self._use_graphs)
+        self.info.details.update(
+            kv_cache="static", kv_columns=self._cols, cuda_graphs=self._use_graphs
+        )
 
     @staticmethod
     def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
         heads = config.num_attention_heads
         kv = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return 2 * config.num_hidden_layers * kv * head_dim * torch.empty((), dtype=dtype).element_size()
+        return (
+            2
+            * config.num_hidden_layers
+            * kv
+            * head_dim
+            * torch.empty((), dtype=dtype).element_size()
+        )
 
     @torch.no_grad()
     def _fuse_weights(self) -> None:
@@ -114,7 +127,7 @@ class StaticTorchEngine(TorchEngine):
         start = 0
         for lin in linears:
             rows = lin.weight.shape[0]
-            lin.weight = torch.nn.Parameter(fused[start:start + rows], requires_grad=False)
+            lin.weight = torch.nn.Parameter(fused[start : start + rows], requires_grad=False)
             start += rows
         return fused
 
@@ -137,8 +150,10 @@ class StaticTorchEngine(TorchEngine):
     def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
         freqs = positions[..., None].float() * self._inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        return ((emb.cos() * self._rope_scale).to(dtype)[:, None],
-                (emb.sin() * self._rope_scale).to(dtype)[:, None])  # [n, 1, T, D]
+        return (
+            (emb.cos() * self._rope_scale).to(dtype)[:, None],
+            (emb.sin() * self._rope_scale).to(dtype)[:, None],
+        )  # [n, 1, T, D]
 
     @staticmethod
     def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -146,8 +161,14 @@ class StaticTorchEngine(TorchEngine):
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, row0: int,
-                 width: int, decode_mask: torch.Tensor | None) -> torch.Tensor:
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        row0: int,
+        width: int,
+        decode_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         """Hidden states [n, T, H] for `ids` [n, T] at `positions` [n, T] of slots
         row0..row0+n-1, writing their keys/values into those slots. Decode (T == 1)
         attends to the first `width` columns under `decode_mask` [n, 1, 1, width];
@@ -172,13 +193,20 @@ class StaticTorchEngine(TorchEngine):
                 # One query per sequence: fold the query heads of a KV head into the query
                 # axis, so this is plain multi-head attention over the slot's columns.
                 o = F.scaled_dot_product_attention(
-                    q.reshape(n, hkv, hq // hkv, d), kc[row0:row0 + n, :, :width],
-                    vc[row0:row0 + n, :, :width], attn_mask=decode_mask)
+                    q.reshape(n, hkv, hq // hkv, d),
+                    kc[row0 : row0 + n, :, :width],
+                    vc[row0 : row0 + n, :, :width],
+                    attn_mask=decode_mask,
+                )
                 o = o.reshape(n, 1, hq * d)
             else:
                 o = F.scaled_dot_product_attention(
-                    q, kc[row0:row0 + n, :, :t], vc[row0:row0 + n, :, :t], is_causal=True,
-                    enable_gqa=hkv != hq)
+                    q,
+                    kc[row0 : row0 + n, :, :t],
+                    vc[row0 : row0 + n, :, :t],
+                    is_causal=True,
+                    enable_gqa=hkv != hq,
+                )
                 o = o.transpose(1, 2).reshape(n, t, hq * d)
             x = x + attn.o_proj(o)
             gate, up = F.linear(layer.post_attention_layernorm(x), self._wgu[i]).chunk(2, dim=-1)
@@ -206,7 +234,7 @@ class StaticTorchEngine(TorchEngine):
         logits = self._model.lm_head(hidden[torch.arange(n, device=self._device), last])
         self._running.extend(seqs)
         self._lens.extend(len(s.prompt) for s in seqs)
-        self._posv[row0:row0 + n] = torch.tensor(self._lens[row0:], device=self._device)
+        self._posv[row0 : row0 + n] = torch.tensor(self._lens[row0:], device=self._device)
         self._advance(seqs, logits, first_row=row0)
 
     def _decode(self) -> None:
@@ -258,8 +286,9 @@ class StaticTorchEngine(TorchEngine):
 
     def _advance(self, seqs: list[_Sequence], logits: torch.Tensor, first_row: int) -> None:
         tokens = sample_next_tokens(logits.float(), seqs)
-        self._tok[first_row:first_row + len(seqs)] = torch.tensor(tokens).to(
-            self._device, non_blocking=True)
+        self._tok[first_row : first_row + len(seqs)] = torch.tensor(tokens).to(
+            self._device, non_blocking=True
+        )
         finished = []
         deliveries = []
         for offset, (seq, token) in enumerate(zip(seqs, tokens)):

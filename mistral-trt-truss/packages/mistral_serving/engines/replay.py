@@ -46,15 +46,17 @@ class _Stream:
 
 
 class ReplayEngine:
-    def __init__(self, token_ids: list[int], eos_token_id: int, limits: EngineLimits,
-                 step_s: float = 0.01) -> None:
+    def __init__(
+        self, token_ids: list[int], eos_token_id: int, limits: EngineLimits, step_s: float = 0.01
+    ) -> None:
         if not token_ids:
             raise EngineError("the replay engine needs at least one token to replay")
         self._tokens = token_ids
         self.eos_token_id = eos_token_id
         self.limits = limits
-        self.info = EngineInfo("replay", {"note": "benchmarks only: emits pre-made tokens",
-                                          "step_ms": step_s * 1000})
+        self.info = EngineInfo(
+            "replay", {"note": "benchmarks only: emits pre-made tokens", "step_ms": step_s * 1000}
+        )
         self._step_s = step_s
         self._lock = threading.Lock()
         self._live: dict[str, _Stream] = {}
@@ -64,25 +66,36 @@ class ReplayEngine:
         self._thread.start()
 
     @classmethod
-    def for_tokenizer(cls, tokenizer, max_batch_size: int, max_seq_len: int | None = None,
-                      max_input_len: int | None = None, step_ms: float = 10.0) -> ReplayEngine:
+    def for_tokenizer(
+        cls,
+        tokenizer,
+        max_batch_size: int,
+        max_seq_len: int | None = None,
+        max_input_len: int | None = None,
+        step_ms: float = 10.0,
+    ) -> ReplayEngine:
         seq = max_seq_len or 32768
         limits = EngineLimits(min(max_input_len or seq - 1, seq - 1), seq, max_batch_size)
         return cls(tokenizer.encode(TEXT), tokenizer.eos_id, limits, step_ms / 1000)
 
-    async def generate(self, request_id: str, prompt_ids: list[int],
-                       sampling: SamplingOptions) -> AsyncIterator[TokenDelta]:
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
+    ) -> AsyncIterator[TokenDelta]:
         if self._closed.is_set():
             raise EngineError("the replay engine is not running")
         if not prompt_ids or len(prompt_ids) > self.limits.max_input_len:
             raise EngineRequestError(
                 f"prompt has {len(prompt_ids)} tokens; this engine accepts 1 to "
-                f"{self.limits.max_input_len}")
+                f"{self.limits.max_input_len}"
+            )
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
-            self._live[request_id] = _Stream(asyncio.get_running_loop(), queue,
-                                             max(1, sampling.max_new_tokens),
-                                             len(prompt_ids) % len(self._tokens))
+            self._live[request_id] = _Stream(
+                asyncio.get_running_loop(),
+                queue,
+                max(1, sampling.max_new_tokens),
+                len(prompt_ids) % len(self._tokens),
+            )
         self._wake.set()
         try:
             while True:
@@ -117,7 +130,8 @@ class ReplayEngine:
                 if finished:
                     done.append(request_id)
                 by_loop.setdefault(s.loop, []).append(
-                    (s.queue, TokenDelta([token], "length" if finished else None)))
+                    (s.queue, TokenDelta([token], "length" if finished else None))
+                )
             if done:
                 with self._lock:
                     for request_id in done:

@@ -16,26 +16,38 @@ def engine_name_for(kind: ArtifactKind, setting: str) -> str:
         raise ArtifactError(
             f"engine={setting} but the artifact is a "
             f"{'TensorRT-LLM engine' if kind == 'trtllm_engine' else 'Hugging Face checkpoint'}; "
-            + ("build an engine from it with `python build.py engine`"
-               if kind == "hf_checkpoint" else "set engine=auto or serve a checkpoint")
+            + (
+                "build an engine from it with `python build.py engine`"
+                if kind == "hf_checkpoint"
+                else "set engine=auto or serve a checkpoint"
+            )
         )
     return wanted
 
 
-def start_engine(artifact_dir: Path, kind: ArtifactKind, settings: Settings,
-                 tokenizer: Tokenizer) -> Engine:
+def start_engine(
+    artifact_dir: Path, kind: ArtifactKind, settings: Settings, tokenizer: Tokenizer
+) -> Engine:
     if settings.engine == "replay":  # benchmarks only: see engines/replay.py
         from mistral_serving.engines.replay import ReplayEngine
 
-        return ReplayEngine.for_tokenizer(tokenizer, settings.max_batch_size,
-                                          settings.max_seq_len, settings.max_input_len,
-                                          settings.replay_step_ms)
+        return ReplayEngine.for_tokenizer(
+            tokenizer,
+            settings.max_batch_size,
+            settings.max_seq_len,
+            settings.max_input_len,
+            settings.replay_step_ms,
+        )
     if engine_name_for(kind, settings.engine) == "tensorrt_llm":
         from mistral_serving.engines.trtllm import TrtLlmEngine
 
-        return TrtLlmEngine.load(artifact_dir, settings, eos_token_id=tokenizer.eos_id,
-                                 pad_token_id=tokenizer.eos_id,
-                                 tokenizer_vocab_size=tokenizer.vocab_size)
+        return TrtLlmEngine.load(
+            artifact_dir,
+            settings,
+            eos_token_id=tokenizer.eos_id,
+            pad_token_id=tokenizer.eos_id,
+            tokenizer_vocab_size=tokenizer.vocab_size,
+        )
     from mistral_serving.engines.pytorch import TorchEngine
 
     return TorchEngine.from_pretrained(artifact_dir, settings, tokenizer.eos_id)
