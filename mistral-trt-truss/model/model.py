@@ -50,6 +50,13 @@ def _predict_error(
     )
 
 
+def _new_record(request: Request, route: str) -> RequestRecord:
+    """The request's record; its id is the client's X-Request-Id, or one we make."""
+    record = RequestRecord(request.headers.get("x-request-id") or "", route)
+    record.request_id = record.request_id or record.engine_id
+    return record
+
+
 class Model:
     def __init__(self, config: dict, secrets: Any = None, **_: Any) -> None:
         self._settings = Settings.load(config.get("model_metadata"))
@@ -85,8 +92,7 @@ class Model:
 
     async def predict(self, model_input: Any, request: Request) -> Any:
         self._drainer.install()
-        record = RequestRecord(request.headers.get("x-request-id") or "", "predict")
-        record.request_id = record.request_id or record.engine_id
+        record = _new_record(request, "predict")
         service = self._service
         assert service is not None  # Truss calls predict only after load()
         try:
@@ -126,8 +132,7 @@ class Model:
         self._drainer.install()
         service = self._service
         assert service is not None
-        record = RequestRecord(request.headers.get("x-request-id") or "", route.value)
-        record.request_id = record.request_id or record.engine_id
+        record = _new_record(request, route.value)
         try:
             call = openai_api.parse(route, body, service)
         except RequestError as exc:
