@@ -404,10 +404,10 @@ class TorchEngine:
     def _advance(self, seqs: list[_Sequence], logits: torch.Tensor, first_row: int) -> None:
         """Sample the next token of `seqs` (rows first_row.. of the batch) and deliver it."""
         tokens = sample_next_tokens(logits.float(), seqs)
+        self._store_tokens(first_row, tokens)
         finished_rows = []
         deliveries = []
         for offset, (seq, token) in enumerate(zip(seqs, tokens)):
-            row = first_row + offset
             reason: FinishReason | None = None
             if token in seq.stop_ids:
                 reason = "stop"
@@ -418,13 +418,16 @@ class TorchEngine:
                     reason = "length"
                 deliveries.append((seq, TokenDelta([token], reason)))
             if reason is not None:
-                finished_rows.append(row)
-        # One host-to-device copy for the step, not one tiny write per row.
-        self._last[first_row : first_row + len(seqs)] = torch.tensor(tokens).to(self._device)
+                finished_rows.append(first_row + offset)
         self._deliver(deliveries)
         if finished_rows:
             done = set(finished_rows)
             self._select([i for i in range(len(self._running)) if i not in done])
+
+    def _store_tokens(self, first_row: int, tokens: list[int]) -> None:
+        """Keep the step's tokens as the next step's input (one host-to-device copy for the
+        step, not one tiny write per row)."""
+        self._last[first_row : first_row + len(tokens)] = torch.tensor(tokens).to(self._device)
 
     # ---- the shared, left-padded batch ----
 

@@ -34,8 +34,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mistral_serving.engines.base import EngineError, EngineLimits, FinishReason, TokenDelta
-from mistral_serving.engines.pytorch import TorchEngine, _Sequence, sample_next_tokens
+from mistral_serving.engines.base import EngineError, EngineLimits
+from mistral_serving.engines.pytorch import TorchEngine, _Sequence
 
 log = logging.getLogger(__name__)
 
@@ -284,29 +284,10 @@ class StaticTorchEngine(TorchEngine):
         log.info("captured a CUDA graph for %d rows x %d columns", bucket, width)
         return entry
 
-    def _advance(self, seqs: list[_Sequence], logits: torch.Tensor, first_row: int) -> None:
-        tokens = sample_next_tokens(logits.float(), seqs)
-        self._tok[first_row : first_row + len(seqs)] = torch.tensor(tokens).to(
+    def _store_tokens(self, first_row: int, tokens: list[int]) -> None:
+        self._tok[first_row : first_row + len(tokens)] = torch.tensor(tokens).to(
             self._device, non_blocking=True
         )
-        finished = []
-        deliveries = []
-        for offset, (seq, token) in enumerate(zip(seqs, tokens)):
-            reason: FinishReason | None = None
-            if token in seq.stop_ids:
-                reason = "stop"
-                deliveries.append((seq, TokenDelta([], reason)))
-            else:
-                seq.generated.append(token)
-                if len(seq.generated) >= seq.max_new_tokens:
-                    reason = "length"
-                deliveries.append((seq, TokenDelta([token], reason)))
-            if reason is not None:
-                finished.append(first_row + offset)
-        self._deliver(deliveries)
-        if finished:
-            done = set(finished)
-            self._select([i for i in range(len(self._running)) if i not in done])
 
     def _select(self, rows: list[int]) -> None:
         """Keep these rows: fill each hole below the new count with the last kept row."""
