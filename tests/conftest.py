@@ -18,10 +18,9 @@ import requests
 from mistral_build.dev_model import build_dev_model
 from mistral_build.local_server import (
     dev_settings,
+    launch_server,
     prepare_app_dir,
     render_build_context,
-    server_command,
-    server_env,
 )
 from mistral_build.paths import DEV_MODEL_DIR
 
@@ -96,17 +95,8 @@ def start_server(
     ) -> RunningServer:
         port = free_port()
         values = dev_settings(dev_model) | {k: str(v) for k, v in settings.items()}
-        env = server_env(app_context, port, values) | (extra_env or {})
         log_path = tmp_path_factory.mktemp("server") / "server.log"
-        log = log_path.open("w")
-        proc = subprocess.Popen(
-            server_command(app_context / "app"),
-            cwd=app_context / "app",
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc = launch_server(app_context, port, values, log_path.open("w"), extra_env)
         server = RunningServer(f"http://127.0.0.1:{port}", proc, log_path)
         started.append(server)
         if wait:

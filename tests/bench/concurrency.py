@@ -23,10 +23,9 @@ sys.path.insert(0, str(REPO / "mistral-trt-truss" / "packages"))
 from mistral_build.dev_model import build_dev_model  # noqa: E402
 from mistral_build.local_server import (  # noqa: E402
     dev_settings,
+    launch_server,
     prepare_app_dir,
     render_build_context,
-    server_command,
-    server_env,
 )
 
 REQUESTS, INPUT_LEN, OUTPUT_LEN = 16, 64, 128
@@ -72,15 +71,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         context = prepare_app_dir(render_build_context(Path(tmp) / "context")).parent
         port = free_port()
-        env = server_env(context, port, dev_settings(build_dev_model()))
-        server = subprocess.Popen(
-            server_command(context / "app"),
-            cwd=context / "app",
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        server = launch_server(context, port, dev_settings(build_dev_model()), subprocess.DEVNULL)
         try:
             url = f"http://127.0.0.1:{port}"
             runs = {

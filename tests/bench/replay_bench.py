@@ -48,7 +48,7 @@ def top_functions(raw: Path, n: int = 25) -> list[str]:
 
 def main() -> int:
     from mistral_build.dev_model import build_dev_model
-    from mistral_build.local_server import prepare_app_dir, render_build_context
+    from mistral_build.local_server import launch_server, prepare_app_dir, render_build_context
     from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -73,28 +73,19 @@ def main() -> int:
     args = ap.parse_args()
 
     build_dev_model()
-    app = prepare_app_dir(render_build_context(CACHE_DIR / "replay-bench-context"))
-    env = dict(
-        os.environ,
-        INFERENCE_SERVER_PORT=str(args.port),
-        PYTHONUNBUFFERED="1",
-        MTT_ARTIFACT=str(DEV_MODEL_DIR),
-        MTT_ENGINE="replay",
-        MTT_DEVICE="cpu",
-        MTT_MAX_INFLIGHT="1024",
-        MTT_MAX_WAITING="1024",
-        MTT_MAX_BATCH_SIZE=str(args.concurrency),
-        MTT_REPLAY_STEP_MS=str(args.step_ms),
-    )
-    env["PYTHONPATH"] = os.pathsep.join([str(app.parent / "packages"), env.get("PYTHONPATH", "")])
+    context = render_build_context(CACHE_DIR / "replay-bench-context")
+    prepare_app_dir(context)
+    settings = {
+        "artifact": str(DEV_MODEL_DIR),
+        "engine": "replay",
+        "device": "cpu",
+        "max_inflight": "1024",
+        "max_waiting": "1024",
+        "max_batch_size": str(args.concurrency),
+        "replay_step_ms": str(args.step_ms),
+    }
     log = open(CACHE_DIR / "replay-bench-server.log", "w")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, str(app / "main.py")],
-        cwd=app,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    proc = launch_server(context, args.port, settings, log)
     url = f"http://127.0.0.1:{args.port}"
     spy = None
     try:

@@ -3,17 +3,14 @@ waiters whose client left, and the drain on SIGTERM."""
 
 from __future__ import annotations
 
-import json
 import signal
-import socket
 import threading
 import time
-from urllib.parse import urlparse
 
 import pytest
 import requests
 
-from tests.e2e.metrics_util import scrape, value, wait_for
+from tests.e2e.util import raw_post, scrape, value, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -98,13 +95,7 @@ def test_a_waiting_request_whose_client_left_is_dropped(start_server):
     reader = holder.iter_content(chunk_size=None)
     assert next(reader)
     # A raw request: it waits for the single slot, so no response headers would come.
-    waiter = socket.create_connection((urlparse(server.url).hostname, urlparse(server.url).port))
-    body = json.dumps({"prompt": "wait", "max_new_tokens": 10}).encode()
-    waiter.sendall(
-        f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n".encode()
-        + body
-    )
+    waiter = raw_post(server.url, PREDICT, {"prompt": "wait", "max_new_tokens": 10})
     wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 1, 30, "a waiter")
     waiter.close()
     wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 0, 30, "the waiter to go")

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import codecs
 import json
-import socket
 import threading
 import uuid
-from urllib.parse import urlparse
 
 import pytest
 import requests
 
 from mistral_serving.tokenizer import load_tokenizer
-from tests.e2e.metrics_util import value, wait_for
+from tests.e2e.util import aborted, raw_post, value, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -244,9 +242,7 @@ def _open_streams(url: str, n: int, max_new_tokens: int):
 def test_sixteen_streams_are_generated_together(server_url):
     # Each of 16 streams has produced text while all 16 are still open: the engine is
     # running them at once (not one after another).
-    before = value(
-        server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
-    )
+    before = aborted(server_url)
     responses, _readers, firsts = _open_streams(server_url, 16, 2048)
     try:
         assert all(firsts)
@@ -257,10 +253,7 @@ def test_sixteen_streams_are_generated_together(server_url):
     wait_for(
         lambda: value(server_url, "mtt:num_requests_running") == 0, 30, "streams to be aborted"
     )
-    after = value(
-        server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
-    )
-    assert after - before == 16
+    assert aborted(server_url) - before == 16
 
 
 def test_concurrent_greedy_answers_equal_sequential_ones(server_url):
@@ -284,9 +277,7 @@ def test_concurrent_greedy_answers_equal_sequential_ones(server_url):
 
 
 def test_client_disconnect_mid_stream_aborts_the_engine_request(server_url):
-    before = value(
-        server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
-    )
+    before = aborted(server_url)
     r = requests.post(
         f"{server_url}/v1/models/model:predict",
         stream=True,
@@ -295,42 +286,17 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(server_url):
     )
     assert next(r.iter_content(chunk_size=None))
     r.close()
-    wait_for(
-        lambda: (
-            value(
-                server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
-            )
-            == before + 1
-        ),
-        30,
-        "the abort",
-    )
+    wait_for(lambda: aborted(server_url) == before + 1, 30, "the abort")
     wait_for(lambda: value(server_url, "mtt:num_requests_running") == 0, 30, "a free engine")
     assert predict(server_url, prompt="after", max_new_tokens=2).status_code == 200
 
 
 def test_client_disconnect_during_a_non_streaming_request_aborts_it(server_url):
-    before = value(
-        server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
-    )
-    host = urlparse(server_url)
-    body = json.dumps({"prompt": "long", "max_new_tokens": 4000}).encode()
-    with socket.create_connection((host.hostname, host.port)) as s:
-        s.sendall(
-            b"POST /v1/models/model:predict HTTP/1.1\r\nHost: x\r\nContent-Type: "
-            b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-        )
+    before = aborted(server_url)
+    body = {"prompt": "long", "max_new_tokens": 4000}
+    with raw_post(server_url, "/v1/models/model:predict", body):
         wait_for(
             lambda: value(server_url, "mtt:num_requests_running") == 1, 30, "the request to start"
         )
-    wait_for(
-        lambda: (
-            value(
-                server_url, "mtt:request_finished_total", route="predict", finished_reason="abort"
-            )
-            == before + 1
-        ),
-        30,
-        "the abort",
-    )
+    wait_for(lambda: aborted(server_url) == before + 1, 30, "the abort")
     assert predict(server_url, prompt="after", max_new_tokens=2).status_code == 200

@@ -10,7 +10,7 @@ import requests
 from huggingface_hub import constants
 
 from mistral_build.publish import push_artifact
-from tests.e2e.metrics_util import scrape
+from tests.e2e.util import scrape
 from tests.hub_standin import HubStandIn
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
+from typing import IO
 
 from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR, TRUSS_DIR
 
@@ -60,6 +62,27 @@ def dev_settings(artifact: Path = DEV_MODEL_DIR) -> dict[str, str]:
 
 def server_command(app_dir: Path) -> list[str]:
     return [sys.executable, str(app_dir / "main.py")]
+
+
+def launch_server(
+    context_dir: Path,
+    port: int,
+    settings: dict[str, str],
+    log: IO | int,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """The server as a child process (tests, benchmarks) in its own process group, output
+    to `log`; `prepare_app_dir(context_dir)` must have run."""
+    app = context_dir / "app"
+    env = server_env(context_dir, port, settings) | (extra_env or {})
+    return subprocess.Popen(
+        server_command(app),
+        cwd=app,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def serve(args: argparse.Namespace) -> int:

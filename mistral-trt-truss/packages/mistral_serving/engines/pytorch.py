@@ -121,30 +121,6 @@ def _has_accelerate() -> bool:
     return importlib.util.find_spec("accelerate") is not None
 
 
-def static_kv_columns(model, settings: Settings, max_seq: int) -> int:
-    """Columns (tokens per sequence) of the static KV cache: `max_seq_len` when set, else
-    what `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for
-    `max_batch_size` slots (8 GiB on the CPU), never above the model's positions."""
-    from mistral_serving.engines.pytorch_static import StaticTorchEngine
-
-    if settings.max_seq_len:
-        return max_seq
-    param = next(model.parameters())
-    per_token = StaticTorchEngine.kv_bytes_per_token(model.config, param.dtype)
-    if param.device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(param.device)
-        budget = free * settings.kv_cache_free_gpu_memory_fraction - 4 * 2**30  # activations
-    else:
-        budget = 8 * 2**30
-    columns = int(budget // (per_token * settings.max_batch_size)) // 256 * 256
-    if columns < 256:
-        raise EngineError(
-            f"a static KV cache for {settings.max_batch_size} sequences does not fit in "
-            f"{budget / 2**30:.1f} GiB: lower max_batch_size or set max_seq_len"
-        )
-    return min(max_seq, columns)
-
-
 class TorchEngine:
     def __init__(self, model, eos_token_id: int, limits: EngineLimits, max_num_tokens: int) -> None:
         self._model = model
@@ -205,7 +181,10 @@ class TorchEngine:
             # to 5 ms per decode step (a step is 7-15 ms on an H200).
             sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
         if settings.pytorch_kv_cache == "static":
-            from mistral_serving.engines.pytorch_static import StaticTorchEngine
+            from mistral_serving.engines.pytorch_static import (
+                StaticTorchEngine,
+                static_kv_columns,
+            )
 
             columns = static_kv_columns(model, settings, max_seq)
             return StaticTorchEngine(

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from mistral_serving.engines.base import EngineError, EngineLimits
 from mistral_serving.engines.pytorch import TorchEngine, _Sequence
+from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -306,3 +307,25 @@ class StaticTorchEngine(TorchEngine):
             self._tok[dst_t] = self._tok[src_t]
             self._posv[dst_t] = self._posv[src_t]
         del self._running[m:], self._lens[m:]
+
+
+def static_kv_columns(model, settings: Settings, max_seq: int) -> int:
+    """Columns (tokens per sequence) of the static KV cache: `max_seq_len` when set, else
+    what `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for
+    `max_batch_size` slots (8 GiB on the CPU), never above the model's positions."""
+    if settings.max_seq_len:
+        return max_seq
+    param = next(model.parameters())
+    per_token = StaticTorchEngine.kv_bytes_per_token(model.config, param.dtype)
+    if param.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(param.device)
+        budget = free * settings.kv_cache_free_gpu_memory_fraction - 4 * 2**30  # activations
+    else:
+        budget = 8 * 2**30
+    columns = int(budget // (per_token * settings.max_batch_size)) // 256 * 256
+    if columns < 256:
+        raise EngineError(
+            f"a static KV cache for {settings.max_batch_size} sequences does not fit in "
+            f"{budget / 2**30:.1f} GiB: lower max_batch_size or set max_seq_len"
+        )
+    return min(max_seq, columns)
