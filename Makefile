@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Rebuilt when the code that makes it changes (a stale dev model is a confusing bug).
-$(DEV_MODEL): $(STAMP) mistral-trt-truss/packages/mistral_build/dev_model.py
+$(DEV_MODEL): $(STAMP) mistral_build/dev_model.py
 	$(PY) build.py dev-model --force
 
 dev-model: $(DEV_MODEL)

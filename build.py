@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Build everything the service needs: `python build.py --help`.
 
-The implementation lives in `mistral-trt-truss/packages/mistral_build/` so that the same
-code also runs inside the TensorRT-LLM release image, where engines must be built.
+The implementation lives in `mistral_build/` beside this file. It is build tooling, so
+it stays out of the serving image; engines are built from a checkout of this repository
+inside NVIDIA's TensorRT-LLM release container (docs/tensorrt-llm.md).
 """
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "mistral-trt-truss" / "packages"))
+ROOT = Path(__file__).resolve().parent
+sys.path[:0] = [str(ROOT), str(ROOT / "mistral-trt-truss" / "packages")]
 
 from mistral_build.cli import main  # noqa: E402
 

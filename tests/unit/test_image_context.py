@@ -81,11 +81,12 @@ def test_model_code_and_packages_are_copied(context: Path, dockerfile: str) -> N
     assert filecmp.cmp(
         context / "model" / "model.py", TRUSS_DIR / "model" / "model.py", shallow=False
     )
-    for package in ("mistral_serving", "mistral_build"):
-        src = TRUSS_DIR / "packages" / package
-        for f in src.rglob("*.py"):
-            copied = context / "packages" / package / f.relative_to(src)
-            assert copied.is_file() and filecmp.cmp(f, copied, shallow=False), copied
+    src = TRUSS_DIR / "packages" / "mistral_serving"
+    for f in src.rglob("*.py"):
+        copied = context / "packages" / "mistral_serving" / f.relative_to(src)
+        assert copied.is_file() and filecmp.cmp(f, copied, shallow=False), copied
+    # Build tooling stays out of the image: only what serving needs is copied.
+    assert not (context / "packages" / "mistral_build").exists()
     lines = instructions(dockerfile)
     assert "COPY --chown=root:root ./server ${APP_HOME}" in lines
     assert "COPY --chown=root:root ./model ${APP_HOME}/model" in lines

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-FinishReason = Literal["stop", "length", "abort"]
+FinishReason = Literal["stop", "length", "abort", "error"]
 
 
 class EngineError(RuntimeError):
@@ -21,6 +21,24 @@ class EngineError(RuntimeError):
 
 class EngineRequestError(ValueError):
     """The engine refused a request because of its inputs (the client's fault: a 4xx)."""
+
+
+@dataclass(frozen=True)
+class GuidedDecoding:
+    """Constrain the output to JSON: any JSON object, or one valid for `json_schema`."""
+
+    kind: Literal["json_object", "json_schema"]
+    json_schema: str | None = None  # the schema as JSON text (kind json_schema)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability, and the `top` most likely alternatives
+    (token id, logprob), from the log-softmax of the logits the sampler saw."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -36,6 +54,10 @@ class SamplingOptions:
     presence_penalty: float = 0.0  # additive, over output tokens (OpenAI semantics)
     frequency_penalty: float = 0.0
     stop_token_ids: tuple[int, ...] = ()  # end generation on these (EOS is always one)
+    ignore_eos: bool = False  # vLLM: EOS does not end generation (max_new_tokens does)
+    min_tokens: int = 0  # vLLM: EOS and stop_token_ids cannot end it before this many tokens
+    logprobs: int | None = None  # None: off; k: the chosen token's logprob and the top k
+    guided: GuidedDecoding | None = None  # structured output (response_format)
 
     @property
     def greedy(self) -> bool:
@@ -46,6 +68,7 @@ class SamplingOptions:
 class TokenDelta:
     token_ids: list[int]
     finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None  # one per token_ids entry when asked
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 TRUSS_DIR = REPO_ROOT / "mistral-trt-truss"
 CACHE_DIR = REPO_ROOT / ".cache"
 DEV_MODEL_DIR = CACHE_DIR / "dev-model"
