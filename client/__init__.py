@@ -2,7 +2,14 @@
 (`python -m client bench`). Works against the Truss predict route and any OpenAI-compatible
 server."""
 
-from client.client import DEFAULT_URL, AsyncClient, AsyncTextStream, Client, TextStream
+from client.client import (
+    DEFAULT_URL,
+    AsyncClient,
+    AsyncTextStream,
+    Client,
+    RetryPolicy,
+    TextStream,
+)
 from client.errors import (
     BadRequestError,
     ClientConnectionError,
@@ -13,7 +20,6 @@ from client.errors import (
     ServiceUnavailableError,
     StreamError,
 )
-from client.retry import RetryPolicy
 from client.types import Completion, SamplingParams, Usage
 
 __all__ = [

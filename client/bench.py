@@ -16,9 +16,15 @@ request is replayed once without streaming, with the same greedy sampling and se
 the replay's text equals the streamed text its ``usage`` is the request's exact count
 (``output_tokens_source: "replay"``), otherwise the number of text chunks is used and the
 record says ``"chunks"``. The predict route is driven with ``streaming_interval=1`` so
-each chunk is one step of generation and ITL is per token (a chunk may still hold more
-than one token when the server holds back an incomplete character or a possible stop
-string, or when two chunks arrive in one network read).
+each chunk is one step of generation and ITL is per token.
+
+Transports: ``httpx`` (default; full parsing, keeps the text) or ``raw`` (OpenAI routes
+only: HTTP/1.1 over asyncio streams, no text kept, optionally spread over
+``--client-procs`` processes), for servers that stream faster than one httpx process reads.
+
+Results go to ``--out`` (default ``bench/<time>``): results.json (with the host's CPUs,
+load average before and after, versions and git commit) and a plot. Overlay runs with
+``python -m client bench plot RUN.json OTHER.json``.
 """
 
 from __future__ import annotations
@@ -26,19 +32,33 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from client.client import DEFAULT_URL, AsyncClient
-from client.datasets import PromptItem, fit_length, load_prompts, synthetic_prompts
+from client.datasets import (
+    PromptItem,
+    fit_length,
+    load_prompts,
+    synthetic_prompts,
+    token_id_prompts,
+)
 from client.errors import ClientError
+from client.hostinfo import HostMonitor
 from client.metrics import RequestRecord, compute_metrics, parse_slos
+from client.protocol import build_request
+from client.rawhttp import RawPool
 from client.types import Api, SamplingParams
+
+DEFAULT_OUT_ROOT = Path("bench")
 
 
 @dataclass
@@ -46,8 +66,10 @@ class BenchConfig:
     url: str = DEFAULT_URL
     backend: Api = "predict"
     model: str | None = None
+    label: str | None = None
     chat: bool = False
     dataset: str | None = None
+    prompt_ids: bool = False
     num_prompts: int = 50
     input_len: int = 128
     output_len: int = 128
@@ -65,11 +87,38 @@ class BenchConfig:
     slos: dict[str, float] = field(default_factory=dict)
     percentiles: list[float] = field(default_factory=lambda: [50.0, 90.0, 99.0])
     token_count: str = "replay"
+    transport: str = "httpx"
+    client_procs: int = 1
     timeout: float = 600.0
     retries: int = 0
     ready_timeout: float = 0.0
+    server_pid: int | None = None
     out: str | None = None
     progress: bool = True
+
+    def validate(self) -> None:
+        """Refuse combinations that cannot work, with the reason (before any request)."""
+        if self.burstiness <= 0:
+            raise ValueError("--burstiness must be positive")
+        if self.num_prompts < 1:
+            raise ValueError("--num-prompts must be at least 1")
+        if any(c < 1 for c in self.concurrency):
+            raise ValueError("--concurrency levels must be at least 1")
+        if self.transport not in ("httpx", "raw"):
+            raise ValueError("--transport must be httpx or raw")
+        if self.transport == "raw" and self.backend != "openai":
+            raise ValueError(
+                "--transport raw reads usage from the OpenAI routes' SSE: use --backend openai"
+            )
+        if self.client_procs < 1:
+            raise ValueError("--client-procs must be at least 1")
+        if self.client_procs > 1 and (self.transport != "raw" or self.request_rate):
+            raise ValueError("--client-procs needs --transport raw and a concurrency sweep")
+        if self.prompt_ids and (self.backend != "openai" or self.chat or self.dataset):
+            raise ValueError(
+                "--prompt-ids sends token ids to /v1/completions: needs --backend openai, "
+                "no --chat, no --dataset"
+            )
 
 
 @dataclass
@@ -79,35 +128,6 @@ class Point:
     concurrency: int | None
     request_rate: float | None
     burstiness: float | None
-
-
-class Progress:
-    """A plain progress bar on stderr."""
-
-    def __init__(self, total: int, label: str, enabled: bool = True) -> None:
-        self.total, self.label, self.enabled = total, label, enabled
-        self.done = self.failed = 0
-        self.start = time.perf_counter()
-        self.tty = sys.stderr.isatty()
-        self._last_line = -1
-
-    def update(self, ok: bool) -> None:
-        self.done += 1
-        self.failed += 0 if ok else 1
-        if not self.enabled:
-            return
-        step = max(1, self.total // 10)
-        if self.tty or self.done == self.total or self.done // step != self._last_line:
-            self._last_line = self.done // step
-            width = 30
-            filled = int(width * self.done / max(1, self.total))
-            bar = "#" * filled + "-" * (width - filled)
-            end = "\r" if self.tty and self.done < self.total else "\n"
-            sys.stderr.write(
-                f"{self.label:>16} [{bar}] {self.done}/{self.total} "
-                f"failed={self.failed} {time.perf_counter() - self.start:6.1f}s{end}"
-            )
-            sys.stderr.flush()
 
 
 def sampling_for(cfg: BenchConfig, item: PromptItem) -> SamplingParams:
@@ -144,13 +164,21 @@ def arrival_gaps(n: int, rate: float, burstiness: float, rng: random.Random) -> 
     return [0.0] + [rng.gammavariate(burstiness, theta) for _ in range(max(0, n - 1))]
 
 
+def _what_was_sent(item: PromptItem) -> Any:
+    return item.prompt if item.prompt is not None else item.messages
+
+
+def _failed(record: RequestRecord, start: float, exc: Exception) -> RequestRecord:
+    record.latency = time.perf_counter() - start
+    record.error = f"{type(exc).__name__}: {exc}"
+    return record
+
+
 async def timed_request(
     client: AsyncClient, cfg: BenchConfig, item: PromptItem, index: int, run_start: float
 ) -> RequestRecord:
-    """One streamed request timed the way vLLM's request functions time it."""
-    record = RequestRecord(
-        index=index, prompt=item.prompt if item.prompt is not None else item.messages
-    )
+    """One streamed request over httpx, timed the way vLLM's request functions time it."""
+    record = RequestRecord(index=index, prompt=_what_was_sent(item))
     sampling = sampling_for(cfg, item)
     start = time.perf_counter()
     record.start = start - run_start
@@ -180,13 +208,140 @@ async def timed_request(
             record.output_tokens = len(pieces)
             record.output_tokens_source = "chunks"
         record.success = True
-    except ClientError as exc:
-        record.latency = time.perf_counter() - start
-        record.error = f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - a benchmark records every failure and goes on
-        record.latency = time.perf_counter() - start
-        record.error = f"{type(exc).__name__}: {exc}"
+        return _failed(record, start, exc)
     return record
+
+
+async def timed_raw_request(
+    pool: RawPool, cfg: BenchConfig, item: PromptItem, index: int, run_start: float, model: str
+) -> RequestRecord:
+    """One streamed request over the raw transport: arrival times and usage, no text."""
+    spec = build_request(
+        "openai",
+        prompt=item.prompt,
+        messages=item.messages,
+        sampling=sampling_for(cfg, item),
+        stream=True,
+        model=model,
+    )
+    start = time.perf_counter()
+    try:
+        res = await pool.post_stream(spec.path, spec.body)
+    except Exception as exc:  # noqa: BLE001 - recorded, as above
+        record = RequestRecord(index=index, prompt=_what_was_sent(item), start=start - run_start)
+        return _failed(record, start, exc)
+    record = RequestRecord.from_times(
+        index,
+        res.start,
+        res.arrivals,
+        res.end,
+        res.completion_tokens,
+        run_start=run_start,
+        prompt_tokens=res.prompt_tokens,
+    )
+    record.finish_reason = res.finish_reason
+    record.prompt = _what_was_sent(item)
+    return record
+
+
+Send = Callable[[PromptItem, int, float], Awaitable[RequestRecord]]
+
+
+async def run_point(
+    send: Send,
+    cfg: BenchConfig,
+    items: Sequence[PromptItem],
+    point: Point,
+    indices: Sequence[int] | None = None,
+    run_start: float | None = None,
+) -> tuple[list[RequestRecord], float]:
+    """Send every item under the point's load; return the records and the run's duration."""
+    progress = tqdm(
+        total=len(items),
+        desc=point.label,
+        disable=not cfg.progress,
+        file=sys.stderr,
+        mininterval=0.5,
+        leave=True,
+    )
+    limit = point.concurrency if point.mode != "rate" else cfg.max_concurrency
+    sem = asyncio.Semaphore(limit) if limit else None
+    numbers = list(indices) if indices is not None else list(range(len(items)))
+
+    async def one(i: int, item: PromptItem, start: float) -> RequestRecord:
+        if sem is None:
+            record = await send(item, i, start)
+        else:
+            async with sem:
+                record = await send(item, i, start)
+        progress.update(1)
+        return record
+
+    start = time.perf_counter() if run_start is None else run_start
+    try:
+        if point.mode == "sequential":
+            records = [await one(i, item, start) for i, item in zip(numbers, items, strict=True)]
+        else:
+            gaps = (
+                arrival_gaps(len(items), point.request_rate, cfg.burstiness, random.Random(cfg.seed))
+                if point.mode == "rate" and point.request_rate
+                else [0.0] * len(items)
+            )
+            tasks: list[asyncio.Task[RequestRecord]] = []
+            for gap, i, item in zip(gaps, numbers, items, strict=True):
+                if gap > 0:
+                    await asyncio.sleep(gap)
+                tasks.append(asyncio.create_task(one(i, item, start)))
+            records = list(await asyncio.gather(*tasks))
+    finally:
+        progress.close()
+    return records, time.perf_counter() - start
+
+
+def _raw_process(job: tuple[Any, ...]) -> list[RequestRecord]:
+    """One client process of a multi-process raw run (runs after fork)."""
+    cfg, model, point, pairs, run_start = job
+    # perf_counter is CLOCK_MONOTONIC, shared by every process, so all share one start.
+    time.sleep(max(0.0, run_start - time.perf_counter()))
+
+    async def go() -> list[RequestRecord]:
+        pool = RawPool(cfg.url)
+        try:
+
+            async def send(item: PromptItem, i: int, start: float) -> RequestRecord:
+                return await timed_raw_request(pool, cfg, item, i, start, model)
+
+            indices = [i for i, _ in pairs]
+            records, _ = await run_point(
+                send, cfg, [it for _, it in pairs], point, indices, run_start
+            )
+            return records
+        finally:
+            pool.close()
+
+    return asyncio.run(go())
+
+
+def run_point_in_processes(
+    cfg: BenchConfig, model: str, items: Sequence[PromptItem], point: Point
+) -> tuple[list[RequestRecord], float]:
+    """The point's concurrency spread over ``cfg.client_procs`` raw-transport processes."""
+    procs = max(1, min(cfg.client_procs, point.concurrency or 1, len(items)))
+    total = point.concurrency or 1
+    quiet = BenchConfig(**{**asdict(cfg), "progress": False})
+    run_start = time.perf_counter() + 1.0  # time for the processes to start
+    jobs = []
+    for p in range(procs):
+        share = total // procs + (p < total % procs)
+        pairs = [(i, items[i]) for i in range(p, len(items), procs)]
+        sub = Point(point.label, point.mode, share, None, None)
+        jobs.append((quiet, model, sub, pairs, run_start))
+    with multiprocessing.get_context("fork").Pool(procs) as pool:
+        parts = pool.map(_raw_process, jobs)
+    records = sorted((r for part in parts for r in part), key=lambda r: r.index)
+    duration = max(r.start + r.latency for r in records)
+    return records, duration
 
 
 async def replay_counts(
@@ -222,46 +377,6 @@ async def replay_counts(
     await asyncio.gather(*(one(i, r) for i, r in zip(items, records, strict=True)))
 
 
-async def run_point(
-    client: AsyncClient, cfg: BenchConfig, items: Sequence[PromptItem], point: Point
-) -> tuple[list[RequestRecord], float]:
-    """Send every item under the point's load; return the records and the run's duration."""
-    progress = Progress(len(items), point.label, cfg.progress)
-    limit = point.concurrency if point.mode != "rate" else cfg.max_concurrency
-    sem = asyncio.Semaphore(limit) if limit else None
-
-    async def limited(i: int, item: PromptItem, run_start: float) -> RequestRecord:
-        if sem is None:
-            record = await timed_request(client, cfg, item, i, run_start)
-        else:
-            async with sem:
-                record = await timed_request(client, cfg, item, i, run_start)
-        progress.update(record.success)
-        return record
-
-    run_start = time.perf_counter()
-    if point.mode == "sequential":
-        records = []
-        for i, item in enumerate(items):
-            record = await timed_request(client, cfg, item, i, run_start)
-            progress.update(record.success)
-            records.append(record)
-    else:
-        gaps = (
-            arrival_gaps(len(items), point.request_rate, cfg.burstiness, random.Random(cfg.seed))
-            if point.mode == "rate" and point.request_rate
-            else [0.0] * len(items)
-        )
-        tasks: list[asyncio.Task[RequestRecord]] = []
-        for i, item in enumerate(items):
-            if gaps[i] > 0:
-                await asyncio.sleep(gaps[i])
-            tasks.append(asyncio.create_task(limited(i, item, run_start)))
-        records = list(await asyncio.gather(*tasks))
-    duration = time.perf_counter() - run_start
-    return records, duration
-
-
 def sweep_points(cfg: BenchConfig) -> list[Point]:
     if cfg.one_at_a_time:
         return [Point("one-at-a-time", "sequential", 1, None, None)]
@@ -277,12 +392,13 @@ async def prepare_prompts(
     client: AsyncClient, cfg: BenchConfig
 ) -> tuple[list[PromptItem], dict[str, Any]]:
     rng = random.Random(cfg.seed)
-    info: dict[str, Any] = {}
+    if cfg.prompt_ids:
+        items = token_id_prompts(cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.seed)
+        return items, {"source": "token ids", "input_len": cfg.input_len}
     if cfg.dataset:
         pool = load_prompts(cfg.dataset, chat=cfg.chat)
         items = [pool[i % len(pool)] for i in range(cfg.num_prompts)]
-        info["source"] = cfg.dataset
-        return items, info
+        return items, {"source": cfg.dataset}
 
     async def count_tokens(text: str) -> int:
         kw: dict[str, Any] = (
@@ -295,13 +411,12 @@ async def prepare_prompts(
 
     fit = await fit_length(count_tokens, cfg.input_len, rng)
     items = synthetic_prompts(cfg.num_prompts, fit, cfg.input_len, cfg.output_len, rng, cfg.chat)
-    info.update(
-        source="synthetic",
-        words=fit.words_for(cfg.input_len),
-        fit_overhead_tokens=fit.overhead,
-        fit_tokens_per_word=fit.per_word,
-    )
-    return items, info
+    return items, {
+        "source": "synthetic",
+        "words": fit.words_for(cfg.input_len),
+        "fit_overhead_tokens": fit.overhead,
+        "fit_tokens_per_word": fit.per_word,
+    }
 
 
 def format_report(label: str, m: dict[str, Any]) -> str:
@@ -334,16 +449,24 @@ def format_report(label: str, m: dict[str, Any]) -> str:
         for stat in ("mean", "median", "p90", "p99"):
             name = f"{stat}_{key}_ms"
             if name in m:
-                lines.append(
-                    f"{(stat.capitalize() if stat in ('mean', 'median') else stat.upper()) + ' ' + key.upper() + ' (ms):':<40} {f(m[name])}"
-                )
+                shown = stat.capitalize() if stat in ("mean", "median") else stat.upper()
+                lines.append(f"{shown + ' ' + key.upper() + ' (ms):':<40} {f(m[name])}")
     lines.append("=" * 56)
     return "\n".join(lines)
 
 
+def default_label(cfg: BenchConfig, model: str | None) -> str:
+    """What the plot legend calls this run: the server (route and model) and its URL."""
+    name = cfg.backend if cfg.backend == "predict" else f"openai {model or '?'}"
+    return f"{name} @ {cfg.url}"
+
+
 async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+    cfg.validate()
+    monitor = HostMonitor(cfg.server_pid)
     points = sweep_points(cfg)
     max_in_flight = max([p.concurrency or 0 for p in points] + [cfg.max_concurrency or 0, 1])
+    raw = RawPool(cfg.url) if cfg.transport == "raw" else None
     async with AsyncClient(
         cfg.url,
         timeout=cfg.timeout,
@@ -354,35 +477,59 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     ) as client:
         if cfg.ready_timeout > 0:
             await client.wait_until_ready(cfg.ready_timeout)
-        items, prompt_info = await prepare_prompts(client, cfg)
-        if cfg.warmup > 0:
-            warm = Point("warmup", "concurrency", min(cfg.warmup, max_in_flight), None, None)
-            warm_records, _ = await run_point(client, cfg, items[: cfg.warmup] or items[:1], warm)
-            failed = [r.error for r in warm_records if not r.success]
-            if len(failed) == len(warm_records):
-                raise ClientError(f"every warm-up request failed: {failed[0]}")
-        runs: list[dict[str, Any]] = []
-        for point in points:
-            records, duration = await run_point(client, cfg, items, point)
-            if cfg.backend == "predict" and cfg.token_count == "replay":
-                await replay_counts(client, cfg, items, records, point.concurrency or 16)
-            metrics = compute_metrics(records, duration, cfg.slos, cfg.percentiles)
-            sources: dict[str, int] = {}
-            for r in records:
-                if r.success:
-                    sources[r.output_tokens_source] = sources.get(r.output_tokens_source, 0) + 1
-            metrics["output_tokens_sources"] = sources
-            runs.append(
-                {**asdict(point), "metrics": metrics, "requests": [r.to_dict() for r in records]}
-            )
-            print(format_report(point.label, metrics), flush=True)
+        await client.resolve_model()
+        model = client.model or "model"
+
+        async def send(item: PromptItem, i: int, start: float) -> RequestRecord:
+            if raw is not None:
+                return await timed_raw_request(raw, cfg, item, i, start, model)
+            return await timed_request(client, cfg, item, i, start)
+
+        try:
+            items, prompt_info = await prepare_prompts(client, cfg)
+            if cfg.warmup > 0:
+                warm = Point("warmup", "concurrency", min(cfg.warmup, max_in_flight), None, None)
+                warm_records, _ = await run_point(send, cfg, items[: cfg.warmup] or items[:1], warm)
+                failed = [r.error for r in warm_records if not r.success]
+                if len(failed) == len(warm_records):
+                    raise ClientError(f"every warm-up request failed: {failed[0]}")
+            runs: list[dict[str, Any]] = []
+            for point in points:
+                if raw is not None and cfg.client_procs > 1 and point.mode != "rate":
+                    records, duration = run_point_in_processes(cfg, model, items, point)
+                else:
+                    records, duration = await run_point(send, cfg, items, point)
+                if cfg.backend == "predict" and cfg.token_count == "replay":
+                    await replay_counts(client, cfg, items, records, point.concurrency or 16)
+                metrics = compute_metrics(records, duration, cfg.slos, cfg.percentiles)
+                sources: dict[str, int] = {}
+                for r in records:
+                    if r.success:
+                        key = r.output_tokens_source
+                        sources[key] = sources.get(key, 0) + 1
+                metrics["output_tokens_sources"] = sources
+                runs.append(
+                    {**asdict(point), "metrics": metrics, "requests": [r.to_dict() for r in records]}
+                )
+                print(format_report(point.label, metrics), flush=True)
+        finally:
+            if raw is not None:
+                raw.close()
+    host = monitor.finish()
     return {
+        "label": cfg.label or default_label(cfg, client.model),
         "config": asdict(cfg),
         "model": client.model,
         "prompts": prompt_info,
+        "host": host.to_dict(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": runs,
     }
+
+
+def default_out_dir(root: Path = DEFAULT_OUT_ROOT) -> Path:
+    """bench/<UTC time>: every run keeps its results (bench/ is ignored by git)."""
+    return root / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
 
 
 def write_results(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
@@ -390,19 +537,24 @@ def write_results(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
     path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    written = [path]
-    from client.plots import plot_sweep
+    from client.plots import plot_runs
 
-    written += plot_sweep(results, out)
-    return written
+    return [path, plot_runs([results], out / "latency_vs_throughput.png")]
 
 
 def _csv(kind: type, text: str) -> list[Any]:
-    return [kind(x) for x in text.replace(" ", "").split(",") if x]
+    try:
+        return [kind(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError as exc:
+        raise ValueError(f"bad list {text!r}: {exc}") from exc
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Shows every option's default, and keeps the description's line breaks."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=DEFAULT_URL, help="server base URL (default %(default)s)")
+    p.add_argument("--url", default=DEFAULT_URL, help="server base URL")
     p.add_argument(
         "--backend",
         choices=["predict", "openai"],
@@ -410,12 +562,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="predict: our Truss route; openai: /v1/completions (or chat) of any "
         "OpenAI-compatible server (ours, trtllm-serve, vLLM)",
     )
-    p.add_argument(
-        "--model", help="model name for OpenAI servers (default: first of GET /v1/models)"
-    )
+    p.add_argument("--model", help="model name for OpenAI servers (unset: first of GET /v1/models)")
+    p.add_argument("--label", help="the run's name in plot legends (unset: route, model and URL)")
     p.add_argument("--chat", action="store_true", help="send prompts as chat messages")
-    p.add_argument(
+    prompts = p.add_mutually_exclusive_group()
+    prompts.add_argument(
         "--dataset", help="prompt file: one prompt per line, or JSONL with prompt/messages"
+    )
+    prompts.add_argument(
+        "--prompt-ids",
+        action="store_true",
+        help="prompts of exactly --input-len random token ids (OpenAI completions only)",
     )
     p.add_argument("--num-prompts", type=int, default=50, help="requests per sweep point")
     p.add_argument(
@@ -423,7 +580,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--output-len", type=int, default=128, help="max new tokens per request")
     load = p.add_mutually_exclusive_group()
-    load.add_argument("--concurrency", default="1", help="comma list, e.g. 1,4,16 (default 1)")
+    load.add_argument("--concurrency", default="1", help="comma list of in-flight limits")
     load.add_argument("--request-rate", help="comma list of requests/s (gamma/Poisson arrivals)")
     load.add_argument(
         "--one-at-a-time",
@@ -438,28 +595,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--max-concurrency", type=int, help="cap on in-flight requests in rate mode")
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests before measuring")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-k", type=int)
-    p.add_argument("--top-p", type=float)
-    p.add_argument("--streaming-interval", type=int, default=1, help="predict route only")
+    p.add_argument("--seed", type=int, default=0, help="sampling and prompt seed")
+    p.add_argument("--temperature", type=float, help="unset: greedy")
+    p.add_argument("--top-k", type=int, help="unset: 1 on the predict route")
+    p.add_argument("--top-p", type=float, help="unset: the server's default")
+    p.add_argument(
+        "--streaming-interval", type=int, default=1, help="tokens per chunk (predict route)"
+    )
     p.add_argument(
         "--slo",
         nargs="*",
         default=[],
         metavar="NAME:MS",
-        help="goodput SLOs, e.g. --slo ttft:500 tpot:50 (names: ttft, tpot, e2el)",
+        help="goodput SLOs, also drawn on the plot: --slo ttft:500 tpot:50 (ttft, tpot, e2el)",
     )
-    p.add_argument("--percentiles", default="50,90,99")
+    p.add_argument("--percentiles", default="50,90,99", help="comma list of percentiles")
     p.add_argument(
         "--token-count",
         choices=["replay", "chunks"],
         default="replay",
-        help="predict route: exact counts from a non-streaming replay (default), "
+        help="predict route: exact counts from a non-streaming replay, "
         "or the number of streamed chunks",
     )
-    p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--retries", type=int, default=0, help="retries per request (default 0)")
+    p.add_argument(
+        "--transport",
+        choices=["httpx", "raw"],
+        default="httpx",
+        help="raw: lean HTTP/1.1 client for fast servers (OpenAI routes, no text kept)",
+    )
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="raw transport: client processes sharing each concurrency level",
+    )
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds of silence allowed")
+    p.add_argument("--retries", type=int, default=0, help="retries per request")
     p.add_argument(
         "--wait-ready",
         type=float,
@@ -467,19 +638,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="first wait up to this long for GET /v1/models/model to answer 200",
     )
-    p.add_argument("--out", help="directory for results.json and plots")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--server-pid",
+        type=int,
+        help="a server on this machine: its CPU use is not taken for competing load",
+    )
+    p.add_argument("--out", help="directory for results.json and the plot (unset: bench/<time>)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    if args.burstiness <= 0:
-        raise ValueError("--burstiness must be positive")
-    return BenchConfig(
+    cfg = BenchConfig(
         url=args.url,
         backend=args.backend,
         model=args.model,
+        label=args.label,
         chat=args.chat,
         dataset=args.dataset,
+        prompt_ids=args.prompt_ids,
         num_prompts=args.num_prompts,
         input_len=args.input_len,
         output_len=args.output_len,
@@ -497,19 +673,30 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         slos=parse_slos(args.slo),
         percentiles=_csv(float, args.percentiles),
         token_count=args.token_count,
+        transport=args.transport,
+        client_procs=args.client_procs,
         timeout=args.timeout,
         retries=args.retries,
         ready_timeout=args.wait_ready,
+        server_pid=args.server_pid,
         out=args.out,
         progress=not args.no_progress,
     )
+    cfg.validate()
+    return cfg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "plot":
+        from client.plots import main as plot_main
+
+        return plot_main(argv[1:])
     p = argparse.ArgumentParser(
         prog="python -m client bench",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
+        epilog="python -m client bench plot --help: overlay the plots of several runs",
     )
     add_arguments(p)
     args = p.parse_args(argv)
@@ -522,7 +709,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ClientError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    if cfg.out:
-        for path in write_results(results, cfg.out):
-            print(f"wrote {path}", file=sys.stderr)
+    out = Path(cfg.out) if cfg.out else default_out_dir()
+    for path in write_results(results, out):
+        print(f"wrote {path}", file=sys.stderr)
+    warning = results["host"].get("warning")
+    if warning:
+        print(f"WARNING: {warning}", file=sys.stderr)
     return 0

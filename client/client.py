@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import tenacity
+from httpx_sse import EventSource, SSEError
 
 from client.errors import (
     ClientConnectionError,
     ClientError,
     ClientTimeoutError,
+    RateLimitedError,
+    ServiceUnavailableError,
     StreamError,
     error_from_response,
 )
 from client.protocol import READY_PATH, RequestSpec, build_request, parse_completion, stream_parser
-from client.retry import RetryPolicy
-from client.streams import StreamState
+from client.streams import OpenAIStreamParser, StreamState
 from client.types import Api, Completion, Message, SamplingParams, Usage
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -33,6 +38,50 @@ def _transport_error(exc: httpx.HTTPError, url: str) -> ClientError:
     if isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError):
         return ClientConnectionError(f"cannot reach {url}: {exc}")
     return ClientError(f"transport error on {url}: {exc!r}")
+
+
+# Failures where generation certainly did not start: no connection, 503 (loading or
+# draining) and 429 (queue full). A timeout while reading, a 4xx or another 5xx is final.
+RETRYABLE = (ClientConnectionError, ServiceUnavailableError, RateLimitedError)
+MAX_RETRY_AFTER = 60.0
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded retries with exponential backoff, run by tenacity.
+
+    The wait before retry ``n`` (from 1) is ``backoff * 2**(n-1)`` capped at
+    ``max_backoff``, plus up to ``jitter`` of it at random; a server's Retry-After wins
+    when it is longer (capped at 60 s).
+    """
+
+    retries: int = 3
+    backoff: float = 0.5
+    max_backoff: float = 8.0
+    jitter: float = 0.1
+
+    def wait(self, state: tenacity.RetryCallState) -> float:
+        base = tenacity.wait_exponential(multiplier=self.backoff, max=self.max_backoff)(state)
+        base += base * self.jitter * random.random()
+        error = state.outcome.exception() if state.outcome is not None else None
+        retry_after = getattr(error, "retry_after", None)
+        if retry_after is not None:
+            base = max(base, min(retry_after, MAX_RETRY_AFTER))
+        return base
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "stop": tenacity.stop_after_attempt(self.retries + 1),
+            "retry": tenacity.retry_if_exception_type(RETRYABLE),
+            "wait": self.wait,
+            "reraise": True,  # the caller sees the last ClientError, not tenacity's RetryError
+        }
+
+    def retrying(self) -> tenacity.Retrying:
+        return tenacity.Retrying(**self._options())
+
+    def async_retrying(self) -> tenacity.AsyncRetrying:
+        return tenacity.AsyncRetrying(**self._options())
 
 
 class _Base:
@@ -63,7 +112,7 @@ class _Base:
 
     def _spec(
         self,
-        prompt: str | None,
+        prompt: str | list[int] | None,
         messages: list[Message] | None,
         stream: bool,
         sampling: SamplingParams | None,
@@ -127,16 +176,25 @@ class TextStream:
         return "".join(self._pieces)
 
     def __iter__(self) -> Iterator[str]:
+        parser = self._parser
         try:
-            for data in self._response.iter_bytes():
-                for piece in self._parser.feed(data):
-                    self._pieces.append(piece)
-                    yield piece
-            for piece in self._parser.close():
+            if isinstance(parser, OpenAIStreamParser):
+                for event in EventSource(self._response).iter_sse():
+                    for piece in parser.event(event.data):
+                        self._pieces.append(piece)
+                        yield piece
+            else:
+                for data in self._response.iter_bytes():
+                    for piece in parser.feed(data):
+                        self._pieces.append(piece)
+                        yield piece
+            for piece in parser.close():
                 self._pieces.append(piece)
                 yield piece
         except httpx.HTTPError as exc:
             raise StreamError(f"stream broke off: {exc!r}") from exc
+        except SSEError as exc:
+            raise StreamError(f"not an event stream: {exc}") from exc
         finally:
             self._response.close()
 
@@ -182,28 +240,25 @@ class Client(_Base):
     # -- plumbing ---------------------------------------------------------------------
     def _send(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
         """Send with retries; return the (streaming) response of a 2xx answer."""
-        url = self._url(path)
-        attempt = 0
-        while True:
-            try:
-                request = self._http.build_request(method, url, json=body)
-                response = self._http.send(request, stream=True)
-            except httpx.HTTPError as exc:
-                error = _transport_error(exc, url)
-            else:
-                if response.status_code < 400:
-                    return response
-                try:
-                    raw = response.read()
-                finally:
-                    response.close()
-                error = error_from_response(response.status_code, raw, response.headers)
-            if attempt >= self.policy.retries or not self.policy.retryable(error):
-                raise error
-            time.sleep(self.policy.delay(attempt, error.retry_after))
-            attempt += 1
+        for attempt in self.policy.retrying():
+            with attempt:
+                return self._send_once(method, self._url(path), body)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
 
-    def _resolve_model(self) -> None:
+    def _send_once(self, method: str, url: str, body: dict[str, Any] | None) -> httpx.Response:
+        try:
+            response = self._http.send(self._http.build_request(method, url, json=body), stream=True)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, url) from exc
+        if response.status_code < 400:
+            return response
+        try:
+            raw = response.read()
+        finally:
+            response.close()
+        raise error_from_response(response.status_code, raw, response.headers)
+
+    def resolve_model(self) -> None:
         if self.api == "openai" and self.model is None:
             try:
                 resp = self._http.get(self._url("/v1/models"))
@@ -215,7 +270,7 @@ class Client(_Base):
     # -- public API ---------------------------------------------------------------------
     def predict(
         self,
-        prompt: str | None = None,
+        prompt: str | list[int] | None = None,
         *,
         messages: list[Message] | None = None,
         sampling: SamplingParams | None = None,
@@ -223,7 +278,7 @@ class Client(_Base):
         **kw: Any,
     ) -> Completion:
         """One non-streaming generation for a prompt (or messages)."""
-        self._resolve_model()
+        self.resolve_model()
         spec = self._spec(prompt, messages, False, sampling, extra, kw)
         response = self._send("POST", spec.path, spec.body)
         try:
@@ -245,7 +300,7 @@ class Client(_Base):
 
     def stream(
         self,
-        prompt: str | None = None,
+        prompt: str | list[int] | None = None,
         *,
         messages: list[Message] | None = None,
         sampling: SamplingParams | None = None,
@@ -256,7 +311,7 @@ class Client(_Base):
 
         Errors before the stream starts (4xx, 5xx after retries) raise here.
         """
-        self._resolve_model()
+        self.resolve_model()
         spec = self._spec(prompt, messages, True, sampling, extra, kw)
         return TextStream(self._send("POST", spec.path, spec.body), spec, self.decode_errors)
 
@@ -310,16 +365,25 @@ class AsyncTextStream:
         return "".join(self._pieces)
 
     async def __aiter__(self) -> AsyncIterator[str]:
+        parser = self._parser
         try:
-            async for data in self._response.aiter_bytes():
-                for piece in self._parser.feed(data):
-                    self._pieces.append(piece)
-                    yield piece
-            for piece in self._parser.close():
+            if isinstance(parser, OpenAIStreamParser):
+                async for event in EventSource(self._response).aiter_sse():
+                    for piece in parser.event(event.data):
+                        self._pieces.append(piece)
+                        yield piece
+            else:
+                async for data in self._response.aiter_bytes():
+                    for piece in parser.feed(data):
+                        self._pieces.append(piece)
+                        yield piece
+            for piece in parser.close():
                 self._pieces.append(piece)
                 yield piece
         except httpx.HTTPError as exc:
             raise StreamError(f"stream broke off: {exc!r}") from exc
+        except SSEError as exc:
+            raise StreamError(f"not an event stream: {exc}") from exc
         finally:
             await self._response.aclose()
 
@@ -357,28 +421,28 @@ class AsyncClient(_Base):
     async def _send(
         self, method: str, path: str, body: dict[str, Any] | None = None
     ) -> httpx.Response:
-        url = self._url(path)
-        attempt = 0
-        while True:
-            try:
-                request = self._http.build_request(method, url, json=body)
-                response = await self._http.send(request, stream=True)
-            except httpx.HTTPError as exc:
-                error = _transport_error(exc, url)
-            else:
-                if response.status_code < 400:
-                    return response
-                try:
-                    raw = await response.aread()
-                finally:
-                    await response.aclose()
-                error = error_from_response(response.status_code, raw, response.headers)
-            if attempt >= self.policy.retries or not self.policy.retryable(error):
-                raise error
-            await asyncio.sleep(self.policy.delay(attempt, error.retry_after))
-            attempt += 1
+        async for attempt in self.policy.async_retrying():
+            with attempt:
+                return await self._send_once(method, self._url(path), body)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
 
-    async def _resolve_model(self) -> None:
+    async def _send_once(
+        self, method: str, url: str, body: dict[str, Any] | None
+    ) -> httpx.Response:
+        request = self._http.build_request(method, url, json=body)
+        try:
+            response = await self._http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise _transport_error(exc, url) from exc
+        if response.status_code < 400:
+            return response
+        try:
+            raw = await response.aread()
+        finally:
+            await response.aclose()
+        raise error_from_response(response.status_code, raw, response.headers)
+
+    async def resolve_model(self) -> None:
         if self.api == "openai" and self.model is None:
             try:
                 resp = await self._http.get(self._url("/v1/models"))
@@ -389,14 +453,14 @@ class AsyncClient(_Base):
 
     async def predict(
         self,
-        prompt: str | None = None,
+        prompt: str | list[int] | None = None,
         *,
         messages: list[Message] | None = None,
         sampling: SamplingParams | None = None,
         extra: dict[str, Any] | None = None,
         **kw: Any,
     ) -> Completion:
-        await self._resolve_model()
+        await self.resolve_model()
         spec = self._spec(prompt, messages, False, sampling, extra, kw)
         response = await self._send("POST", spec.path, spec.body)
         try:
@@ -418,14 +482,14 @@ class AsyncClient(_Base):
 
     async def stream(
         self,
-        prompt: str | None = None,
+        prompt: str | list[int] | None = None,
         *,
         messages: list[Message] | None = None,
         sampling: SamplingParams | None = None,
         extra: dict[str, Any] | None = None,
         **kw: Any,
     ) -> AsyncTextStream:
-        await self._resolve_model()
+        await self.resolve_model()
         spec = self._spec(prompt, messages, True, sampling, extra, kw)
         return AsyncTextStream(
             await self._send("POST", spec.path, spec.body), spec, self.decode_errors

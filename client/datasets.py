@@ -27,7 +27,7 @@ WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
 
 @dataclass(frozen=True)
 class PromptItem:
-    prompt: str | None = None
+    prompt: str | list[int] | None = None  # text, or token ids (OpenAI completions only)
     messages: list[Message] | None = None
     output_len: int | None = None
 
@@ -106,3 +106,25 @@ def synthetic_prompts(
 ) -> list[PromptItem]:
     words = fit.words_for(input_len)
     return [_item(random_text(words, rng), None, output_len, chat) for _ in range(n)]
+
+
+# Token ids drawn for id prompts: above the special and byte tokens of a 32k vocabulary.
+TOKEN_ID_RANGE = (100, 31000)
+
+
+def token_id_prompts(
+    n: int, length: int, output_len: int | None = None, seed: int = 0, bos: int = 1
+) -> list[PromptItem]:
+    """n prompts of exactly ``length`` token ids (BOS, then random ids): an exact input
+    length without fitting, for the OpenAI completions route."""
+    if length < 1:
+        raise ValueError("an id prompt needs at least one token")
+    rng = random.Random(seed)
+    lo, hi = TOKEN_ID_RANGE
+    return [
+        PromptItem(
+            prompt=[bos] + [rng.randrange(lo, hi) for _ in range(length - 1)],
+            output_len=output_len,
+        )
+        for _ in range(n)
+    ]

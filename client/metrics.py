@@ -47,7 +47,7 @@ class RequestRecord:
     finish_reason: str | None = None
     generated_text: str = ""
     error: str = ""
-    prompt: str | list[dict[str, str]] | None = None  # what was sent (text or messages)
+    prompt: str | list[int] | list[dict[str, str]] | None = None  # text, token ids or messages
 
     @property
     def tpot(self) -> float | None:
@@ -55,6 +55,31 @@ class RequestRecord:
         if self.output_tokens is None or self.output_tokens <= 1:
             return None
         return (self.latency - self.ttft) / (self.output_tokens - 1)
+
+    @classmethod
+    def from_times(
+        cls,
+        index: int,
+        start: float,
+        arrivals: Sequence[float],
+        end: float,
+        output_tokens: int | None,
+        *,
+        run_start: float = 0.0,
+        prompt_tokens: int | None = None,
+        source: str = "usage",
+    ) -> RequestRecord:
+        """A successful request from its clock readings (``perf_counter`` seconds): the
+        send time, the arrival of each chunk that carried text, and the end."""
+        record = cls(index=index, success=True, start=start - run_start)
+        record.latency = end - start
+        record.ttft = (arrivals[0] if arrivals else end) - start
+        record.itl = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        record.chunks = len(arrivals)
+        record.prompt_tokens = prompt_tokens
+        record.output_tokens = output_tokens if output_tokens is not None else len(arrivals)
+        record.output_tokens_source = source if output_tokens is not None else "chunks"
+        return record
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -156,3 +181,27 @@ def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
     """vLLM's goodput test: every given SLO (ms) >= the request's value."""
     values = {"ttft": record.ttft, "tpot": record.tpot or 0.0, "e2el": record.latency}
     return all(slos[name] / 1000.0 >= values[name] for name in slos)
+
+
+def summary_row(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The compact figures of one sweep point (the keys of the GPU results files), taken
+    from :func:`compute_metrics`, so every benchmark shares one set of definitions."""
+
+    def ms(name: str, digits: int = 1) -> float | None:
+        value = metrics.get(name)
+        return None if value is None else round(value, digits)
+
+    return {
+        "requests": metrics["completed"],
+        "failed": metrics["failed"],
+        "output_tokens": metrics["total_output_tokens"],
+        "wall_s": round(metrics["duration_s"], 2),
+        "output_tok_s": round(metrics["output_throughput"], 1),
+        "ttft_ms_p50": ms("median_ttft_ms"),
+        "ttft_ms_p99": ms("p99_ttft_ms"),
+        "tpot_ms_p50": ms("median_tpot_ms"),
+        "itl_ms_p50": ms("median_itl_ms"),
+        "itl_ms_p99": ms("p99_itl_ms"),
+        "e2e_ms_p50": ms("median_e2el_ms"),
+        "mean_tpot_ms": ms("mean_tpot_ms", 2),
+    }

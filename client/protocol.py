@@ -30,7 +30,7 @@ class RequestSpec:
 def build_request(
     api: Api,
     *,
-    prompt: str | None = None,
+    prompt: str | list[int] | None = None,
     messages: list[Message] | None = None,
     sampling: SamplingParams | None = None,
     stream: bool = False,

@@ -1,18 +1,25 @@
-"""One settings source for the image and the Kubernetes manifests.
+"""One settings source for the image, the Truss config.yaml and the Kubernetes manifests.
 
-`DeploySettings` holds everything `python build.py image` and `python build.py manifests`
-need: image name and tag, the engine artifact (repo + pinned revision), GPU type and count,
-replicas, ports, resources and shutdown timing. Its defaults live here, in code; a
-`--values FILE` (YAML, a subset of the fields) and command-line flags override them, in
-that order. Serving settings (`mistral_serving.settings.Settings`, `MTT_*` in the pod) keep
-their own names: `drain_grace_seconds`, `cache_dir` and the `serving` overrides below are
-passed to the pod under those names.
+`DeploySettings` holds what `python build.py image` and `python build.py manifests` need
+beyond the serving settings: image name and tag, the engine artifact (repo + pinned commit),
+GPU type and count, replicas, resources and shutdown timing. A `--values FILE` (YAML, a
+subset of the fields) and command-line flags override the defaults, in that order.
+
+Serving settings are NOT redeclared here: their defaults live in
+`mistral_serving.settings.Settings` only. `serving:` holds the ones a deployment changes
+(as `MTT_<KEY>` in the pod, and in config.yaml's `model_metadata`); everything derived
+from them (the drain in the grace period, the cache mount) reads the effective `Settings`.
+
+There are no placeholder defaults: `image`, `artifact` and `artifact_revision` have none,
+and rendering manifests without them is refused (`require_deployable`). The revision must
+be a 40-hex commit sha: a branch or tag name can move under a running deployment.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import yaml
@@ -32,8 +39,24 @@ GKE_ACCELERATORS: dict[str, str] = {
 # The Truss `resources.accelerator` spelling of the same GPU types.
 TRUSS_ACCELERATORS: dict[str, str] = {"a100": "A100", "h100": "H100", "l4": "L4"}
 
+# HOME of the image's non-root `app` user: a `~` in a serving path resolves against it.
+APP_HOME_DIR = "/home/app"
+
 # Label, namespace-less names: [a-z0-9-], at most 63 characters (DNS-1035 label).
 _NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+# Secret names are DNS-1123 subdomains.
+_SECRET_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+# A Docker image repository: lower-case registry host[:port] and path components.
+_IMAGE_PATTERN = (
+    r"^[a-z0-9]+([.-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)+$"
+)
+_REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
+_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+# Placeholders from older docs and defaults: refused so that they are never deployed.
+_DOC_PLACEHOLDERS = ("my-gcp-project", "my-hf-org")
+
+# Serving settings that are deploy fields of their own (they differ per deployment).
+_DEPLOY_OWNED = ("artifact", "artifact_revision")
 
 
 class DeploySettingsError(ValueError):
@@ -56,30 +79,32 @@ class DeploySettings(BaseModel):
     )
 
     # Image.
-    image: str = Field(
-        "us-central1-docker.pkg.dev/my-gcp-project/llm/mistral-trt-truss",
-        min_length=1,
+    image: str | None = Field(
+        None,
+        pattern=_IMAGE_PATTERN,
         description="Image repository (registry/path/name) that `build.py image` pushes to.",
     )
     image_tag: str = Field("0.1.0", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
     # What the pod serves (MTT_ARTIFACT / MTT_ARTIFACT_REVISION).
-    artifact: str = Field(
-        "my-hf-org/mistral-7b-instruct-v0.2-trtllm-1.2.1-a100-tp1",
-        min_length=1,
+    artifact: str | None = Field(
+        None,
+        pattern=_REPO_ID_PATTERN,
         description="Hugging Face repo id of the TensorRT-LLM engine artifact.",
     )
-    artifact_revision: str = Field(
-        "main",
-        min_length=1,
-        description="Revision of the artifact; pin a commit sha for production.",
+    artifact_revision: str | None = Field(
+        None,
+        description="40-hex commit sha of the artifact (`build.py engine --push` prints it).",
     )
-    cache_dir: str = Field(
-        "/app/model_cache", description="Engine cache mount path (MTT_CACHE_DIR)."
+    hf_token_secret: str = Field(
+        "mistral-7b-instruct-trt-hf-token",
+        pattern=_SECRET_PATTERN,
+        description="Kubernetes Secret holding the Hugging Face token (key hf_access_token).",
     )
     serving: dict[str, str] = Field(
         default_factory=dict,
-        description="More serving settings (model_metadata keys), passed as MTT_<KEY>.",
+        description="Serving settings this deployment changes (Settings fields), "
+        "passed as MTT_<KEY> and written into config.yaml's model_metadata.",
     )
 
     # GPUs.
@@ -106,6 +131,14 @@ class DeploySettings(BaseModel):
     # Network.
     port: int = Field(8080, ge=1, le=65535, description="Truss server port in the container.")
     service_port: int = Field(8080, ge=1, le=65535)
+    gateway: bool = Field(
+        False,
+        description="Also render k8s/gateway/: GKE Inference Gateway (InferencePool, "
+        "endpoint picker, Gateway, HTTPRoute).",
+    )
+    gateway_class: str = Field(
+        "gke-l7-rilb", min_length=1, description="GatewayClass of the Gateway (internal L7)."
+    )
 
     # Resources (per pod).
     cpu_request: str = "8"
@@ -122,12 +155,9 @@ class DeploySettings(BaseModel):
         "of an emptyDir (ReadWriteMany or one claim per replica).",
     )
 
-    # Start-up and shutdown.
+    # Start-up and shutdown (the drain itself is Settings.drain_grace_seconds).
     startup_timeout_seconds: int = Field(
         1800, ge=60, description="How long the engine may take to download and load."
-    )
-    drain_grace_seconds: float = Field(
-        60.0, ge=0, description="Settings.drain_grace_seconds: in-flight work may finish."
     )
     pre_stop_sleep_seconds: int = Field(
         10, ge=0, description="Keep serving while the endpoint removal propagates."
@@ -136,16 +166,33 @@ class DeploySettings(BaseModel):
         20, ge=5, description="Time after the drain for aborting, engine teardown and exit."
     )
 
+    @field_validator("image", "artifact")
+    @classmethod
+    def _no_doc_placeholder(cls, value: str | None) -> str | None:
+        for placeholder in _DOC_PLACEHOLDERS:
+            if value and placeholder in value:
+                raise ValueError(f"{value!r} is a documentation placeholder: use your own")
+        return value
+
+    @field_validator("artifact_revision")
+    @classmethod
+    def _commit_sha(cls, value: str | None) -> str | None:
+        if value is not None and not _COMMIT_SHA.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not a 40-hex commit sha; a branch or tag can move under a "
+                "running deployment: pin the sha that `build.py engine --push` printed"
+            )
+        return value
+
     @field_validator("serving", mode="before")
     @classmethod
     def _known_serving_keys(cls, value: Any) -> Any:
         if not isinstance(value, dict):
             return value  # pydantic reports the type error
-        owned = {"artifact", "artifact_revision", "cache_dir", "drain_grace_seconds"}
         for key in value:
             if key not in Settings.model_fields:
                 raise ValueError(f"{key!r} is not a field of mistral_serving Settings")
-            if key in owned:
+            if key in _DEPLOY_OWNED:
                 raise ValueError(f"set {key!r} as a deploy setting, not under serving")
         return {
             k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
@@ -156,12 +203,45 @@ class DeploySettings(BaseModel):
     def _check(self) -> DeploySettings:
         if self.max_replicas < self.replicas:
             raise ValueError("max_replicas must be at least replicas")
-        # The serving overrides must make a valid Settings object in the pod.
-        env = {ENV_PREFIX + k.upper(): v for k, v in self.serving_env().items()}
-        Settings.load({}, env=env)
+        # The pod's settings must be valid, and its cache must be a path we can mount.
+        self.cache_mount_path  # noqa: B018 - raises on a relative path
         return self
 
-    # Derived values: every manifest reads them from here.
+    # --- the pod's serving settings ------------------------------------------------------
+
+    def serving_env(self) -> dict[str, str]:
+        """Serving settings the pod gets, by Settings field name (MTT_<NAME> upper-cased)."""
+        env = {}
+        if self.artifact is not None:
+            env["artifact"] = self.artifact
+        if self.artifact_revision is not None:
+            env["artifact_revision"] = self.artifact_revision
+        return {**env, **self.serving}
+
+    @property
+    def serving_settings(self) -> Settings:
+        """The Settings the pod runs with: Settings' defaults, then our overrides."""
+        env = {ENV_PREFIX + k.upper(): v for k, v in self.serving_env().items()}
+        return Settings.load({}, env=env)
+
+    def model_metadata(self) -> dict[str, Any]:
+        """config.yaml's `model_metadata`: the overrides that differ from Settings' defaults,
+        typed as Settings holds them."""
+        effective = self.serving_settings.model_dump(mode="json")
+        defaults = Settings().model_dump(mode="json")
+        return {k: effective[k] for k in self.serving if effective[k] != defaults[k]}
+
+    @property
+    def cache_mount_path(self) -> str:
+        """Where the engine cache volume is mounted: Settings.cache_dir in the pod (a `~`
+        is the image user's HOME, which the manifests set)."""
+        raw = self.serving_settings.cache_dir
+        path = APP_HOME_DIR + raw[1:] if raw == "~" or raw.startswith("~/") else raw
+        if not PurePosixPath(path).is_absolute():
+            raise ValueError(f"cache_dir {raw!r} must be an absolute path (or start with ~/)")
+        return path
+
+    # --- derived values: every manifest reads them from here -----------------------------
 
     @property
     def image_ref(self) -> str:
@@ -181,20 +261,22 @@ class DeploySettings(BaseModel):
         """preStop sleep + the server's drain + a margin: SIGKILL only after all of it."""
         return (
             self.pre_stop_sleep_seconds
-            + math.ceil(self.drain_grace_seconds)
+            + math.ceil(self.serving_settings.drain_grace_seconds)
             + self.shutdown_margin_seconds
         )
 
-    def serving_env(self) -> dict[str, str]:
-        """Serving settings for the pod, by Settings field name."""
-        drain = self.drain_grace_seconds
-        return {
-            "artifact": self.artifact,
-            "artifact_revision": self.artifact_revision,
-            "cache_dir": self.cache_dir,
-            "drain_grace_seconds": str(int(drain) if drain == int(drain) else drain),
-            **self.serving,
-        }
+    def missing_for_deploy(self) -> list[str]:
+        """Fields a deployment needs that are not set (no placeholder stands in for them)."""
+        return [f for f in ("image", "artifact", "artifact_revision") if getattr(self, f) is None]
+
+    def require_deployable(self) -> None:
+        missing = self.missing_for_deploy()
+        if missing:
+            raise DeploySettingsError(
+                f"no value for {', '.join(missing)}: give them in --values FILE "
+                "(start from k8s/values.yaml.example) or as flags; manifests are never "
+                "rendered with placeholders"
+            )
 
 
 def load_deploy_settings(
@@ -205,8 +287,9 @@ def load_deploy_settings(
     if values_file is not None:
         try:
             loaded = yaml.safe_load(Path(values_file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise DeploySettingsError(f"cannot read values file {values_file}: {exc}") from None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DeploySettingsError(f"cannot read values file {values_file}: {reason}") from None
         if not isinstance(loaded, dict):
             raise DeploySettingsError(f"values file {values_file} must hold a YAML mapping")
         values.update(loaded)
@@ -214,44 +297,57 @@ def load_deploy_settings(
         if value is None:
             continue
         if key == "serving":
-            values["serving"] = {**values.get("serving", {}), **value}
+            base = values.get("serving")
+            values["serving"] = {**(base if isinstance(base, dict) else {}), **value}
         else:
             values[key] = value
     try:
-        return DeploySettings(**values)
+        return DeploySettings(**{str(k): v for k, v in values.items()})
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: "
+            f"{e['msg'].removeprefix('Value error, ')}"
+            for e in exc.errors()
         )
         raise DeploySettingsError(f"invalid deploy settings: {problems}") from None
+    except ValueError as exc:  # a serving value Settings refuses (raised while deriving)
+        raise DeploySettingsError(f"invalid deploy settings: {exc}") from None
 
 
 def add_settings_arguments(parser: Any) -> None:
     """The flags `image`, `manifests` and the no-argument run share."""
-    g = parser.add_argument_group("deploy settings (override defaults and --values)")
+    g = parser.add_argument_group("deploy settings (override --values)")
     g.add_argument(
         "--values",
         type=Path,
         metavar="FILE",
-        help="YAML file with DeploySettings fields (see docs/deploy.md).",
+        help="YAML file with DeploySettings fields (start from k8s/values.yaml.example).",
     )
     g.add_argument(
         "--image", help="Image repository, e.g. REGION-docker.pkg.dev/PROJECT/REPO/NAME."
     )
-    g.add_argument("--tag", dest="image_tag", help="Image tag.")
+    g.add_argument("--tag", dest="image_tag", help="Image tag (default: 0.1.0).")
     g.add_argument("--artifact", help="Hugging Face repo id of the engine artifact.")
-    g.add_argument("--revision", dest="artifact_revision", help="Pinned artifact revision.")
-    g.add_argument("--gpu-type", choices=sorted(GKE_ACCELERATORS), help="GPU type (a100).")
-    g.add_argument("--gpu-count", type=int, help="GPUs per pod = tensor-parallel size.")
-    g.add_argument("--replicas", type=int, help="Initial replicas (HPA minimum).")
-    g.add_argument("--max-replicas", type=int, help="HPA maximum.")
-    g.add_argument("--namespace", help="Namespace to write into the manifests.")
+    g.add_argument(
+        "--revision", dest="artifact_revision", help="40-hex commit sha of the artifact."
+    )
+    g.add_argument("--gpu-type", choices=sorted(GKE_ACCELERATORS), help="GPU type (default: a100).")
+    g.add_argument("--gpu-count", type=int, help="GPUs per pod = tensor-parallel size (default: 1).")
+    g.add_argument("--replicas", type=int, help="Initial replicas, the HPA minimum (default: 1).")
+    g.add_argument("--max-replicas", type=int, help="HPA maximum (default: 4).")
+    g.add_argument("--namespace", help="Namespace to write into the manifests (default: none).")
+    g.add_argument(
+        "--gateway",
+        action="store_true",
+        default=None,
+        help="Also render k8s/gateway/ (GKE Inference Gateway; docs/deploy.md).",
+    )
     g.add_argument(
         "--set",
         dest="serving_set",
         action="append",
         metavar="KEY=VALUE",
-        help="Serving setting for the pod (model_metadata key), e.g. max_inflight=128.",
+        help="Serving setting for the pod (a Settings field), e.g. max_inflight=128.",
     )
 
 
@@ -266,6 +362,7 @@ def settings_from_args(args: Any) -> DeploySettings:
         "replicas",
         "max_replicas",
         "namespace",
+        "gateway",
     ]
     overrides: dict[str, Any] = {n: getattr(args, n, None) for n in names}
     serving: dict[str, str] = {}

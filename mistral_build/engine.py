@@ -41,7 +41,10 @@ from mistral_build.publish import (
 from mistral_serving.manifest import BuildManifest, GpuRecord
 
 DEFAULT_MODEL = "mistralai/Mistral-7B-Instruct-v0.2"
-TRTLLM_SERIES = "1.2."  # the last TensorRT-LLM line that builds and runs TensorRT engines
+# The TensorRT-LLM line this pipeline was checked against. Since 1.0 the PyTorch backend is
+# TensorRT-LLM's default and the TensorRT-engine path (`trtllm-build`, `_tensorrt_engine.LLM`)
+# is the legacy one; flags and engine layout can change between lines, so others are refused.
+TRTLLM_SERIES = "1.2."
 # NVIDIA's release image for that line (nvcr.io/nvidia/tensorrt-llm/release:<version>).
 TRTLLM_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
 # Where the release image keeps the example scripts (the conversion scripts are examples,
@@ -53,9 +56,12 @@ Quantization = Literal["none", "int8_wo", "int4_wo", "int4_awq", "fp8"]
 Backend = Literal["tensorrt_llm", "pytorch"]
 GpuTargetName = Literal["a100", "h100", "h200", "l4"]
 
-# Source checkpoint files to fetch: weights as safetensors only (the Mistral repos also carry
-# the same weights as .bin / consolidated files, which would double the download).
+# Source checkpoint files to fetch: weights as Hugging Face safetensors only. The Mistral repos
+# also carry the same weights as .bin files and in Mistral's own format
+# (`consolidated.safetensors`, ~14.5 GB for the 7B), which `*.safetensors` would match too:
+# the ignore pattern keeps the download (and the disk estimate) to one copy of the weights.
 SOURCE_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja"]
+SOURCE_IGNORE = ["consolidated*"]
 
 
 class RefusedError(ValueError):
@@ -186,8 +192,10 @@ DISK_MARGIN = 1.15  # logs, timing cache, scales, filesystem slack
 
 
 def estimate_disk_bytes(opts: EngineOptions, model: ModelFacts, download: bool) -> int:
-    """Source checkpoint (when downloaded) + TensorRT-LLM checkpoint + engine. Embeddings
-    and LM head stay in 16 bits when the rest is quantized, hence the floor."""
+    """Source checkpoint (when downloaded: one copy of the weights, `SOURCE_IGNORE` keeps
+    Mistral's duplicate `consolidated.safetensors` out) + TensorRT-LLM checkpoint + engine.
+    Embeddings and LM head stay in 16 bits when the rest is quantized, hence the floor.
+    Mistral-7B fp16: 3 x 14.5 GB x 1.15 = about 50 GB."""
     params = model.num_parameters
     quantized = params * max(BYTES_PER_PARAM[opts.quantization], 0.6)
     source = params * 2.0 if download else 0
@@ -251,7 +259,7 @@ def check_environment(
         elif not facts.trtllm_version.startswith(TRTLLM_SERIES):
             problems.append(
                 f"tensorrt_llm {facts.trtllm_version} is installed; this pipeline targets "
-                f"{TRTLLM_SERIES}x (later releases dropped TensorRT engines): use {TRTLLM_IMAGE}"
+                f"{TRTLLM_SERIES}x (engine flags and layout differ between lines): use {TRTLLM_IMAGE}"
             )
         if not facts.gpus:
             problems.append(
@@ -388,7 +396,8 @@ def render_plan(opts: EngineOptions, paths: BuildPaths, steps: list[Step]) -> st
     if opts.checkpoint_dir is None:
         lines.append(
             f"# download: {opts.model}@{opts.revision or 'main'} -> {paths.source_dir} "
-            f"(huggingface_hub.snapshot_download, allow_patterns={SOURCE_PATTERNS})"
+            f"(huggingface_hub.snapshot_download, allow_patterns={SOURCE_PATTERNS}, "
+            f"ignore_patterns={SOURCE_IGNORE})"
         )
     for i, step in enumerate(steps, 1):
         lines.append(
@@ -528,7 +537,12 @@ def download_source(opts: EngineOptions, dest: Path, token: str | None) -> str:
     print(f"[download] {opts.model}@{sha} -> {dest}")
     started = time.monotonic()
     snapshot_download(
-        opts.model, revision=sha, local_dir=dest, allow_patterns=SOURCE_PATTERNS, token=token
+        opts.model,
+        revision=sha,
+        local_dir=dest,
+        allow_patterns=SOURCE_PATTERNS,
+        ignore_patterns=SOURCE_IGNORE,
+        token=token,
     )
     print(f"[download] done in {format_elapsed(time.monotonic() - started)}")
     return sha

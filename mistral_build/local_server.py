@@ -61,7 +61,9 @@ def dev_settings(artifact: Path = DEV_MODEL_DIR) -> dict[str, str]:
 
 
 def server_command(app_dir: Path) -> list[str]:
-    return [sys.executable, str(app_dir / "main.py")]
+    """The real Truss server through our launcher (run with the app folder as cwd),
+    exactly as the image's command runs it."""
+    return [sys.executable, "-m", "mistral_serving.server"]
 
 
 def launch_server(

@@ -18,8 +18,13 @@ _commit_api.py, lfs.py, file_download.py, _snapshot_download.py), in memory, on
 Differences from the real Hub, on purpose: uploads go through the legacy LFS protocol, so
 the client must run with Xet disabled (`HF_HUB_DISABLE_XET=1` / `constants.HF_HUB_DISABLE_XET`);
 downloads are served directly (no CDN redirect); only model repos exist. A token, when
-the stand-in is given one, is required for writes and for reading private repos, and every
+the stand-in is given one, is required for writes and for reading private repos; a wrong
+token is answered 401 "Invalid credentials in Authorization header", as the Hub does. Every
 request is recorded (`requests`) so tests can check what the client sent.
+
+Faults on demand: `hub.answer_with(500)` (or 403, or 200 with a body that is not JSON)
+answers every request whose path starts with `prefix` that way until
+`hub.answer_normally()`, so tests can see how a client reports a Hub that misbehaves.
 """
 
 from __future__ import annotations
@@ -72,6 +77,16 @@ class Repo:
         return revision if revision in self.commits else None
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A canned answer for every request whose path starts with `prefix`."""
+
+    status: int
+    body: bytes
+    content_type: str
+    prefix: str
+
+
 @dataclass
 class Recorded:
     method: str
@@ -87,6 +102,7 @@ class HubState:
         self.requests: list[Recorded] = []
         self.lock = threading.Lock()
         self.counter = 0
+        self.fault: Fault | None = None
 
     def new_commit(self, repo: Repo, tree: dict[str, StoredFile], message: str) -> str:
         self.counter += 1
@@ -148,15 +164,19 @@ class Handler(BaseHTTPRequestHandler):
     def authorized(self) -> bool:
         if self.state.token is None:
             return True
-        return self.headers.get("Authorization") == f"Bearer {self.state.token}"
+        given = self.headers.get("Authorization")
+        if given is not None and given != f"Bearer {self.state.token}":
+            raise HttpError(401, "Invalid credentials in Authorization header")
+        return given is not None
 
     def require_write(self) -> None:
         if not self.authorized():
             raise HttpError(401, "Invalid credentials in Authorization header")
 
     def repo(self, repo_id: str) -> Repo:
+        authorized = self.authorized()  # first: a wrong token is a 401 even on a public repo
         repo = self.state.repos.get(repo_id)
-        if repo is None or (repo.private and not self.authorized()):
+        if repo is None or (repo.private and not authorized):
             raise HttpError(404, f"Repository Not Found for url: {repo_id}", "RepoNotFound")
         return repo
 
@@ -173,6 +193,10 @@ class Handler(BaseHTTPRequestHandler):
             self.state.requests.append(
                 Recorded(method, url.path, {k.lower(): v for k, v in self.headers.items()})
             )
+        fault = self.state.fault
+        if fault is not None and url.path.startswith(fault.prefix):
+            return self.send(fault.status, fault.body, content_type=fault.content_type,
+                             head=method == "HEAD")  # fmt: skip
         try:
             with self.state.lock:
                 self.route(method, parts)
@@ -381,6 +405,19 @@ class HubStandIn:
     @property
     def state(self) -> HubState:
         return self.server.state
+
+    def answer_with(
+        self,
+        status: int,
+        body: bytes = b'{"error": "stand-in fault"}',
+        content_type: str = "application/json",
+        prefix: str = "/",
+    ) -> None:
+        """Answer every request under `prefix` with this status and body from now on."""
+        self.state.fault = Fault(status, body, content_type, prefix)
+
+    def answer_normally(self) -> None:
+        self.state.fault = None
 
     def __enter__(self) -> HubStandIn:
         self.thread.start()

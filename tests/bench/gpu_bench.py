@@ -274,13 +274,13 @@ def engine_bench(args) -> None:
         verify_hashes=False,
     )
     t = time.perf_counter()
-    engine = TorchEngine.from_pretrained(artifact, settings, eos_token_id=2)
+    engine = StaticTorchEngine.from_pretrained(artifact, settings, eos_token_id=2)
     asyncio.run(drive(engine, 1, 8, 2, 1))  # first token out: the engine works
     emit(
         figure="cold_load",
         seconds=round(time.perf_counter() - t, 1),
         page_cache_dropped=cold,
-        what="TorchEngine.from_pretrained (static KV) + first 2-token request",
+        what="StaticTorchEngine.from_pretrained + first 2-token request",
     )
     model = engine._model
 

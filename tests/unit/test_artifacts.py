@@ -24,7 +24,7 @@ from mistral_serving.artifacts import (
     check_manifest,
     resolve_artifact,
 )
-from mistral_serving.engines.select import engine_name_for
+from mistral_serving.engines.factory import engine_name_for
 from mistral_serving.manifest import MANIFEST_NAME, BuildManifest, write_manifest
 from mistral_serving.settings import Settings, SettingsError
 

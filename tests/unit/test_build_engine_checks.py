@@ -13,6 +13,8 @@ import pytest
 
 from mistral_build.engine import (
     KNOWN_MODELS,
+    SOURCE_IGNORE,
+    SOURCE_PATTERNS,
     BuildFacts,
     EngineOptions,
     check_environment,
@@ -122,6 +124,39 @@ def test_disk_estimate_scales_with_precision() -> None:
     local = estimate_disk_bytes(EngineOptions(), MISTRAL, download=False)
     assert 45e9 < fp16 < 55e9  # 14.5 GB each: source, converted checkpoint, engine (+margin)
     assert int4 < fp16 and local < fp16
+
+
+# The file list of mistralai/Mistral-7B-Instruct-v0.2: HF safetensors shards, plus the same
+# weights as .bin files and in Mistral's own format (consolidated.safetensors).
+MISTRAL_REPO_FILES = [
+    ".gitattributes", "README.md", "config.json", "generation_config.json",
+    "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+    "model-00003-of-00003.safetensors", "model.safetensors.index.json",
+    "pytorch_model-00001-of-00003.bin", "pytorch_model-00002-of-00003.bin",
+    "pytorch_model-00003-of-00003.bin", "pytorch_model.bin.index.json",
+    "consolidated.safetensors", "params.json", "tokenizer.json", "tokenizer.model",
+    "tokenizer.model.v3", "tokenizer_config.json", "special_tokens_map.json",
+]  # fmt: skip
+
+
+def test_download_takes_one_copy_of_the_weights() -> None:
+    # The same filter snapshot_download applies to the repo's file list.
+    from huggingface_hub.utils import filter_repo_objects
+
+    fetched = set(
+        filter_repo_objects(
+            MISTRAL_REPO_FILES, allow_patterns=SOURCE_PATTERNS, ignore_patterns=SOURCE_IGNORE
+        )
+    )
+    weights = {f for f in fetched if f.endswith((".safetensors", ".bin"))}
+    assert weights == {f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)}
+    assert {"config.json", "tokenizer.model", "tokenizer.json"} <= fetched
+
+
+def test_disk_estimate_for_the_default_build_is_about_50_gb() -> None:
+    # Source + converted checkpoint + engine, 14.5 GB each, + 15%: the runbook's figure.
+    need = estimate_disk_bytes(EngineOptions(), MISTRAL, download=True)
+    assert round(need / 1e9) == 50
 
 
 def test_gpu_helpers() -> None:

@@ -58,6 +58,12 @@ class Admission:
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def full(self) -> bool:
+        """No slot free and no queue place: `acquire` would refuse at once."""
+        busy = self._inflight >= self.max_inflight or bool(self._waiters)
+        return busy and len(self._waiters) >= self.max_waiting
+
     async def acquire(
         self, is_disconnected: Callable[[], Awaitable[bool]] | None = None, poll_s: float = 0.5
     ) -> Ticket:

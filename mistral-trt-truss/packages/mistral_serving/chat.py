@@ -1,4 +1,11 @@
-"""Chat messages -> prompt token ids, exactly as Mistral's reference encoder does it.
+"""Chat messages -> prompt token ids. `encode_chat` is the one entry point; the
+artifact's tokenizer says which encoding applies (`Tokenizer.chat_format`):
+
+- "mistral" (the artifact ships tokenizer.model): exactly as Mistral's reference encoder
+  does it, described below;
+- "template" (any other checkpoint with a chat template, e.g. SmolLM2's ChatML): the
+  checkpoint's own template, rendered by transformers with the assistant turn opened;
+- "none": refused with a clear message (send a prompt instead).
 
 Mistral-7B-Instruct-v0.2 uses `mistral-common`'s instruct tokenizer v1:
   <s>[INST] {system}\n\n{user} [/INST]{assistant}</s>[INST] {user} [/INST]
@@ -77,7 +84,35 @@ def _turns(messages: Sequence[ChatMessage]) -> tuple[str | None, list[tuple[str,
 
 
 def encode_chat(messages: Sequence[ChatMessage], tokenizer: Tokenizer) -> list[int]:
-    """Prompt token ids for a conversation that ends with a user (or system) turn."""
+    """Prompt token ids for a conversation that ends with a user (or system) turn, in
+    the chat format of the artifact's tokenizer. Raises ChatFormatError (a 400)."""
+    if tokenizer.chat_format == "mistral":
+        return encode_mistral_chat(messages, tokenizer)
+    if tokenizer.chat_format == "template":
+        return encode_template_chat(messages, tokenizer)
+    raise ChatFormatError(
+        "this model has no chat template, so it cannot take messages; send a prompt instead"
+    )
+
+
+def encode_template_chat(messages: Sequence[ChatMessage], tokenizer: Tokenizer) -> list[int]:
+    """The checkpoint's own chat template with the assistant's turn opened. The order of
+    roles is the template's business (it may refuse with its own message); the two rules
+    here hold for every template this service can answer."""
+    if not messages:
+        raise ChatFormatError("messages must hold at least one message")
+    if messages[-1].role == "assistant":
+        raise ChatFormatError("the last message must not be from the assistant")
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template([m.model_dump() for m in messages])
+    except TemplateError as exc:  # a template's raise_exception(...) lands here
+        raise ChatFormatError(f"the model's chat template refused the messages: {exc}") from None
+
+
+def encode_mistral_chat(messages: Sequence[ChatMessage], tokenizer: Tokenizer) -> list[int]:
+    """Mistral's instruct encoding (module docstring), token for token."""
     validate_conversation(messages)
     system, turns = _turns(messages)
     if tokenizer.bos_id is None:

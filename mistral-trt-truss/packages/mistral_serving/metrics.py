@@ -1,7 +1,10 @@
-"""Prometheus metrics, named and bucketed in the style of vLLM's `vllm:*` metrics.
+"""Prometheus metrics, named and bucketed as vLLM's `vllm:*` metrics are.
 
-They are registered on prometheus_client's default registry, which the Truss server
-serves at `GET /metrics`. The README lists them with example PromQL.
+They are registered on prometheus_client's default registry, which the server serves at
+`GET /metrics`. The prefix is `mtt:` or, with `metrics_names: vllm`, `vllm:`, so that
+vLLM dashboards and the Gateway API Inference Extension's endpoint picker (which routes
+on `num_requests_waiting`, `num_requests_running` and `kv_cache_usage_perc`) read them
+unchanged. The README lists them with example PromQL.
 """
 
 from __future__ import annotations
@@ -82,9 +85,9 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry = REGISTRY, prefix: str = PREFIX) -> None:
         def name(n: str) -> str:
-            return PREFIX + n
+            return prefix + n
 
         self.ttft = Histogram(
             name("time_to_first_token_seconds"),
@@ -133,7 +136,9 @@ class Metrics:
         )
         self.finished = Counter(
             name("request_finished"),
-            "Requests finished, by route and reason (stop, length, abort, error).",
+            "Requests finished, by route and reason: stop, length, abort, error (generation "
+            "ended so), invalid (4xx: bad body or field), rejected (429/503), client_gone "
+            "(left before the model saw it).",
             ["route", "finished_reason"],
             registry=registry,
         )
@@ -149,6 +154,11 @@ class Metrics:
         self.waiting = Gauge(
             name("num_requests_waiting"), "Requests waiting for a slot.", registry=registry
         )
+        self.kv_cache_usage = Gauge(
+            name("kv_cache_usage_perc"),
+            "Fraction of the engine's KV cache in use (0-1).",
+            registry=registry,
+        )
         self.artifact = Gauge(
             name("artifact_info"),
             "What is served (1): its build manifest in one line.",
@@ -157,13 +167,12 @@ class Metrics:
         )
 
 
-_default: Metrics | None = None
+_defaults: dict[str, Metrics] = {}
 
 
-def default_metrics() -> Metrics:
-    """The process's metrics on the default registry (created once: a second
+def default_metrics(prefix: str = PREFIX) -> Metrics:
+    """The process's metrics on the default registry (created once per prefix: a second
     registration of the same names would fail)."""
-    global _default
-    if _default is None:
-        _default = Metrics()
-    return _default
+    if prefix not in _defaults:
+        _defaults[prefix] = Metrics(prefix=prefix)
+    return _defaults[prefix]

@@ -1,26 +1,35 @@
-"""The generation service: request in, text out, on whatever engine was started.
+"""The generation service: a validated request in, text chunks out, on the engine that
+was started. It owns no HTTP: `frontend.py` and the wire formats in `protocols/` call it.
 
-`model/model.py` (the Truss adapter) and the OpenAI routes call this; it owns no HTTP.
+A request is tokenized here (in a worker thread, after admission, behind a cheap length
+bound), checked against the engine's limits, and streamed through `TextStream`
+(detokenizer, stop strings, throttling).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-
-from pydantic import ValidationError
+from typing import NamedTuple
 
 from mistral_serving.artifacts import artifact_kind, check_manifest, resolve_artifact
 from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
-from mistral_serving.engines.base import Engine, EngineRequestError, SamplingOptions
-from mistral_serving.engines.select import start_engine
+from mistral_serving.engines.base import (
+    Engine,
+    EngineError,
+    EngineRequestError,
+    SamplingOptions,
+    TokenLogprob,
+)
+from mistral_serving.engines.factory import start_engine
+from mistral_serving.errors import RequestError
 from mistral_serving.manifest import BuildManifest, describe
 from mistral_serving.metrics import Metrics, default_metrics
-from mistral_serving.schema import PredictRequest, describe_validation_error
 from mistral_serving.settings import Settings
 from mistral_serving.streaming import TextStream
 from mistral_serving.telemetry import RequestRecord, Telemetry
@@ -28,25 +37,46 @@ from mistral_serving.tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger(__name__)
 
-
-class RequestError(ValueError):
-    """The client's request cannot be served as asked: a 4xx with this message."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
+# Tokenizing more text than this runs in a worker thread, off the event loop.
+INLINE_TOKENIZE_CHARS = 2048
 
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """A validated request in engine terms, whichever route it came from."""
+    """A validated request in engine terms, whichever route it came from; the prompt is
+    not tokenized yet (that happens after admission)."""
+
+    sampling: SamplingOptions  # max_new_tokens: what was asked; clamped by `prepare`
+    prompt: str | None = None
+    prompt_ids: tuple[int, ...] | None = None  # a prompt given as token ids
+    messages: tuple[ChatMessage, ...] | None = None
+    stop: tuple[str, ...] = ()
+    interval: int = 1  # tokens per streamed chunk
+    param: str = "prompt"  # the body field that holds the prompt (named in errors)
+
+    @property
+    def prompt_text(self) -> str | None:
+        """What the request log may show as the prompt (with log_prompts on)."""
+        if self.messages is not None:
+            return "\n".join(f"{m.role}: {m.content}" for m in self.messages)
+        return self.prompt
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """Tokenized and within the engine's limits."""
 
     prompt_ids: list[int]
     sampling: SamplingOptions
-    stop: tuple[str, ...] = ()
-    interval: int = 1  # tokens per streamed chunk
+    stop: tuple[str, ...]
+    interval: int
+
+
+class Chunk(NamedTuple):
+    """Text ready to send, and the logprobs of the tokens it holds (when asked)."""
+
+    text: str
+    logprobs: list[TokenLogprob] | None = None
 
 
 class GenerationService:
@@ -63,7 +93,10 @@ class GenerationService:
         self.engine = engine
         self.manifest = manifest
         self.telemetry = Telemetry(metrics or default_metrics(), settings.log_prompts)
-        self._live: set[str] = set()  # request ids in the engine now
+        self._live: set[str] = set()  # engine ids of the requests in the engine now
+        # No token is longer than this many bytes (so no prompt of more characters than
+        # max_input_len * this can fit): the bound checked before tokenizing.
+        self._max_token_chars = max((len(b) for b in tokenizer.table.token_bytes if b), default=1)
 
     @classmethod
     def start(
@@ -106,64 +139,74 @@ class GenerationService:
             self.engine.abort(request_id)
         return len(live)
 
+    def shutdown(self) -> None:
+        """Stop the engine (its executor and workers); the server is exiting."""
+        self.engine.shutdown()
+
     # ---- requests ----
 
-    def prompt_ids(self, prompt: str | None, messages: list[ChatMessage] | None) -> list[int]:
-        if messages is not None:
-            try:
-                return encode_chat(messages, self.tokenizer)
-            except ChatFormatError as exc:
-                raise RequestError(str(exc), param="messages") from None
-        return self.tokenizer.encode(prompt or "", bos=True)
-
-    def check_prompt(self, ids: list[int], max_new_tokens: int, param: str = "prompt") -> int:
-        """Refuse a prompt the engine cannot take; return max_new_tokens clamped to what
-        the engine allows after this prompt."""
+    async def prepare(self, req: GenerationRequest) -> PreparedRequest:
+        """Tokenize (off the event loop when long) and check against the engine."""
         limits = self.engine.limits
+        if req.prompt_ids is not None:
+            ids = list(req.prompt_ids)
+            vocab = self.tokenizer.vocab_size
+            if any(not 0 <= t < vocab for t in ids):
+                raise RequestError(f"prompt token ids must be in [0, {vocab})", param=req.param)
+        else:
+            chars = (
+                sum(len(m.content) for m in req.messages)
+                if req.messages is not None
+                else len(req.prompt or "")
+            )
+            if chars > limits.max_input_len * self._max_token_chars:
+                raise RequestError(
+                    f"{req.param} is {chars} characters: more than this engine's "
+                    f"{limits.max_input_len}-token input limit can hold",
+                    param=req.param,
+                )
+            if chars > INLINE_TOKENIZE_CHARS:
+                ids = await asyncio.to_thread(self._encode, req)
+            else:
+                ids = self._encode(req)
         if len(ids) > limits.max_input_len:
             raise RequestError(
-                f"prompt is {len(ids)} tokens; this engine accepts at most "
+                f"{req.param} is {len(ids)} tokens; this engine accepts at most "
                 f"{limits.max_input_len} input tokens",
-                param=param,
+                param=req.param,
             )
         room = limits.max_seq_len - len(ids)
         if room < 1:
             raise RequestError(
-                f"prompt is {len(ids)} tokens, which leaves no room to generate within the "
-                f"engine's {limits.max_seq_len}-token sequence limit",
-                param=param,
+                f"{req.param} is {len(ids)} tokens, which leaves no room to generate within "
+                f"the engine's {limits.max_seq_len}-token sequence limit",
+                param=req.param,
             )
-        return min(max_new_tokens, room)
+        sampling = req.sampling
+        if sampling.max_new_tokens > room:
+            sampling = dataclasses.replace(sampling, max_new_tokens=room)
+        return PreparedRequest(ids, sampling, req.stop, req.interval)
 
-    def parse_predict(self, body: object) -> tuple[PredictRequest, GenerationRequest]:
-        try:
-            req = PredictRequest.model_validate(body)
-        except ValidationError as exc:
-            raise RequestError(describe_validation_error(exc)) from None
-        ids = self.prompt_ids(req.prompt, req.messages)
-        sampling = SamplingOptions(
-            max_new_tokens=self.check_prompt(
-                ids, req.max_new_tokens, "messages" if req.messages else "prompt"
-            ),
-            temperature=req.temperature,
-            top_k=req.top_k,
-            top_p=req.top_p if 0.0 < req.top_p < 1.0 else 1.0,
-            seed=req.seed,
-            repetition_penalty=req.repetition_penalty,
-            presence_penalty=req.presence_penalty,
-            frequency_penalty=req.frequency_penalty,
-        )
-        return req, GenerationRequest(ids, sampling, tuple(req.stop or ()), req.streaming_interval)
+    def _encode(self, req: GenerationRequest) -> list[int]:
+        if req.messages is not None:
+            try:
+                return encode_chat(list(req.messages), self.tokenizer)
+            except ChatFormatError as exc:
+                raise RequestError(str(exc), param="messages") from None
+        return self.tokenizer.encode(req.prompt or "", bos=True)
 
     async def stream(
-        self, gen: GenerationRequest, record: RequestRecord, prompt_text: str | None = None
-    ) -> AsyncIterator[str]:
-        """Text chunks as they are ready; `record` is filled in as it goes and reported
+        self, req: PreparedRequest, record: RequestRecord, prompt_text: str | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Chunks as they are ready; `record` is filled in as it goes and reported
         (log line + metrics) when the stream ends. Leaving early (client gone, stop
-        string) aborts the engine request."""
-        record.prompt_tokens = len(gen.prompt_ids)
-        text = TextStream(self.tokenizer.table, gen.stop, gen.interval)
-        tokens = self.engine.generate(record.engine_id, gen.prompt_ids, gen.sampling)
+        string) aborts the engine request. A failure of this request raises
+        RequestError (the client's fault) or EngineError; other requests go on."""
+        record.prompt_tokens = len(req.prompt_ids)
+        text = TextStream(self.tokenizer.table, req.stop, req.interval)
+        want_logprobs = req.sampling.logprobs is not None
+        pending: list[TokenLogprob] = []
+        tokens = self.engine.generate(record.engine_id, req.prompt_ids, req.sampling)
         self._live.add(record.engine_id)
         engine_done = False
         engine_reason: str | None = None
@@ -172,9 +215,12 @@ class GenerationService:
             async for delta in tokens:
                 chunk = text.add(delta.token_ids)
                 record.completion_tokens = text.num_tokens
+                if want_logprobs and delta.logprobs:
+                    pending.extend(delta.logprobs)
                 if chunk:
                     record.first_token_at = record.first_token_at or time.monotonic()
-                    yield chunk
+                    yield Chunk(chunk, pending if want_logprobs else None)
+                    pending = []
                 if text.stopped:
                     break
                 if delta.finish_reason is not None:
@@ -183,16 +229,20 @@ class GenerationService:
             tail = text.finish()  # may complete a stop string (a byte-fallback character)
             reason = "stop" if text.stopped else (engine_reason or "abort")
             record.output = text.text
-            if tail:
+            if tail or pending:
                 record.first_token_at = record.first_token_at or time.monotonic()
-                yield tail
+                yield Chunk(tail, pending if want_logprobs else None)
             record.finish_reason = reason
         except EngineRequestError as exc:
-            record.finish_reason = "error"
+            record.finish_reason = "invalid"
             raise RequestError(str(exc)) from None
-        except Exception:
+        except EngineError:
             record.finish_reason = "error"
             raise
+        except Exception:
+            record.finish_reason = "error"
+            log.exception("request %s failed", record.request_id)
+            raise EngineError("generation failed") from None
         finally:
             if not engine_done:
                 self.engine.abort(record.engine_id)  # sync first: nothing may await past a cancel
@@ -202,16 +252,19 @@ class GenerationService:
 
     async def complete(
         self,
-        gen: GenerationRequest,
+        req: PreparedRequest,
         record: RequestRecord,
         is_disconnected: Callable[[], Awaitable[bool]] | None = None,
         prompt_text: str | None = None,
-    ) -> RequestRecord:
-        """The whole answer; stops (and aborts the engine request) if the client leaves."""
+    ) -> list[TokenLogprob] | None:
+        """The whole answer into `record`; stops (and aborts the engine request) if the
+        client leaves. Returns the tokens' logprobs when they were asked for."""
+        logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
 
         async def drain() -> None:
-            async for _ in self.stream(gen, record, prompt_text):
-                pass
+            async for chunk in self.stream(req, record, prompt_text):
+                if logprobs is not None and chunk.logprobs:
+                    logprobs.extend(chunk.logprobs)
 
         task = asyncio.ensure_future(drain())
         try:
@@ -226,4 +279,4 @@ class GenerationService:
                     await task
         if not task.cancelled():
             task.result()  # re-raise what generation raised
-        return record
+        return logprobs

@@ -36,9 +36,11 @@ class Settings(BaseModel):
     cache_dir: str = Field(
         "~/.cache/mistral-trt-truss", description="Where downloaded artifacts are cached."
     )
-    engine: Literal["auto", "tensorrt_llm", "pytorch", "replay"] = Field(
+    engine: Literal["auto", "tensorrt_llm", "trtllm_pytorch", "pytorch", "replay"] = Field(
         "auto",
         description="`auto` picks from the artifact: engine dir -> tensorrt_llm. "
+        "`trtllm_pytorch` serves a Hugging Face checkpoint with TensorRT-LLM's PyTorch backend "
+        "(no engine build; needs the TensorRT-LLM image and a GPU). "
         "`replay` is for benchmarks only: it emits pre-made tokens without a model.",
     )
     served_model_name: str = Field(
@@ -77,6 +79,13 @@ class Settings(BaseModel):
         True,
         description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs.",
     )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="PyTorch engine: torch's intra-op CPU threads. Unset: the CPUs this "
+        "process may really use (cgroup CPU quota, CPU affinity), so a container on a big "
+        "node does not run one thread per host core.",
+    )
 
     replay_step_ms: float = Field(
         10.0,
@@ -96,6 +105,34 @@ class Settings(BaseModel):
         le=1,
         description="Share of free GPU memory for the KV cache (TensorRT-LLM, "
         "and the static PyTorch cache when max_seq_len is unset).",
+    )
+    trtllm_capacity_scheduler_policy: Literal[
+        "guaranteed_no_evict", "max_utilization", "static_batch"
+    ] = Field(
+        "guaranteed_no_evict",
+        description="TensorRT-LLM's admission policy (SchedulerConfig.capacity_scheduler_policy)."
+        " guaranteed_no_evict admits a request only if KV for prompt + max_tokens is free; "
+        "max_utilization admits more and pauses requests when the cache runs out.",
+    )
+
+    # Requests.
+    default_max_tokens: int = Field(
+        2048,
+        ge=1,
+        description="OpenAI chat requests without max_tokens generate at most this many "
+        "tokens (clamped to what the engine allows); a smaller default keeps the KV cache "
+        "a request reserves small.",
+    )
+    max_body_bytes: int = Field(
+        8 * 2**20, ge=1024, description="Largest request body; larger ones get 413."
+    )
+    body_timeout_seconds: float = Field(
+        30.0, gt=0, description="A request body must arrive within this; else 408."
+    )
+    metrics_names: Literal["mtt", "vllm"] = Field(
+        "mtt",
+        description="Prefix of the Prometheus metrics: `mtt:` (ours) or `vllm:` (so vLLM "
+        "dashboards and the Inference Gateway's endpoint picker work unchanged).",
     )
 
     # Admission control and shutdown.

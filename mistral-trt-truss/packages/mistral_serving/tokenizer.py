@@ -6,6 +6,10 @@ prompts and chats get exactly its token ids; the converted `tokenizer.json` of t
 models merges whitespace differently on some inputs. Without `tokenizer.model` the
 Hugging Face tokenizer encodes.
 
+The artifact's files also decide how a chat is encoded (`chat_format`, used by
+`chat.encode_chat`) and which tokens end a generation (`stop_token_ids`: the tokenizer's
+EOS plus every `eos_token_id` of generation_config.json, which may be a list).
+
 Decoding never calls a whole-text decode: every token id maps to the bytes it stands for
 (`TokenTable`), and `detokenizer.IncrementalDetokenizer` turns a stream of ids into text
 in time linear in the output.
@@ -14,11 +18,21 @@ in time linear in the output.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 SPIECE_UNDERLINE = "▁"
+
+# How chat messages become prompt ids (see chat.encode_chat):
+#   "mistral":  the artifact ships tokenizer.model: mistral-common's instruct encoding,
+#               token for token (Mistral's own chat template loses tokens, see chat.py);
+#   "template": the checkpoint's own chat template (tokenizer_config.json or
+#               chat_template.jinja), rendered and tokenized by transformers;
+#   "none":     no chat format known: chat requests are refused with a clear message.
+ChatFormat = Literal["mistral", "template", "none"]
+ChatTemplateFn = Callable[[list[dict[str, str]]], list[int]]
 
 
 @dataclass(frozen=True)
@@ -44,20 +58,45 @@ class Tokenizer:
         table: TokenTable,
         bos_id: int | None,
         eos_id: int,
-        encode_fn,  # (text: str) -> list[int], no special tokens added
+        encode_fn: Callable[[str], list[int]],  # no special tokens added
+        *,
+        add_bos: bool = True,
+        stop_token_ids: Sequence[int] = (),
+        chat_format: ChatFormat = "mistral",
+        chat_template_fn: ChatTemplateFn | None = None,
     ) -> None:
         self.table = table
         self.bos_id = bos_id
         self.eos_id = eos_id
         self._encode = encode_fn
+        # Whether the model's own tokenizer puts BOS before a text (SentencePiece Llama
+        # and Mistral do; ChatML models such as SmolLM2 have none, and their "BOS" id is
+        # <|im_start|>, which must not start a plain prompt).
+        self.add_bos = add_bos and bos_id is not None
+        # Every id that ends a generation, EOS first; the service passes them to the
+        # engine in SamplingOptions.stop_token_ids.
+        self.stop_token_ids: tuple[int, ...] = tuple(dict.fromkeys((eos_id, *stop_token_ids)))
+        if chat_format == "template" and chat_template_fn is None:
+            raise ValueError("chat_format 'template' needs chat_template_fn")
+        self.chat_format: ChatFormat = chat_format
+        self._chat_template_fn = chat_template_fn
 
     @property
     def vocab_size(self) -> int:
         return len(self.table.token_bytes)
 
     def encode(self, text: str, bos: bool = False) -> list[int]:
+        """Token ids of `text`; with `bos`, preceded by BOS where this model's tokenizer
+        adds one to a text (see `add_bos`)."""
         ids = self._encode(text)
-        return [self.bos_id, *ids] if bos and self.bos_id is not None else ids
+        return [self.bos_id, *ids] if bos and self.add_bos else ids
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        """Prompt ids from the checkpoint's chat template with the assistant's turn opened
+        (chat_format "template" only). Template errors propagate: chat.py words them."""
+        if self._chat_template_fn is None:
+            raise ValueError(f"this tokenizer's chat format is {self.chat_format!r}")
+        return self._chat_template_fn(messages)
 
     def decode(self, ids: list[int]) -> str:
         """The whole text of `ids` (special tokens skipped), as streaming would join it."""
@@ -69,17 +108,34 @@ class Tokenizer:
 
 def load_tokenizer(artifact_dir: Path, prefer_sentencepiece: bool = True) -> Tokenizer:
     sp_model = artifact_dir / "tokenizer.model"
+    stop_ids = generation_eos_ids(artifact_dir)
     if prefer_sentencepiece and sp_model.is_file():
-        return _sentencepiece_tokenizer(sp_model)
+        return _sentencepiece_tokenizer(sp_model, stop_ids)
     if (artifact_dir / "tokenizer.json").is_file():
-        return _hf_tokenizer(artifact_dir)
+        return _hf_tokenizer(artifact_dir, stop_ids)
     raise FileNotFoundError(
         f"{artifact_dir}: no tokenizer.model or tokenizer.json; the artifact must ship its "
         "tokenizer files (build.py copies them next to the engine)"
     )
 
 
-def _sentencepiece_tokenizer(path: Path) -> Tokenizer:
+def generation_eos_ids(artifact_dir: Path) -> tuple[int, ...]:
+    """generation_config.json's eos_token_id (an int or a list), as transformers'
+    `generate` stops on it; () if the file or the key is absent."""
+    path = artifact_dir / "generation_config.json"
+    if not path.is_file():
+        return ()
+    try:
+        value = json.loads(path.read_text()).get("eos_token_id")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise ValueError(f"{path}: not a JSON object ({exc})") from None
+    values = value if isinstance(value, list) else [value]
+    if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in values):
+        raise ValueError(f"{path}: eos_token_id must be an integer or a list of integers")
+    return tuple(v for v in values if v is not None)
+
+
+def _sentencepiece_tokenizer(path: Path, stop_ids: tuple[int, ...] = ()) -> Tokenizer:
     import sentencepiece
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
@@ -97,7 +153,15 @@ def _sentencepiece_tokenizer(path: Path) -> Tokenizer:
             token_bytes.append(piece.replace(SPIECE_UNDERLINE, " ").encode())
             is_byte.append(False)
     table = TokenTable("sentencepiece", tuple(token_bytes), tuple(is_byte), True)
-    return Tokenizer(table, sp.bos_id(), sp.eos_id(), lambda text: sp.encode(text))
+    # tokenizer.model ships with Mistral and Llama-2 repos: mistral-common's chat encoding.
+    return Tokenizer(
+        table,
+        sp.bos_id(),
+        sp.eos_id(),
+        lambda text: sp.encode(text),
+        stop_token_ids=stop_ids,
+        chat_format="mistral",
+    )
 
 
 def _byte_level_decoder_map() -> dict[str, int]:
@@ -114,13 +178,17 @@ def _byte_level_decoder_map() -> dict[str, int]:
     return {chr(c): b for b, c in zip(bs, cs)}
 
 
-def _hf_tokenizer(artifact_dir: Path) -> Tokenizer:
+def _hf_tokenizer(artifact_dir: Path, stop_ids: tuple[int, ...] = ()) -> Tokenizer:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(artifact_dir))
     spec = json.loads((artifact_dir / "tokenizer.json").read_text())
     byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
-    special = set(tok.all_special_ids)
+    # Added tokens marked special (SmolLM2's <repo_name>, <file_sep>, ...) are skipped by
+    # the Hugging Face decoder like the named special tokens are.
+    special = set(tok.all_special_ids) | {
+        i for i, t in tok.added_tokens_decoder.items() if getattr(t, "special", False)
+    }
     pieces = tok.convert_ids_to_tokens(list(range(len(tok))))
     byte_map = _byte_level_decoder_map() if byte_level else {}
     token_bytes: list[bytes | None] = []
@@ -147,6 +215,33 @@ def _hf_tokenizer(artifact_dir: Path) -> Tokenizer:
     eos = tok.eos_token_id
     if eos is None:
         raise ValueError(f"{artifact_dir}: tokenizer has no eos token")
+    bos = tok.bos_token_id
+    # Does the model's tokenizer put BOS before a text? (Its post-processor decides.)
+    add_bos = bos is not None and tok.encode("a", add_special_tokens=True)[:1] == [bos]
+    if (artifact_dir / "tokenizer.model").is_file():
+        chat_format: ChatFormat = "mistral"  # a Mistral repo read through tokenizer.json
+    elif getattr(tok, "chat_template", None):
+        chat_format = "template"
+    else:
+        chat_format = "none"
     return Tokenizer(
-        table, tok.bos_token_id, eos, lambda text: tok.encode(text, add_special_tokens=False)
+        table,
+        bos,
+        eos,
+        lambda text: tok.encode(text, add_special_tokens=False),
+        add_bos=add_bos,
+        stop_token_ids=stop_ids,
+        chat_format=chat_format,
+        chat_template_fn=(lambda messages: _render_chat(tok, messages))
+        if chat_format == "template"
+        else None,
     )
+
+
+def _render_chat(tok, messages: list[dict[str, str]]) -> list[int]:
+    # tokenize=True tokenizes the rendered text without adding special tokens (the
+    # template writes its own); return_dict=False: a plain list in transformers 4 and 5.
+    ids = tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return [int(i) for i in ids]

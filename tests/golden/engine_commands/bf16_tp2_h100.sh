@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # python build.py engine: the exact commands
 set -euo pipefail
-# download: mistralai/Mistral-7B-Instruct-v0.2@main -> /scratch/engine-build/hf-checkpoint (huggingface_hub.snapshot_download, allow_patterns=['*.json', '*.safetensors', 'tokenizer.model', '*.jinja'])
+# download: mistralai/Mistral-7B-Instruct-v0.2@main -> /scratch/engine-build/hf-checkpoint (huggingface_hub.snapshot_download, allow_patterns=['*.json', '*.safetensors', 'tokenizer.model', '*.jinja'], ignore_patterns=['consolidated*'])
 # [1/2] convert; log: /scratch/engine-build/logs/convert.log
 python3 /app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py \
     --model_dir /scratch/engine-build/hf-checkpoint \

@@ -1,1 +1,1 @@
-"""Engines behind one async interface (`base.Engine`); `select.py` picks one for an artifact."""
+"""Engines behind one async interface (`base.Engine`); `factory.py` picks one for an artifact."""

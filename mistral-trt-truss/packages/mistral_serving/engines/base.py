@@ -1,18 +1,29 @@
-"""The small async interface every engine implements.
+"""The small async interface every engine implements, and the delivery helpers the
+engines running their own thread share.
 
 The service hands an engine prompt token ids and `SamplingOptions`, and reads an async
 stream of `TokenDelta`s: the new token ids since the last delta, and on the last one a
 finish reason. Text, stop strings and throttling live above the engine (`streaming.py`),
 so every engine streams correctly the same way.
+
+A failure that belongs to one request (its sampling, its bookkeeping) ends that request's
+stream with `EngineError`; the engine and the other requests go on. Only a failure of a
+whole engine step makes the engine unhealthy.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort", "error"]
+
+# Below this temperature sampling is greedy (vLLM's threshold): dividing logits by a
+# smaller number overflows float32, and the distribution is one-hot anyway.
+GREEDY_TEMPERATURE = 1e-5
 
 
 class EngineError(RuntimeError):
@@ -61,7 +72,7 @@ class SamplingOptions:
 
     @property
     def greedy(self) -> bool:
-        return self.top_k == 1 or self.temperature == 0.0
+        return self.top_k == 1 or self.temperature < GREEDY_TEMPERATURE
 
 
 @dataclass(frozen=True)
@@ -107,4 +118,76 @@ class Engine(Protocol):
         """False once the engine can no longer serve (its loop died, the GPU failed)."""
         ...
 
-    def shutdown(self) -> None: ...
+    def kv_cache_usage(self) -> float:
+        """Fraction (0..1) of the engine's KV-cache capacity in use now."""
+        ...
+
+    def num_running(self) -> int:
+        """Requests in the running batch now (admitted, not finished)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Stop the engine and free what it holds; pending streams end. Idempotent."""
+        ...
+
+
+def refuse_unsupported(sampling: SamplingOptions) -> None:
+    """Refuse options this engine cannot honour (a 4xx, before any work)."""
+    if sampling.guided is not None:
+        raise EngineRequestError("response_format is not supported by this engine")
+
+
+# ---- delivery from an engine thread to the event loops that wait on its streams ----
+
+Item = TokenDelta | BaseException
+
+
+def merge_ready(first: TokenDelta, queue: asyncio.Queue) -> Item:
+    """`first` plus the deltas already queued behind it, as one delta: a consumer that
+    fell behind the engine catches up in one pass (one chunk, one event) instead of one
+    pass per token. Stops at a finish reason; an error behind it is delivered first."""
+    tokens = list(first.token_ids)
+    logprobs = None if first.logprobs is None else list(first.logprobs)
+    reason = first.finish_reason
+    while reason is None and not queue.empty():
+        item = queue.get_nowait()
+        if isinstance(item, BaseException):
+            return item
+        tokens += item.token_ids
+        if item.logprobs is not None:
+            logprobs = (logprobs or []) + item.logprobs
+        reason = item.finish_reason
+    return TokenDelta(tokens, reason, logprobs)
+
+
+def put_all(items: Iterable[tuple[asyncio.Queue, Item]]) -> None:
+    """Runs on the event loop: hand each item to its stream's queue."""
+    for queue, item in items:
+        queue.put_nowait(item)
+
+
+def deliver(items: Iterable[tuple[asyncio.AbstractEventLoop, asyncio.Queue, Item]]) -> None:
+    """From the engine thread: one thread-safe call per event loop for a whole step,
+    not one per stream (each call wakes the loop)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Item]]] = {}
+    for loop, queue, item in items:
+        by_loop.setdefault(loop, []).append((queue, item))
+    for loop, batch in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
+            loop.call_soon_threadsafe(put_all, batch)
+
+
+async def read_stream(queue: asyncio.Queue, what: str) -> AsyncIterator[TokenDelta]:
+    """A stream's consumer side: yield its deltas (merged when it fell behind) until a
+    finish reason; an exception from the engine ends it as `EngineError`."""
+    while True:
+        item = await queue.get()
+        if not queue.empty() and isinstance(item, TokenDelta):
+            item = merge_ready(item, queue)
+        if isinstance(item, EngineError):  # a fresh one per stream: one item may reach many
+            raise EngineError(str(item)) from item
+        if isinstance(item, BaseException):
+            raise EngineError(f"{what} failed: {item!r}") from item
+        yield item
+        if item.finish_reason is not None:
+            return

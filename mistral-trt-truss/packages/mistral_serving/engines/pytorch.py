@@ -10,20 +10,26 @@ so a request joins and leaves the running batch at any step instead of waiting f
 batch to drain. Sequences of different lengths share one left-padded KV cache; joining
 pads the shorter side, leaving trims columns that are padding for every row.
 
-Sampling is ours, per request (temperature, top-k, top-p, seed, repetition / presence /
-frequency penalties), because transformers' own continuous-batching manager takes one
-generation config for all requests. Measured choice: see docs/performance.md.
+Sampling is per request (`sampling.py`). Whatever fails while handling one sequence
+(its sampling, its bookkeeping) ends that sequence's stream with `EngineError`; the other
+sequences and the engine go on. Only a failing forward pass (the whole step) stops the
+engine and marks it unhealthy.
 
-On a GPU, `pytorch_kv_cache: static` selects the fast path in `pytorch_static.py`
-(preallocated KV slots, our own Llama/Mistral forward pass, CUDA graphs): 6.4x this
-engine's throughput at 256 concurrent requests and 13x for one stream on an H200.
+Request options: `ignore_eos` (EOS is an ordinary token; only `max_new_tokens` and
+stop_token_ids end generation), `min_tokens` (EOS and stop_token_ids are masked until that
+many tokens exist), `logprobs` (each token's log-probability and the top k, from the
+logits after penalties and before temperature, top-k and top-p: see `sampling.py`).
+Structured output (`guided`) is refused with a 4xx.
+
+`pytorch_kv_cache: static` selects the fast path in `pytorch_static.py` (preallocated KV
+slots, our own Llama/Mistral forward pass, CUDA graphs): 6.4x this engine's throughput
+at 256 concurrent requests and 13x for one stream on an H200. `factory.py` picks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import inspect
 import logging
 import random
@@ -41,31 +47,45 @@ from mistral_serving.engines.base import (
     EngineInfo,
     EngineLimits,
     EngineRequestError,
-    FinishReason,
     SamplingOptions,
     TokenDelta,
+    deliver,
+    read_stream,
+    refuse_unsupported,
 )
+from mistral_serving.engines.cpus import available_cpus
+from mistral_serving.engines.sampling import Sampled, sample_next_tokens
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_JOIN_TIMEOUT_S = 30.0
 
 
-@dataclass
+@dataclass(eq=False)
 class _Sequence:
     request_id: str
     prompt: list[int]
     sampling: SamplingOptions
     max_new_tokens: int
-    emit: Callable[[TokenDelta | BaseException], None]
     generator: torch.Generator
-    generated: list[int] = field(default_factory=list)
+    # Where this sequence's deltas go: a queue read on the event loop `loop`.
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
     stop_ids: frozenset[int] = frozenset()
-    # Where `emit` delivers (set by `generate`): lets a step deliver all its tokens to one
-    # event loop with a single thread-safe call instead of one per sequence.
-    loop: asyncio.AbstractEventLoop | None = None
-    queue: asyncio.Queue | None = None
+    generated: list[int] = field(default_factory=list)
+    # Structured output: edits the row's logits in place (disallowed tokens to -inf).
+    mask_fn: Callable[[torch.Tensor], None] | None = None
+
+    def emit(self, item: TokenDelta | BaseException) -> None:
+        deliver([(self.loop, self.queue, item)])
+
+
+def stop_ids_for(eos_token_id: int, sampling: SamplingOptions) -> frozenset[int]:
+    """Tokens that end generation: EOS (unless ignore_eos) and the request's stop ids."""
+    eos = () if sampling.ignore_eos else (eos_token_id,)
+    return frozenset((*eos, *sampling.stop_token_ids))
 
 
 def pick_device(setting: str) -> torch.device:
@@ -121,10 +141,46 @@ def _has_accelerate() -> bool:
     return importlib.util.find_spec("accelerate") is not None
 
 
+@dataclass(frozen=True)
+class LoadedModel:
+    model: torch.nn.Module
+    max_seq_len: int  # the model's positions, lowered by settings
+    max_input_len: int
+
+
+def load_model(model_dir: Path, settings: Settings) -> LoadedModel:
+    """The checkpoint on its device, eval mode, with the sequence limits settings allow."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    # Threads for the CPUs we really have (a quota, an affinity mask), not the host's.
+    torch.set_num_threads(settings.torch_threads or available_cpus())
+    device = pick_device(settings.device)
+    dtype = pick_dtype(settings.torch_dtype, device)
+    config = AutoConfig.from_pretrained(str(model_dir))
+    positions = int(getattr(config, "max_position_embeddings", 0) or 0)
+    if positions < 2:
+        raise EngineError(f"{model_dir}/config.json has no usable max_position_embeddings")
+    max_seq = min(positions, settings.max_seq_len or positions)
+    max_input = min(settings.max_input_len or max_seq - 1, max_seq - 1)
+    if settings.load_prefetch_threads:
+        prefetch_files(sorted(model_dir.glob("*.safetensors")), settings.load_prefetch_threads)
+    # Straight to the GPU (no host copy of the weights) where transformers can.
+    placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
+    model = model.to(device).eval()
+    if device.type == "cuda":
+        # The engine thread and the server's event loop share the GIL. At Python's
+        # default 5 ms switch interval a busy loop can hold the engine thread for up
+        # to 5 ms per decode step (a step is 7-15 ms on an H200).
+        sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
+    return LoadedModel(model, max_seq, max_input)
+
+
 class TorchEngine:
     def __init__(self, model, eos_token_id: int, limits: EngineLimits, max_num_tokens: int) -> None:
         self._model = model
         self._device = next(model.parameters()).device
+        self._vocab = model.get_input_embeddings().num_embeddings
         self.eos_token_id = eos_token_id
         self.limits = limits
         self.info = EngineInfo(
@@ -134,6 +190,7 @@ class TorchEngine:
                 "dtype": str(next(model.parameters()).dtype),
                 "max_batch_size": limits.max_batch_size,
                 "max_num_tokens": max_num_tokens,
+                "threads": torch.get_num_threads(),
             },
         )
         self._max_num_tokens = max_num_tokens
@@ -147,6 +204,9 @@ class TorchEngine:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._fatal: BaseException | None = None
+        # Read from other threads (gauges): plain values the engine thread replaces.
+        self._kv_usage = 0.0
+        self._n_running = 0
         # Running batch (engine thread only).
         self._running: list[_Sequence] = []
         self._admitting: list[_Sequence] = []
@@ -159,47 +219,12 @@ class TorchEngine:
 
     @classmethod
     def from_pretrained(cls, model_dir: Path, settings: Settings, eos_token_id: int) -> TorchEngine:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        return cls.for_model(load_model(model_dir, settings), settings, eos_token_id)
 
-        device = pick_device(settings.device)
-        dtype = pick_dtype(settings.torch_dtype, device)
-        config = AutoConfig.from_pretrained(str(model_dir))
-        positions = int(getattr(config, "max_position_embeddings", 0) or 0)
-        if positions < 2:
-            raise EngineError(f"{model_dir}/config.json has no usable max_position_embeddings")
-        max_seq = min(positions, settings.max_seq_len or positions)
-        max_input = min(settings.max_input_len or max_seq - 1, max_seq - 1)
-        if settings.load_prefetch_threads:
-            prefetch_files(sorted(model_dir.glob("*.safetensors")), settings.load_prefetch_threads)
-        # Straight to the GPU (no host copy of the weights) where transformers can.
-        placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
-        model = model.to(device).eval()
-        if device.type == "cuda":
-            # The engine thread and the server's event loop share the GIL. At Python's
-            # default 5 ms switch interval a busy loop can hold the engine thread for up
-            # to 5 ms per decode step (a step is 7-15 ms on an H200).
-            sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
-        if settings.pytorch_kv_cache == "static":
-            from mistral_serving.engines.pytorch_static import (
-                StaticTorchEngine,
-                static_kv_columns,
-            )
-
-            columns = static_kv_columns(model, settings, max_seq)
-            return StaticTorchEngine(
-                model,
-                eos_token_id,
-                EngineLimits(min(max_input, columns - 1), columns, settings.max_batch_size),
-                settings.max_num_tokens,
-                cuda_graphs=settings.cuda_graphs,
-            )
-        return cls(
-            model,
-            eos_token_id,
-            EngineLimits(max_input, max_seq, settings.max_batch_size),
-            settings.max_num_tokens,
-        )
+    @classmethod
+    def for_model(cls, loaded: LoadedModel, settings: Settings, eos_token_id: int) -> TorchEngine:
+        limits = EngineLimits(loaded.max_input_len, loaded.max_seq_len, settings.max_batch_size)
+        return cls(loaded.model, eos_token_id, limits, settings.max_num_tokens)
 
     # ---- the async interface (event loop side) ----
 
@@ -208,19 +233,17 @@ class TorchEngine:
     ) -> AsyncIterator[TokenDelta]:
         if self._fatal is not None or self._closing.is_set():
             raise EngineError("the PyTorch engine is not running")
+        refuse_unsupported(sampling)
         if not prompt_ids or len(prompt_ids) > self.limits.max_input_len:
             raise EngineRequestError(
                 f"prompt has {len(prompt_ids)} tokens; this engine accepts 1 to "
                 f"{self.limits.max_input_len}"
             )
+        # An id outside the embedding table would fail the whole batch's forward pass.
+        if min(prompt_ids) < 0 or max(prompt_ids) >= self._vocab:
+            raise EngineRequestError(f"prompt token ids must be in 0..{self._vocab - 1}")
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
-
-        def emit(item: TokenDelta | BaseException) -> None:
-            # A closed loop means nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-
         room = self.limits.max_seq_len - len(prompt_ids)
         gen = torch.Generator(device=self._device)
         gen.manual_seed(sampling.seed if sampling.seed is not None else random.getrandbits(63))
@@ -229,28 +252,22 @@ class TorchEngine:
             list(prompt_ids),
             sampling,
             min(sampling.max_new_tokens, room),
-            emit,
             gen,
-            stop_ids=frozenset((self.eos_token_id, *sampling.stop_token_ids)),
-            loop=loop,
-            queue=queue,
+            loop,
+            queue,
+            stop_ids=stop_ids_for(self.eos_token_id, sampling),
         )
         with self._lock:
             self._waiting.append(seq)
         self._wake.set()
         finished = False
         try:
-            while True:
-                item = await queue.get()
-                if not queue.empty() and isinstance(item, TokenDelta):
-                    item = _merge_ready(item, queue)  # the consumer fell behind: catch up
-                if isinstance(item, BaseException):
-                    raise EngineError(f"PyTorch engine failed: {item!r}") from item
-                if item.finish_reason is not None:
-                    finished = True
-                yield item
-                if finished:
-                    return
+            async for delta in read_stream(queue, "PyTorch engine"):
+                finished = delta.finish_reason is not None
+                yield delta
+        except EngineError:
+            finished = True  # the engine already let go of it
+            raise
         finally:
             if not finished:  # the consumer went away (client disconnect): free the slot
                 self.abort(request_id)
@@ -263,10 +280,34 @@ class TorchEngine:
     def is_healthy(self) -> bool:
         return self._fatal is None and self._thread.is_alive()
 
+    def kv_cache_usage(self) -> float:
+        return self._kv_usage
+
+    def num_running(self) -> int:
+        return self._n_running
+
     def shutdown(self) -> None:
+        """Stop the engine thread (pending streams end with EngineError), then drop the
+        model and caches so their memory can go. Safe to call again."""
         self._closing.set()
         self._wake.set()
-        self._thread.join(timeout=10)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=_JOIN_TIMEOUT_S)
+        if self._thread.is_alive():
+            log.warning("the PyTorch engine thread did not stop; its model stays loaded")
+            return
+        self._free()
+
+    def _free(self) -> None:
+        """Drop device memory (engine thread stopped). Subclasses drop their buffers too."""
+        if self._model is None:
+            return
+        device, self._model = self._device, None
+        self._cache = None
+        self._running, self._admitting = [], []
+        self._kv_usage, self._n_running = 0.0, 0
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
     # ---- the engine thread ----
 
@@ -285,35 +326,33 @@ class TorchEngine:
                     elif not admitted:
                         self._wake.wait(0.1)
                         self._wake.clear()
+                    self._update_gauges()
             self._fail_all(EngineError("the engine shut down"))
         except BaseException as exc:  # noqa: BLE001 - any failure here ends the engine
             log.exception("PyTorch engine loop died")
             self._fatal = exc
             self._fail_all(exc)
+        self._update_gauges()
 
     def _on_thread_start(self) -> None:
         """Engine-thread set-up, inside inference mode (subclasses allocate here)."""
 
-    @staticmethod
-    def _deliver(deliveries: list[tuple[_Sequence, TokenDelta]]) -> None:
-        """Hand one step's deltas to their consumers: one wake-up per event loop."""
-        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for seq, item in deliveries:
-            if seq.loop is None or seq.queue is None:
-                seq.emit(item)
-            else:
-                by_loop.setdefault(seq.loop, []).append((seq.queue, item))
-        for loop, items in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # closed loop: nobody is listening
-                loop.call_soon_threadsafe(_put_all, items)
+    def _update_gauges(self) -> None:
+        capacity = self.limits.max_batch_size * self.limits.max_seq_len
+        self._kv_usage = min(1.0, self._kv_tokens() / capacity) if self._running else 0.0
+        self._n_running = len(self._running)
+
+    def _kv_tokens(self) -> int:
+        """Token positions the KV cache holds now: every row is as wide as the widest
+        (left padding is memory in use too)."""
+        return self._mask.numel()
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._lock:
             waiting, self._waiting = list(self._waiting), collections.deque()
         # `_admitting`: taken from the queue but not yet in the batch when a step failed.
         pending = {id(s): s for s in [*self._running, *self._admitting, *waiting]}
-        for seq in pending.values():
-            seq.emit(exc)
+        deliver((s.loop, s.queue, exc) for s in pending.values())
         self._running, self._admitting = [], []
 
     def _drop_aborted(self) -> None:
@@ -381,27 +420,40 @@ class TorchEngine:
         self._advance(list(self._running), out.logits[:, -1, :], first_row=0)
 
     def _advance(self, seqs: list[_Sequence], logits: torch.Tensor, first_row: int) -> None:
-        """Sample the next token of `seqs` (rows first_row.. of the batch) and deliver it."""
-        tokens = sample_next_tokens(logits.float(), seqs)
-        self._store_tokens(first_row, tokens)
-        finished_rows = []
+        """Sample the next token of `seqs` (rows first_row.. of the batch) and deliver it.
+        A row that fails (sampling or bookkeeping) gets its error and leaves the batch."""
+        picks = sample_next_tokens(logits.float(), seqs)
+        self._store_tokens(first_row, [p.token if isinstance(p, Sampled) else 0 for p in picks])
+        leaving = []
         deliveries = []
-        for offset, (seq, token) in enumerate(zip(seqs, tokens)):
-            reason: FinishReason | None = None
-            if token in seq.stop_ids:
-                reason = "stop"
-                deliveries.append((seq, TokenDelta([], reason)))
-            else:
-                seq.generated.append(token)
-                if len(seq.generated) >= seq.max_new_tokens:
-                    reason = "length"
-                deliveries.append((seq, TokenDelta([token], reason)))
-            if reason is not None:
-                finished_rows.append(first_row + offset)
-        self._deliver(deliveries)
-        if finished_rows:
-            done = set(finished_rows)
-            self._select([i for i in range(len(self._running)) if i not in done])
+        for offset, (seq, pick) in enumerate(zip(seqs, picks)):
+            try:
+                if isinstance(pick, Exception):
+                    raise pick
+                item: TokenDelta | EngineError = self._record(seq, pick)
+            except Exception as exc:  # noqa: BLE001 - this sequence's failure is its own
+                log.error("request %s failed in the engine: %r", seq.request_id, exc)
+                item = exc if isinstance(exc, EngineError) else EngineError(
+                    f"generation failed for this request: {exc!r}"
+                )
+            deliveries.append((seq.loop, seq.queue, item))
+            if not isinstance(item, TokenDelta) or item.finish_reason is not None:
+                leaving.append(first_row + offset)
+        deliver(deliveries)
+        if leaving:
+            gone = set(leaving)
+            self._select([i for i in range(len(self._running)) if i not in gone])
+
+    @staticmethod
+    def _record(seq: _Sequence, pick: Sampled) -> TokenDelta:
+        """Add the sampled token to `seq`; the delta to send (with a finish reason if it
+        ended: a stop token is not emitted)."""
+        token = pick.token
+        if token in seq.stop_ids and len(seq.generated) >= seq.sampling.min_tokens:
+            return TokenDelta([], "stop")
+        seq.generated.append(token)
+        reason = "length" if len(seq.generated) >= seq.max_new_tokens else None
+        return TokenDelta([token], reason, None if pick.logprob is None else [pick.logprob])
 
     def _store_tokens(self, first_row: int, tokens: list[int]) -> None:
         """Keep the step's tokens as the next step's input (one host-to-device copy for the
@@ -466,26 +518,6 @@ class TorchEngine:
         self._pos = self._pos.index_select(0, index)
 
 
-def _merge_ready(first: TokenDelta, queue: asyncio.Queue) -> TokenDelta | BaseException:
-    """`first` plus the deltas already queued behind it, as one delta: a consumer that
-    fell behind the engine catches up in one pass (one chunk, one event) instead of one
-    pass per token. Stops at a finish reason; an error behind it is delivered first."""
-    tokens = list(first.token_ids)
-    reason = first.finish_reason
-    while reason is None and not queue.empty():
-        item = queue.get_nowait()
-        if isinstance(item, BaseException):
-            return item
-        tokens += item.token_ids
-        reason = item.finish_reason
-    return TokenDelta(tokens, reason)
-
-
-def _put_all(items: list[tuple[asyncio.Queue, TokenDelta]]) -> None:
-    for queue, item in items:
-        queue.put_nowait(item)
-
-
 def _new_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]):
     from transformers import DynamicCache
 
@@ -497,49 +529,3 @@ def _new_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]):
 
 def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
-
-
-def sample_next_tokens(logits: torch.Tensor, seqs: list[_Sequence]) -> list[int]:
-    """One token per row, each row with its own request's sampling options."""
-    plain_greedy = [
-        i for i, s in enumerate(seqs) if s.sampling.greedy and not _penalized(s.sampling)
-    ]
-    sampled = set(range(len(seqs))) - set(plain_greedy)
-    tokens: list[int] = [0] * len(seqs)
-    if plain_greedy:
-        index = torch.tensor(plain_greedy, device=logits.device)
-        for i, tok in zip(plain_greedy, logits.index_select(0, index).argmax(-1).tolist()):
-            tokens[i] = tok
-    for i in sorted(sampled):
-        tokens[i] = _sample_row(logits[i].clone(), seqs[i])
-    return tokens
-
-
-def _penalized(s: SamplingOptions) -> bool:
-    return s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
-
-
-def _sample_row(row: torch.Tensor, seq: _Sequence) -> int:
-    opts = seq.sampling
-    if opts.repetition_penalty != 1.0:  # HF semantics: over prompt and output tokens
-        seen = torch.tensor(sorted(set(seq.prompt) | set(seq.generated)), device=row.device)
-        scores = row[seen]
-        row[seen] = torch.where(
-            scores < 0, scores * opts.repetition_penalty, scores / opts.repetition_penalty
-        )
-    if seq.generated and (opts.presence_penalty or opts.frequency_penalty):  # OpenAI semantics
-        ids, counts = torch.tensor(seq.generated, device=row.device).unique(return_counts=True)
-        row[ids] -= opts.presence_penalty + opts.frequency_penalty * counts.to(row.dtype)
-    if opts.greedy:
-        return int(row.argmax())
-    row = row / opts.temperature
-    if 0 < opts.top_k < row.numel():
-        kth = torch.topk(row, opts.top_k).values[-1]
-        row = row.masked_fill(row < kth, float("-inf"))
-    if 0.0 < opts.top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
-        probs = sorted_logits.softmax(-1)
-        drop = probs.cumsum(-1) - probs > opts.top_p  # keep the smallest set reaching top_p
-        row = row.scatter(0, order[drop], float("-inf"))
-    probs = row.softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=seq.generator))

@@ -24,6 +24,9 @@ changes is the batch underneath:
 The cache must fit: its column count is `max_seq_len` when set, else what
 `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for `max_batch_size`
 slots (capped at the model's positions); the engine's limits report that length.
+
+KV-cache usage (the gauge) is the positions the running sequences hold over
+`slots x columns`.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from mistral_serving.engines.base import EngineError, EngineLimits
-from mistral_serving.engines.pytorch import TorchEngine, _Sequence
+from mistral_serving.engines.pytorch import LoadedModel, TorchEngine, _Sequence
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -95,6 +98,29 @@ class StaticTorchEngine(TorchEngine):
         self.info.details.update(
             kv_cache="static", kv_columns=self._cols, cuda_graphs=self._use_graphs
         )
+
+    @classmethod
+    def for_model(
+        cls, loaded: LoadedModel, settings: Settings, eos_token_id: int
+    ) -> StaticTorchEngine:
+        columns = static_kv_columns(loaded.model, settings, loaded.max_seq_len)
+        return cls(
+            loaded.model,
+            eos_token_id,
+            EngineLimits(min(loaded.max_input_len, columns - 1), columns, settings.max_batch_size),
+            settings.max_num_tokens,
+            cuda_graphs=settings.cuda_graphs,
+        )
+
+    def _kv_tokens(self) -> int:
+        return sum(self._lens)
+
+    def _free(self) -> None:
+        self._graphs.clear()
+        self._pool = None
+        self._k = self._v = None
+        self._layers, self._wqkv, self._wgu, self._lens = [], [], [], []
+        super()._free()
 
     @staticmethod
     def kv_bytes_per_token(config, dtype: torch.dtype) -> int:

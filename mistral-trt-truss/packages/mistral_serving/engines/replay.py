@@ -6,14 +6,19 @@ metrics) and nothing of a model. Selected only by the explicit setting `engine: 
 It behaves like a GPU engine seen from the server: a background thread runs a step every
 `replay_step_ms` milliseconds; each step appends one token to every live request (cycling
 through the token ids of a fixed text) and hands that step's deltas to the event loop with
-one thread-safe call, exactly as `TorchEngine._deliver` does. A request ends with finish
-reason `length` after its `max_new_tokens`; stop token ids are never produced.
+one thread-safe call, exactly as the PyTorch engine does (`base.deliver`). A request
+ends with finish reason `length` after its `max_new_tokens`; stop token ids are never
+produced, so `ignore_eos` and `min_tokens` hold trivially. With `logprobs`, each token
+reports log-probability 0.0 (it was certain: nothing was sampled) and `top` holds only
+that token. Structured output (`guided`) is refused.
+
+KV-cache usage (the gauge) is what the live requests would hold (prompt + tokens so far)
+over `max_batch_size x max_seq_len`. It imports no torch: a model-free engine stays light.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -26,8 +31,11 @@ from mistral_serving.engines.base import (
     EngineRequestError,
     SamplingOptions,
     TokenDelta,
+    TokenLogprob,
+    deliver,
+    read_stream,
+    refuse_unsupported,
 )
-from mistral_serving.engines.pytorch import _merge_ready, _put_all
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. Continuous batching keeps the GPU busy: "
@@ -43,6 +51,8 @@ class _Stream:
     queue: asyncio.Queue
     remaining: int
     offset: int
+    held: int  # tokens this request would hold in a KV cache: prompt + output so far
+    logprobs: int | None
 
 
 class ReplayEngine:
@@ -62,6 +72,7 @@ class ReplayEngine:
         self._live: dict[str, _Stream] = {}
         self._wake = threading.Event()
         self._closed = threading.Event()
+        self._kv_tokens = 0  # replaced by the replay thread each step
         self._thread = threading.Thread(target=self._run, name="replay-engine", daemon=True)
         self._thread.start()
 
@@ -83,6 +94,7 @@ class ReplayEngine:
     ) -> AsyncIterator[TokenDelta]:
         if self._closed.is_set():
             raise EngineError("the replay engine is not running")
+        refuse_unsupported(sampling)
         if not prompt_ids or len(prompt_ids) > self.limits.max_input_len:
             raise EngineRequestError(
                 f"prompt has {len(prompt_ids)} tokens; this engine accepts 1 to "
@@ -95,16 +107,13 @@ class ReplayEngine:
                 queue,
                 max(1, sampling.max_new_tokens),
                 len(prompt_ids) % len(self._tokens),
+                len(prompt_ids),
+                sampling.logprobs,
             )
         self._wake.set()
         try:
-            while True:
-                item = await queue.get()
-                if not queue.empty():
-                    item = _merge_ready(item, queue)
-                yield item
-                if item.finish_reason is not None:
-                    return
+            async for delta in read_stream(queue, "replay engine"):
+                yield delta
         finally:
             with self._lock:
                 self._live.pop(request_id, None)
@@ -116,29 +125,32 @@ class ReplayEngine:
             with self._lock:
                 streams = list(self._live.items())
             if not streams:
+                self._kv_tokens = 0
                 self._wake.wait(0.1)
                 self._wake.clear()
                 next_step = time.monotonic()
                 continue
-            by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+            deliveries = []
             done = []
             for request_id, s in streams:
                 s.remaining -= 1
+                s.held += 1
                 token = tokens[s.offset]
                 s.offset = (s.offset + 1) % n
                 finished = s.remaining <= 0
                 if finished:
                     done.append(request_id)
-                by_loop.setdefault(s.loop, []).append(
-                    (s.queue, TokenDelta([token], "length" if finished else None))
-                )
+                logprobs = None
+                if s.logprobs is not None:  # nothing was sampled: the token was certain
+                    logprobs = [TokenLogprob(token, 0.0, ((token, 0.0),)[: s.logprobs])]
+                delta = TokenDelta([token], "length" if finished else None, logprobs)
+                deliveries.append((s.loop, s.queue, delta))
+            self._kv_tokens = sum(s.held for _, s in streams if s.remaining > 0)
             if done:
                 with self._lock:
                     for request_id in done:
                         self._live.pop(request_id, None)
-            for loop, items in by_loop.items():
-                with contextlib.suppress(RuntimeError):  # closed loop: nobody listens
-                    loop.call_soon_threadsafe(_put_all, items)
+            deliver(deliveries)
             next_step += self._step_s
             time.sleep(max(0.0, next_step - time.monotonic()))
 
@@ -146,17 +158,26 @@ class ReplayEngine:
         with self._lock:
             s = self._live.pop(request_id, None)
         if s is not None:
-            with contextlib.suppress(RuntimeError):
-                s.loop.call_soon_threadsafe(s.queue.put_nowait, TokenDelta([], "abort"))
+            deliver([(s.loop, s.queue, TokenDelta([], "abort"))])
 
     def is_healthy(self) -> bool:
         return not self._closed.is_set() and self._thread.is_alive()
 
+    def kv_cache_usage(self) -> float:
+        capacity = self.limits.max_batch_size * self.limits.max_seq_len
+        return min(1.0, self._kv_tokens / capacity)
+
+    def num_running(self) -> int:
+        return len(self._live)
+
     def shutdown(self) -> None:
+        """Abort every live request and stop the step thread. Safe to call again."""
         with self._lock:
             live = list(self._live)
         for request_id in live:
             self.abort(request_id)
         self._closed.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self._kv_tokens = 0

@@ -1,11 +1,32 @@
-"""Mirrors `SamplingParams` of tensorrt_llm/sampling_params.py (1.2.x): the same public
-field names and defaults (max_tokens=32!), the same __post_init__ and _validate rules.
-torch / C++ binding types are replaced by `Any`. A misspelled field raises TypeError here
-exactly as it would in the real dataclass."""
+"""Mirrors tensorrt_llm/sampling_params.py (1.2.x): `SamplingParams` with the same public field
+names and defaults (max_tokens=32!), `__post_init__`, `_validate` and `_greedy_decoding`, and
+`GuidedDecodingParams` with its `_validate`. torch / C++ binding types are replaced by `Any`.
+A misspelled field raises TypeError here exactly as it would in the real dataclass.
+
+`prompt_ignore_length` (presence/frequency penalties skip that many prompt tokens; default
+None = the C++ default 0, so prompt tokens ARE penalised) was added upstream by
+NVIDIA/TensorRT-LLM PR #8127 (Oct 2025) and is in 1.2.0 GA (PR #13633 plumbs the same
+`promptIgnoreLength` through the Triton backend and names 1.2.0 as having it)."""
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+
+@dataclass(slots=True, kw_only=True)
+class GuidedDecodingParams:
+    """sampling_params.py::GuidedDecodingParams: only one guide may be set."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    json_object: bool = False
+    structural_tag: str | None = None
+
+    def _validate(self):
+        num_guides = sum(bool(getattr(self, f.name)) for f in fields(self))
+        if num_guides > 1:
+            raise ValueError(f"Only one guide can be used for a request, but got {num_guides}.")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -41,6 +62,7 @@ class SamplingParams:
     repetition_penalty: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    prompt_ignore_length: int | None = None
     length_penalty: float | None = None
     early_stopping: int | None = None
     no_repeat_ngram_size: int | None = None
@@ -56,8 +78,13 @@ class SamplingParams:
     return_perf_metrics: bool = False
     additional_model_outputs: list[str] | None = None
 
+    # Set by the LLM API (`llm.py::_prepare_sampling_params`), not by users.
+    _context_logits_auto_enabled: bool = False
+    _generation_logits_auto_enabled: bool = False
+    _return_log_probs: bool = False
+
     lookahead_config: Any = None
-    guided_decoding: Any = None
+    guided_decoding: GuidedDecodingParams | None = None
 
     ignore_eos: bool = False
     detokenize: bool = True
@@ -65,6 +92,7 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    _stream_interval: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.pad_id is None:
@@ -92,6 +120,11 @@ class SamplingParams:
             raise ValueError(
                 f"truncate_prompt_tokens must be >= 1, got {self.truncate_prompt_tokens}"
             )
+        if self.guided_decoding is not None:
+            self.guided_decoding._validate()
+        # The real one: `logprobs=True` means top-1; 0 / None mean off.
+        self.logprobs = self.logprobs and int(self.logprobs)
+        self.prompt_logprobs = self.prompt_logprobs and int(self.prompt_logprobs)
 
     @staticmethod
     def params_imply_greedy_decoding(

@@ -1,7 +1,17 @@
-# Mirrors the names tensorrt_llm/llmapi/__init__.py exports that the adapter uses.
+# Mirrors the names tensorrt_llm/llmapi/__init__.py exports that the adapters use.
 from tensorrt_llm.executor import CompletionOutput, RequestError
-from tensorrt_llm.llmapi.llm import RequestOutput
-from tensorrt_llm.llmapi.llm_args import KvCacheConfig
-from tensorrt_llm.sampling_params import SamplingParams
+from tensorrt_llm.llmapi.llm import LLM, RequestOutput
+from tensorrt_llm.llmapi.llm_args import CapacitySchedulerPolicy, KvCacheConfig, SchedulerConfig
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
-__all__ = ["CompletionOutput", "KvCacheConfig", "RequestError", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CapacitySchedulerPolicy",
+    "CompletionOutput",
+    "GuidedDecodingParams",
+    "KvCacheConfig",
+    "RequestError",
+    "RequestOutput",
+    "SamplingParams",
+    "SchedulerConfig",
+]

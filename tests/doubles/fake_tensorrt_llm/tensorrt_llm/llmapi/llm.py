@@ -1,6 +1,36 @@
-"""Mirrors `_TrtLLM` / `BaseLLM` of tensorrt_llm/llmapi/llm.py: the constructor signature
-and kwargs check, `generate_async` (its argument checks and errors), `shutdown()`, and the
-private `_executor` with `is_shutdown()` that health checks read.
+"""Mirrors tensorrt_llm/llmapi/llm.py: `BaseLLM` (constructor kwargs check, `generate_async`
+with `_prepare_sampling_params` and `_check_arguments`, `get_stats_async`, `shutdown()`, the
+private `_executor` with `is_shutdown()` that health checks read), `_TrtLLM` (the TensorRT
+engine backend, `tensorrt_llm._tensorrt_engine.LLM`) and `_TorchLLM` / `LLM` (the PyTorch
+backend, `tensorrt_llm.LLM`, which loads a Hugging Face checkpoint).
+
+What each piece mirrors (function in the real llm.py unless said otherwise):
+- `__init__` of both: unknown keyword -> ValueError (`BaseLlmArgs` forbids extra fields);
+  `_TorchLLM._validate_args_for_torch_backend`: a TensorRT-only argument -> ValueError.
+- `_TrtLLM._build_model`: `guided_decoding_backend="xgrammar"` builds the grammar from the
+  LLM's tokenizer (`_xgrammar_tokenizer_info(self.tokenizer)`), so it needs one: with
+  `skip_tokenizer_init=True` the double refuses at construction (the real one fails there
+  too, on the None tokenizer; its exact error was not read).
+- `generate_async`: RuntimeError("LLM is shutting down") once shut down.
+- `_prepare_sampling_params`: ValueError when `end_id` is None and there is no tokenizer; on
+  the TensorRT backend, `logprobs` turns on `return_generation_logits` and marks it
+  `_generation_logits_auto_enabled` (logprobs are computed from the generation logits).
+- `_check_arguments`, TensorRT backend: prompt + max_tokens > the engine's max_seq_len ->
+  ValueError, but ONLY without chunked prefill (`not self.args.enable_chunked_prefill`); with
+  it the check is skipped and the adapter's own limit is the only guard. `logprobs` without
+  `gather_generation_logits=True` given to the constructor -> ValueError. PyTorch backend:
+  the max_num_tokens check only without chunked prefill.
+- `get_stats_async(timeout)`: `self._executor.aget_stats(timeout=...)`, an `IterationResult`
+  of per-iteration stats (`kvCacheStats`: usedNumBlocks, maxNumBlocks, freeNumBlocks,
+  tokensPerBlock; numActiveRequests, numQueuedRequests). The PyTorch backend reports them
+  only with `enable_iter_perf_stats=True` (`TorchLlmArgs`, default False); the TensorRT
+  backend's C++ executor always does.
+- `shutdown()`: `self._executor.shutdown(); self._executor = None`.
+
+Not read upstream, and so only a conservative stand-in (the adapters never rely on them):
+what the runtime does with a request longer than max_seq_len that chunked prefill let
+through, and with guided decoding requested when no backend was configured; the double
+fails such a request with RequestError at its first step.
 
 Test knobs (not in the real API) are marked "knob"."""
 
@@ -9,24 +39,27 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, ClassVar
 
-from tensorrt_llm.executor.result import GenerationResult
-from tensorrt_llm.llmapi.llm_args import KvCacheConfig
+from tensorrt_llm.executor.result import GenerationResult, IterationResult
+from tensorrt_llm.llmapi.llm_args import KvCacheConfig, SchedulerConfig
 from tensorrt_llm.sampling_params import SamplingParams
 
 RequestOutput = GenerationResult  # the real one subclasses GenerationResult
 
-# A subset of TrtLlmArgs' fields; the real constructor raises on any other keyword.
-_VALID_KWARGS = {
+# Subsets of the pydantic args' fields; the real constructors raise on any other keyword.
+_COMMON_KWARGS = {
     "backend",
-    "build_config",
     "enable_chunked_prefill",
+    "gather_generation_logits",
+    "guided_decoding_backend",
     "kv_cache_config",
     "max_batch_size",
     "max_beam_width",
     "max_num_tokens",
     "max_seq_len",
-    "workspace",
+    "scheduler_config",
 }
+_TRT_ONLY_KWARGS = {"build_config", "workspace", "batching_type"}
+_TORCH_ONLY_KWARGS = {"enable_iter_perf_stats", "sampler_type", "attn_backend"}
 
 
 class _FakeExecutor:
@@ -36,19 +69,22 @@ class _FakeExecutor:
         self.doing_shutdown = False
         self.background_error: BaseException | None = None
         self.aborted_ids: list[int] = []
+        self.shutdown_calls = 0
 
     def is_shutdown(self) -> bool:
         return self.doing_shutdown
 
     def shutdown(self) -> None:
+        self.shutdown_calls += 1
         self.doing_shutdown = True
 
     def abort_request(self, request_id: int) -> None:
         self.aborted_ids.append(request_id)
 
 
-class _TrtLLM:
-    instances: ClassVar[list["_TrtLLM"]] = []  # knob: every LLM built in this import
+class BaseLLM:
+    instances: ClassVar[list["BaseLLM"]] = []  # knob: every LLM built in this import
+    _valid_kwargs: ClassVar[set[str]] = _COMMON_KWARGS
 
     def __init__(
         self,
@@ -63,26 +99,31 @@ class _TrtLLM:
         tokenizer_revision=None,
         **kwargs: Any,
     ) -> None:
-        for key in kwargs:
-            if key not in _VALID_KWARGS:
-                raise ValueError(f"{self.__class__.__name__} got invalid argument: {key}")
+        self._check_kwargs(kwargs)
         kv = kwargs.get("kv_cache_config")
         if kv is not None and not isinstance(kv, KvCacheConfig):
             raise TypeError(f"kv_cache_config must be KvCacheConfig, got {type(kv)}")
-        config_path = Path(model) / "config.json"
-        config = json.loads(config_path.read_text())  # FileNotFoundError like the real one
-        if "pretrained_config" not in config or "build_config" not in config:
-            raise ValueError(f"{model} is not a TensorRT-LLM engine directory")
+        scheduler = kwargs.get("scheduler_config")
+        if scheduler is not None and not isinstance(scheduler, SchedulerConfig):
+            raise TypeError(f"scheduler_config must be SchedulerConfig, got {type(scheduler)}")
+        backend = kwargs.get("guided_decoding_backend")
+        if backend not in (None, "xgrammar", "llguidance"):
+            raise ValueError(f"Unsupported guided decoding backend {backend}")
+        config = json.loads((Path(model) / "config.json").read_text())  # FileNotFoundError
+        self._read_model(model, config, kwargs)
         self.args = SimpleNamespace(
             model=str(model),
-            tokenizer=None if skip_tokenizer_init else tokenizer,
+            tokenizer=None if skip_tokenizer_init else (tokenizer or str(model)),
             skip_tokenizer_init=skip_tokenizer_init,
             tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
             **kwargs,
         )
-        # Without skip_tokenizer_init the real LLM loads a tokenizer from the model dir.
+        # Without skip_tokenizer_init the real LLM loads a tokenizer (from `tokenizer`, else
+        # the model dir).
         self.tokenizer = None if skip_tokenizer_init else object()
-        self._max_seq_len = int(config["build_config"]["max_seq_len"])
+        if backend == "xgrammar" and self.tokenizer is None:
+            raise ValueError("guided decoding with xgrammar needs the LLM's tokenizer")
         self._executor: _FakeExecutor | None = _FakeExecutor()
         self._next_id = 0
 
@@ -90,12 +131,37 @@ class _TrtLLM:
         self.script: list[int] = list(range(1000, 1100))  # token ids "decoded", in order
         self.tokens_per_step = 1  # tokens per streamed response
         self.include_end_id_in_output = False  # whether end_id shows up in token_ids
+        self.steps_after_abort = 1  # steps of tokens still produced after abort()
         self.step_delay = 0.0
         self.requests: list[GenerationResult] = []  # every request, in order
         self.next_request_error: str | None = None  # the next request fails with this
+        self.tokens_per_block = 32
+        self.max_num_blocks = 64
+        self.stats_as_json = False  # items of get_stats_async as JSON strings (older releases)
+        self.stats_calls = 0
+        self._stats_queue: list[dict] = []
+        self._iteration = 0
         self.shutdown_calls = 0
-        _TrtLLM.instances.append(self)
+        BaseLLM.instances.append(self)
 
+    # -- overridden per backend --------------------------------------------------------
+    def _check_kwargs(self, kwargs: dict) -> None:
+        for key in kwargs:
+            if key not in self._valid_kwargs:
+                raise ValueError(f"{self.__class__.__name__} got invalid argument: {key}")
+
+    def _read_model(self, model, config: dict, kwargs: dict) -> None:
+        raise NotImplementedError
+
+    @property
+    def _on_trt_backend(self) -> bool:
+        return False
+
+    @property
+    def _reports_stats(self) -> bool:
+        return True
+
+    # -- the real public surface -------------------------------------------------------
     def generate_async(
         self,
         inputs,
@@ -111,7 +177,30 @@ class _TrtLLM:
     ) -> GenerationResult:
         if self._executor is None or self._executor.is_shutdown():
             raise RuntimeError("LLM is shutting down")
-        # _prepare_sampling_params
+        sampling_params = self._prepare_sampling_params(sampling_params)
+        if not (isinstance(inputs, list) and all(isinstance(t, int) for t in inputs)):
+            raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
+        self._check_arguments(len(inputs), 0, sampling_params)
+        result = GenerationResult(self._next_id, inputs, sampling_params, streaming, self)
+        result._request_error, self.next_request_error = self.next_request_error, None
+        if result._request_error is None:
+            result._request_error = self._unsupported(len(inputs), sampling_params)
+        self._next_id += 1
+        self.requests.append(result)
+        return result
+
+    def get_stats_async(self, timeout: float | None = 2) -> IterationResult:
+        self.stats_calls += 1
+        return IterationResult(self._stats_queue, self.stats_as_json)
+
+    def shutdown(self) -> None:
+        self.shutdown_calls += 1
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+    # -- the real private helpers ------------------------------------------------------
+    def _prepare_sampling_params(self, sampling_params: SamplingParams | None) -> SamplingParams:
         if sampling_params is None:
             sampling_params = SamplingParams()
         if not isinstance(sampling_params, SamplingParams):
@@ -124,29 +213,117 @@ class _TrtLLM:
                 "tokenizer is required to reset end_id if it is None, or you can explicitly "
                 "specify the end_id for sampling_params"
             )
-        if not (isinstance(inputs, list) and all(isinstance(t, int) for t in inputs)):
-            raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
-        # _check_arguments (TensorRT backend, no chunked prefill)
-        if len(inputs) + (sampling_params.max_tokens or 0) > self._max_seq_len:
-            raise ValueError(
-                f"The sum of prompt length ({len(inputs)}) and query length (0) max_tokens "
-                f"({sampling_params.max_tokens}) should not exceed max_seq_len "
-                f"({self._max_seq_len})"
-            )
-        result = GenerationResult(self._next_id, inputs, sampling_params, streaming, self)
-        result._request_error, self.next_request_error = self.next_request_error, None
-        self._next_id += 1
-        self.requests.append(result)
-        return result
+        sp = sampling_params
+        if self._on_trt_backend and sp.logprobs and not sp.return_generation_logits:
+            sampling_params.return_generation_logits = True
+            sampling_params._generation_logits_auto_enabled = True
+        return sampling_params
 
-    def shutdown(self) -> None:
-        self.shutdown_calls += 1
-        if self._executor is not None:
-            self._executor.shutdown()
-            self._executor = None
+    def _check_arguments(self, prompt_len: int, query_len: int, sp: SamplingParams) -> None:
+        raise NotImplementedError
 
-    # knobs ---------------------------------------------------------------------------
+    # -- the double's engine -----------------------------------------------------------
+    def _unsupported(self, prompt_len: int, sp: SamplingParams) -> str | None:
+        if prompt_len + sp.max_tokens > self._max_seq_len:
+            return f"prompt ({prompt_len}) + max_tokens ({sp.max_tokens}) > max_seq_len"
+        if (
+            sp.guided_decoding is not None
+            and self.args.__dict__.get("guided_decoding_backend") is None
+        ):
+            return "guided decoding is not enabled"
+        return None
+
+    def _record_iteration(self) -> None:
+        """One executor iteration: queue its stats, as the runtime does each step."""
+        if not self._reports_stats:
+            return
+        live = [r for r in self.requests if r._holds_kv]
+        used = sum(-(-r._kv_tokens() // self.tokens_per_block) for r in live)
+        used = min(used, self.max_num_blocks)
+        self._stats_queue.append(
+            {
+                "iter": self._iteration,
+                "numActiveRequests": len(live),
+                "numQueuedRequests": 0,
+                "kvCacheStats": {
+                    "maxNumBlocks": self.max_num_blocks,
+                    "freeNumBlocks": self.max_num_blocks - used,
+                    "usedNumBlocks": used,
+                    "tokensPerBlock": self.tokens_per_block,
+                },
+            }
+        )
+        self._iteration += 1
+
     def fail_background(self, error: BaseException) -> None:
-        """The executor's worker dies: the next step of a running request raises `error`
-        after the executor shut itself down (`executor.py::_handle_background_error`)."""
+        """knob: the executor's worker dies: the next step of a running request raises
+        `error` after the executor shut itself down (`executor.py::_handle_background_error`)."""
         self._executor.background_error = error
+
+    def fail_request(self, result: GenerationResult, message: str) -> None:
+        """knob: the next step of this running request raises RequestError(message)."""
+        result._request_error = message
+
+
+class _TrtLLM(BaseLLM):
+    _valid_kwargs = _COMMON_KWARGS | _TRT_ONLY_KWARGS
+
+    def _read_model(self, model, config: dict, kwargs: dict) -> None:
+        if "pretrained_config" not in config or "build_config" not in config:
+            raise ValueError(f"{model} is not a TensorRT-LLM engine directory")
+        self._max_seq_len = int(config["build_config"]["max_seq_len"])
+
+    @property
+    def _on_trt_backend(self) -> bool:
+        return True
+
+    def _check_arguments(self, prompt_len: int, query_len: int, sp: SamplingParams) -> None:
+        if not self.args.__dict__.get("enable_chunked_prefill") and (
+            prompt_len + query_len + (sp.max_tokens or 0) > self._max_seq_len
+        ):
+            raise ValueError(
+                f"The sum of prompt length ({prompt_len}) and query length ({query_len}) "
+                f"max_tokens ({sp.max_tokens}) should not exceed max_seq_len ({self._max_seq_len})"
+            )
+        if sp.logprobs and not self.args.__dict__.get("gather_generation_logits"):
+            raise ValueError(
+                f"`sampling_params.logprobs={sp.logprobs}` requires "
+                "`gather_generation_logits=True` to be passed explicitly to the `LLM()` "
+                "constructor."
+            )
+
+
+class _TorchLLM(BaseLLM):
+    _valid_kwargs = _COMMON_KWARGS | _TORCH_ONLY_KWARGS
+
+    def _check_kwargs(self, kwargs: dict) -> None:
+        trt_only = [k for k in kwargs if k in _TRT_ONLY_KWARGS]
+        if trt_only:
+            raise ValueError(
+                "The following arguments are specific to TensorRT backend and cannot be used "
+                f"with PyTorch backend: {trt_only}."
+            )
+        super()._check_kwargs(kwargs)
+
+    def _read_model(self, model, config: dict, kwargs: dict) -> None:
+        if "pretrained_config" in config:
+            raise ValueError(f"{model} is a TensorRT engine; the PyTorch backend loads checkpoints")
+        self._max_seq_len = int(kwargs.get("max_seq_len") or config["max_position_embeddings"])
+        self._max_num_tokens = int(kwargs.get("max_num_tokens") or 8192)
+
+    @property
+    def _reports_stats(self) -> bool:
+        return bool(self.args.__dict__.get("enable_iter_perf_stats"))
+
+    def _check_arguments(self, prompt_len: int, query_len: int, sp: SamplingParams) -> None:
+        if not self.args.__dict__.get("enable_chunked_prefill") and (
+            prompt_len + query_len > self._max_num_tokens
+        ):
+            raise ValueError(
+                f"The sum of prompt length ({prompt_len}), query length ({query_len}) should "
+                f"not exceed max_num_tokens ({self._max_num_tokens})"
+            )
+
+
+class LLM(_TorchLLM):
+    """`tensorrt_llm.LLM`: the PyTorch backend."""

@@ -1,13 +1,18 @@
-"""Start the engine the artifact calls for (or the one settings force)."""
+"""Start the engine the artifact calls for (or the one settings force): the one place
+that chooses an engine, the PyTorch engine's KV-cache kind included."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mistral_serving.artifacts import ArtifactError, ArtifactKind
 from mistral_serving.engines.base import Engine
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from mistral_serving.engines.pytorch import TorchEngine
 
 
 def engine_name_for(kind: ArtifactKind, setting: str) -> str:
@@ -28,6 +33,7 @@ def engine_name_for(kind: ArtifactKind, setting: str) -> str:
 def start_engine(
     artifact_dir: Path, kind: ArtifactKind, settings: Settings, tokenizer: Tokenizer
 ) -> Engine:
+    # Engines import lazily: each pulls in its own heavy stack (torch, tensorrt_llm).
     if settings.engine == "replay":  # benchmarks only: see engines/replay.py
         from mistral_serving.engines.replay import ReplayEngine
 
@@ -48,6 +54,15 @@ def start_engine(
             pad_token_id=tokenizer.eos_id,
             tokenizer_vocab_size=tokenizer.vocab_size,
         )
+    return start_torch_engine(artifact_dir, settings, tokenizer.eos_id)
+
+
+def start_torch_engine(model_dir: Path, settings: Settings, eos_token_id: int) -> TorchEngine:
+    """The PyTorch engine for a checkpoint: `pytorch_kv_cache` picks static or dynamic."""
+    if settings.pytorch_kv_cache == "static":
+        from mistral_serving.engines.pytorch_static import StaticTorchEngine
+
+        return StaticTorchEngine.from_pretrained(model_dir, settings, eos_token_id)
     from mistral_serving.engines.pytorch import TorchEngine
 
-    return TorchEngine.from_pretrained(artifact_dir, settings, tokenizer.eos_id)
+    return TorchEngine.from_pretrained(model_dir, settings, eos_token_id)

@@ -1,0 +1,190 @@
+"""Per-request sampling for the PyTorch engines, safe for every value the schemas accept.
+
+transformers' own continuous-batching manager takes one generation config for all
+requests, so sampling is ours: each row of a step's logits is sampled with its own
+request's options. For one row (float32):
+
+1. Sanitize: NaN -> -inf, +inf -> the largest float, so a model that produced them still
+   yields a token (the best finite one). A row with no finite logit at all fails that
+   request alone (`EngineError`): there is no token worth emitting.
+2. Penalties: repetition (HF semantics: over prompt and output, multiplicative),
+   presence and frequency (OpenAI semantics: over output, additive); sanitize again
+   (a repetition penalty near 0 divides by almost nothing).
+3. Log-probabilities, when asked: the log-softmax of this row, i.e. of the logits after
+   penalties and BEFORE the masks below, temperature, top-k and top-p (vLLM's default:
+   they describe the model's distribution, not the sampler's truncated one).
+4. Masks: stop tokens (EOS unless ignore_eos, and stop_token_ids) are -inf until
+   `min_tokens` tokens exist; then the sequence's `mask_fn` (structured output: a
+   per-row allowed-token mask) edits the row in place. If the masks leave no finite
+   logit, the unmasked row's best token is taken rather than failing.
+5. Greedy (top_k 1, or temperature below `GREEDY_TEMPERATURE`): argmax. Otherwise the
+   row is shifted so its maximum is 0 before dividing by the temperature (no overflow:
+   every value stays <= 0, the best stays at 0), then top-k, top-p (always keeps the best
+   token: the kept set is the smallest one reaching top_p, and it is never empty), and a
+   draw from the softmax with the request's own generator (seeded requests repeat).
+
+Rows that are plain greedy (no penalty, no logprobs, no mask) take one batched argmax.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from mistral_serving.engines.base import EngineError, SamplingOptions, TokenLogprob
+
+NO_LOGPROB = -9999.0  # what a -inf log-probability is reported as (JSON has no -inf)
+
+
+class Row(Protocol):
+    """What the sampler reads of a sequence (the engines' `_Sequence`)."""
+
+    prompt: list[int]
+    generated: list[int]
+    sampling: SamplingOptions
+    generator: torch.Generator
+    stop_ids: Collection[int]
+    mask_fn: Callable[[torch.Tensor], None] | None
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token: int
+    logprob: TokenLogprob | None = None
+
+
+def sample_next_tokens(logits: torch.Tensor, seqs: Sequence[Row]) -> list[Sampled | Exception]:
+    """One token per row of `logits` [n, vocab], each with its own request's options. A
+    row whose sampling fails gets the exception in its place; the other rows are not
+    affected."""
+    out: list[Sampled | Exception] = [EngineError("not sampled")] * len(seqs)
+    fast = [i for i, s in enumerate(seqs) if _plain_greedy(s)]
+    if fast:
+        try:
+            index = torch.tensor(fast, device=logits.device)
+            values, tokens = _sanitize(logits.index_select(0, index)).max(-1)
+            # One device-to-host copy: -1 marks a row without a finite logit.
+            picked = tokens.masked_fill(~torch.isfinite(values), -1).tolist()
+            for i, tok in zip(fast, picked):
+                out[i] = Sampled(tok) if tok >= 0 else EngineError(_NO_FINITE)
+        except Exception:  # noqa: BLE001 - fall back to the careful per-row path
+            fast = []
+    done = set(fast)
+    for i, seq in enumerate(seqs):
+        if i in done:
+            continue
+        try:
+            out[i] = sample_row(logits[i].clone(), seq)
+        except Exception as exc:  # noqa: BLE001 - this row's failure is this row's alone
+            out[i] = exc
+    return out
+
+
+_BIG = torch.finfo(torch.float32).max  # what +inf becomes
+_NO_FINITE = "the model produced no finite logits for this request"
+
+
+def _plain_greedy(seq: Row) -> bool:
+    s = seq.sampling
+    return (
+        s.greedy
+        and not _penalized(s)
+        and s.logprobs is None
+        and seq.mask_fn is None
+        and not _min_tokens_pending(seq)
+    )
+
+
+def _penalized(s: SamplingOptions) -> bool:
+    return s.repetition_penalty != 1.0 or s.presence_penalty != 0.0 or s.frequency_penalty != 0.0
+
+
+def _min_tokens_pending(seq: Row) -> bool:
+    return len(seq.generated) < seq.sampling.min_tokens and bool(seq.stop_ids)
+
+
+def _sanitize(row: torch.Tensor) -> torch.Tensor:
+    return torch.nan_to_num(row, nan=-math.inf, posinf=_BIG, neginf=-math.inf)
+
+
+def sample_row(row: torch.Tensor, seq: Row) -> Sampled:
+    """The next token for one sequence from its logits `row` [vocab] (modified)."""
+    opts = seq.sampling
+    row = _sanitize(row.float())
+    if not torch.isfinite(row.max()):
+        raise EngineError(_NO_FINITE)
+    if _penalized(opts):
+        _apply_penalties(row, seq)
+        row = _sanitize(row)
+        if not torch.isfinite(row.max()):
+            raise EngineError(_NO_FINITE)
+    logp = torch.log_softmax(row, -1) if opts.logprobs is not None else None
+    masked = _apply_masks(row, seq)
+    if not torch.isfinite(masked.max()):
+        masked = row  # the masks left nothing: the model's best beats no answer
+    token = _pick(masked, opts, seq.generator)
+    return Sampled(token, None if logp is None else _logprob(logp, token, opts.logprobs))
+
+
+def _apply_penalties(row: torch.Tensor, seq: Row) -> None:
+    opts = seq.sampling
+    if opts.repetition_penalty != 1.0:  # HF semantics: over prompt and output tokens
+        seen = torch.tensor(sorted(set(seq.prompt) | set(seq.generated)), device=row.device)
+        scores = row[seen]
+        row[seen] = torch.where(
+            scores < 0, scores * opts.repetition_penalty, scores / opts.repetition_penalty
+        )
+    if seq.generated and (opts.presence_penalty or opts.frequency_penalty):  # OpenAI semantics
+        ids, counts = torch.tensor(seq.generated, device=row.device).unique(return_counts=True)
+        row[ids] -= opts.presence_penalty + opts.frequency_penalty * counts.to(row.dtype)
+
+
+def _apply_masks(row: torch.Tensor, seq: Row) -> torch.Tensor:
+    if not _min_tokens_pending(seq) and seq.mask_fn is None:
+        return row
+    masked = row.clone()
+    if _min_tokens_pending(seq):
+        vocab = row.numel()
+        stops = [t for t in seq.stop_ids if 0 <= t < vocab]
+        if stops:
+            masked[torch.tensor(stops, device=row.device)] = -math.inf
+    if seq.mask_fn is not None:
+        seq.mask_fn(masked)
+        masked = _sanitize(masked)
+    return masked
+
+
+def _pick(row: torch.Tensor, opts: SamplingOptions, generator: torch.Generator) -> int:
+    if opts.greedy:
+        return int(row.argmax())
+    temperature = min(opts.temperature, 1e4)  # the schema stops at 2; inf/inf would be NaN
+    row = (row - row.max()) / temperature  # max 0: nothing overflows, softmax sums >= 1
+    if 0 < opts.top_k < row.numel():
+        kth = torch.topk(row, opts.top_k).values[-1]
+        row = row.masked_fill(row < kth, -math.inf)
+    if 0.0 < opts.top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        probs = sorted_logits.softmax(-1)
+        # Keep the smallest prefix reaching top_p; the first token's "mass before" is 0,
+        # so it always stays, however small top_p is.
+        drop = probs.cumsum(-1) - probs > opts.top_p
+        row = row.scatter(0, order[drop], -math.inf)
+    return int(torch.multinomial(row.softmax(-1), 1, generator=generator))
+
+
+def _logprob(logp: torch.Tensor, token: int, k: int | None) -> TokenLogprob:
+    k = max(0, min(k or 0, logp.numel()))
+    chosen = _finite_lp(float(logp[token]))
+    if not k:
+        return TokenLogprob(token, chosen)
+    values, ids = torch.topk(logp, k)
+    top = tuple((int(i), _finite_lp(float(v))) for i, v in zip(ids.tolist(), values.tolist()))
+    return TokenLogprob(token, chosen, top)
+
+
+def _finite_lp(value: float) -> float:
+    return value if math.isfinite(value) else NO_LOGPROB

@@ -1,0 +1,286 @@
+"""Between the Truss adapter and the wire formats: one place for what every route does.
+
+For each request: a bounded request id, the cheap refusals first (draining: 503; no slot
+and no queue place: 429, decided before the body is even decoded, so a 429 costs the
+same for any prompt), then the body (strict JSON, `protocols/body.py`) and the wire
+format's parse, a slot (admission), tokenization (in the service, off the event loop),
+and the answer: JSON, or a stream whose slot is released when it ends however it ends.
+Every request is counted once in `request_finished_total` with its reason. The drain
+(SIGTERM) is wired here too, and the engine is shut down when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+import weakref
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Send
+
+from mistral_serving.admission import (
+    RETRY_AFTER_SECONDS,
+    Admission,
+    ClientGone,
+    Draining,
+    Overloaded,
+)
+from mistral_serving.engines.base import EngineError
+from mistral_serving.errors import RequestError
+from mistral_serving.metrics import Metrics, default_metrics
+from mistral_serving.protocols import ParseContext, TruncatedStream, WireFormat
+from mistral_serving.protocols.body import decode_json_object
+from mistral_serving.protocols.openai import OpenAIFormat
+from mistral_serving.protocols.predict import PredictFormat
+from mistral_serving.service import GenerationService
+from mistral_serving.settings import Settings
+from mistral_serving.shutdown import Drainer
+from mistral_serving.telemetry import RequestRecord
+
+log = logging.getLogger(__name__)
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+# Bodies larger than this are decoded in a worker thread.
+INLINE_DECODE_BYTES = 64 * 1024
+
+
+def request_id_from(header: str | None) -> str:
+    """The client's X-Request-Id when it is short and plain, else a fresh one (the
+    rejected value is never logged in full)."""
+    if header is None:
+        return uuid.uuid4().hex
+    if _REQUEST_ID.fullmatch(header):
+        return header
+    fresh = uuid.uuid4().hex
+    log.warning(
+        "X-Request-Id refused (%d characters, starts %r); using %s", len(header), header[:16], fresh
+    )
+    return fresh
+
+
+_current: Frontend | None = None
+
+
+def register(frontend: Frontend) -> None:
+    """The process's frontend (one Truss model per server): the routes `server.py` adds
+    to Truss's app read from it."""
+    global _current
+    _current = frontend
+
+
+def current() -> Frontend | None:
+    return _current
+
+
+class _Stream(StreamingResponse):
+    """A streaming answer that, when cut short, ends without HTTP's closing chunk: the
+    client sees an incomplete body (e.g. requests' ChunkedEncodingError), not a
+    complete answer."""
+
+    async def stream_response(self, send: Send) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        try:
+            async for chunk in self.body_iterator:
+                await send(
+                    {"type": "http.response.body", "body": chunk.encode(), "more_body": True}
+                )
+        except TruncatedStream:
+            return  # the server closes the connection with the body unfinished
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class Frontend:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
+        self.settings = settings
+        self.metrics = metrics or default_metrics(settings.metrics_names + ":")
+        self.admission = Admission(settings.max_inflight, settings.max_waiting, self.metrics)
+        self.drainer = Drainer(settings.drain_grace_seconds, self._stop_admitting, self._abort_all)
+        self.service: GenerationService | None = None
+        self.formats: dict[str, WireFormat] = {}
+        self.load_error: str | None = None  # why load() failed: the process's last log line
+
+    # ---- lifecycle ----
+
+    def load(self, hf_token: str | None) -> None:
+        try:
+            service = GenerationService.start(self.settings, hf_token, self.metrics)
+        except Exception as exc:
+            self.load_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            raise
+        self.attach(service)
+
+    def attach(self, service: GenerationService) -> None:
+        """Serve with this (started) service."""
+        table = service.tokenizer.table
+
+        def token_bytes(token_id: int) -> bytes:
+            return table.token_bytes[token_id] or b""
+
+        name = self.settings.served_model_name
+        self.formats = {
+            "predict": PredictFormat(),
+            "chat_completions": OpenAIFormat(True, name, token_bytes),
+            "completions": OpenAIFormat(False, name, token_bytes),
+        }
+        self.service = service
+        engine = service.engine
+        self.metrics.kv_cache_usage.set_function(engine.kv_cache_usage)
+
+    @property
+    def ready(self) -> bool:
+        return self.service is not None and not self.drainer.draining and self.service.is_healthy()
+
+    async def is_healthy(self) -> bool:
+        self.drainer.install()  # here: the first call on the server's main-thread loop
+        if self.service is not None and not self.service.is_healthy():
+            self.drainer.engine_died()
+            return False
+        return self.ready
+
+    def shutdown(self) -> None:
+        """The server is exiting: stop the engine (and its executor processes)."""
+        if self.service is not None:
+            log.info("shutting the engine down")
+            self.service.shutdown()
+
+    def _stop_admitting(self) -> None:
+        self.admission.draining = True
+
+    def _abort_all(self) -> int:
+        return self.service.abort_all() if self.service else 0
+
+    # ---- requests ----
+
+    async def handle(self, route: str, request: Request) -> Response:
+        self.drainer.install()
+        service = self.service
+        fmt = self.formats[route]
+        record = RequestRecord(request_id_from(request.headers.get(REQUEST_ID_HEADER)), route)
+        headers = {REQUEST_ID_HEADER: record.request_id}
+        ticket = None
+        try:
+            self._refuse_early()
+            body = await _read_json(request)
+            call = fmt.parse(
+                body,
+                ParseContext(self.settings.default_max_tokens, service.engine.limits.max_seq_len),
+            )
+            ticket = await self._admit(request)
+            service.telemetry.admitted(record)
+            prepared = await service.prepare(call.gen)
+        except RequestError as err:
+            if ticket is not None:
+                ticket.release()
+            return self._refuse(fmt, err, record, headers)
+        prompt_text = call.gen.prompt_text
+        if call.stream:
+            events = fmt.stream_events(call, service.stream(prepared, record, prompt_text), record)
+            return self._streaming_response(events, ticket, record, fmt.stream_media_type, headers)
+        try:
+            logprobs = await service.complete(
+                prepared, record, request.is_disconnected, prompt_text
+            )
+        except RequestError as err:
+            return _error_response(fmt, err, headers)  # counted by the service
+        except EngineError as exc:
+            err = RequestError(f"generation failed: {exc}", status=500)
+            return _error_response(fmt, err, headers)
+        finally:
+            ticket.release()
+        return JSONResponse(fmt.response_body(call, record, logprobs), headers=headers)
+
+    def _refuse_early(self) -> None:
+        if self.admission.draining:
+            self.metrics.rejected.labels("draining").inc()
+            raise _draining()
+        if self.admission.full:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise self._overloaded()
+
+    async def _admit(self, request: Request) -> Any:
+        try:
+            return await self.admission.acquire(request.is_disconnected)
+        except Overloaded:
+            raise self._overloaded() from None
+        except Draining:
+            raise _draining() from None
+        except ClientGone:
+            raise RequestError("client disconnected while waiting", status=499) from None
+
+    def _overloaded(self) -> RequestError:
+        return RequestError(
+            f"server is at capacity ({self.admission.max_inflight} running, "
+            f"{self.admission.max_waiting} waiting); retry later",
+            status=429,
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        )
+
+    def _refuse(
+        self, fmt: WireFormat, err: RequestError, record: RequestRecord, headers: dict[str, str]
+    ) -> Response:
+        record.finish_reason = err.finish_reason
+        self.service.telemetry.finished(record)
+        if err.status == 499:
+            return Response(status_code=499, headers=headers)
+        return _error_response(fmt, err, headers)
+
+    def _streaming_response(
+        self,
+        events: AsyncIterator[str],
+        ticket: Any,
+        record: RequestRecord,
+        media_type: str,
+        headers: dict[str, str],
+    ) -> StreamingResponse:
+        started = []
+
+        async def body() -> AsyncIterator[str]:
+            started.append(True)
+            try:
+                async for event in events:
+                    yield event
+            except EngineError:
+                log.warning("request %s: generation failed mid-stream", record.request_id)
+                raise TruncatedStream("error") from None
+            finally:
+                ticket.release()
+
+        telemetry = self.service.telemetry
+
+        def gone() -> None:
+            # If the body never started (client gone before the first byte), nothing
+            # reached the engine: free the slot and still count and log the request.
+            ticket.release()
+            if not started:
+                record.finish_reason = "client_gone"
+                telemetry.finished(record)
+
+        response = _Stream(body(), media_type=media_type, headers=headers)
+        weakref.finalize(response, gone)
+        return response
+
+
+def _draining() -> RequestError:
+    return RequestError("server is shutting down; retry on another replica", status=503)
+
+
+def _error_response(fmt: WireFormat, err: RequestError, headers: dict[str, str]) -> JSONResponse:
+    return JSONResponse(
+        status_code=err.status, content=fmt.error_body(err), headers=headers | err.headers
+    )
+
+
+async def _read_json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if len(raw) > INLINE_DECODE_BYTES:
+        return await asyncio.to_thread(decode_json_object, raw)
+    return decode_json_object(raw)

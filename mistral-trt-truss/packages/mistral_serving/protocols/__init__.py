@@ -1,0 +1,51 @@
+"""Wire formats, one module each: `predict` (the article's Truss route) and `openai`
+(chat and text completions). Each owns its format end to end: body -> one
+`GenerationRequest`, the answer, the stream encoding and the error body. `frontend.py`
+drives them through the `WireFormat` interface below."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mistral_serving.errors import RequestError
+from mistral_serving.service import Chunk, GenerationRequest
+from mistral_serving.telemetry import RequestRecord
+
+
+@dataclass(frozen=True)
+class ParseContext:
+    """What parsing may depend on besides the body."""
+
+    default_max_tokens: int  # when the body names none (OpenAI chat)
+    max_seq_len: int  # the engine's sequence limit
+
+
+class Call(Protocol):
+    """One parsed request: what to generate, and how the answer must be shaped."""
+
+    gen: GenerationRequest
+    stream: bool
+
+
+class WireFormat(Protocol):
+    route: str  # metrics/log label
+    stream_media_type: str
+
+    def parse(self, body: dict[str, Any], ctx: ParseContext) -> Call: ...
+
+    def response_body(self, call: Any, record: RequestRecord, logprobs: list | None) -> Any: ...
+
+    def stream_events(
+        self, call: Any, chunks: AsyncIterator[Chunk], record: RequestRecord
+    ) -> AsyncIterator[str]:
+        """The stream's body; must end by raising `TruncatedStream` when the answer was
+        cut (drain, abort) and the format has no way to say so in-band."""
+        ...
+
+    def error_body(self, err: RequestError) -> dict[str, Any]: ...
+
+
+class TruncatedStream(Exception):
+    """The answer was cut short: the HTTP body must not end like a complete one."""

@@ -1,0 +1,66 @@
+"""Field definitions the wire formats share (as llama-cpp-python's `types.py` does).
+
+Bounds are written once here; each protocol picks its own defaults. Every request model
+is strict: "2" is not a number, true is not 1, and unknown fields are refused by name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from mistral_serving.errors import RequestError
+
+MAX_STOP_STRINGS = 16
+MAX_TOKENS_LIMIT = 1 << 20  # above any engine's sequence limit; the engine's limit clamps
+
+
+class StrictModel(BaseModel):
+    """Strict types, unknown fields refused, no NaN/Infinity."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+def _one_or_list(v: object) -> object:
+    return [v] if isinstance(v, str) else v
+
+
+StopString = Annotated[str, Field(min_length=1, max_length=256)]
+Stop = Annotated[
+    list[StopString] | None, BeforeValidator(_one_or_list), Field(max_length=MAX_STOP_STRINGS)
+]
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
+Temperature = Annotated[float, Field(ge=0.0, le=2.0)]
+TopK = Annotated[int, Field(ge=0, le=1 << 20, description="1: greedy; 0: off")]
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+RepetitionPenalty = Annotated[float, Field(gt=0.0, le=10.0)]
+AdditivePenalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+MinTokens = Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)]
+
+
+def top_p_or_off(top_p: float) -> float:
+    """Our engines take 1.0 as "off"; the predict route also says 0 for off."""
+    return top_p if 0.0 < top_p < 1.0 else 1.0
+
+
+def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
+    """One readable line per problem (`field: message`) and the first field's name."""
+    parts = []
+    first: str | None = None
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        first = first or loc or None
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        parts.append(f"{loc or 'body'}: {msg}"[:300])
+    return "; ".join(parts[:8]), first
+
+
+def validate(model: type[StrictModel], body: dict) -> StrictModel:
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        message, param = describe_validation_error(exc)
+        raise RequestError(message, param=param) from None

@@ -1,0 +1,360 @@
+"""OpenAI-compatible `POST /v1/chat/completions` and `POST /v1/completions`: request
+models, answers and SSE chunks in OpenAI's exact shapes, errors in OpenAI's error shape.
+
+Accepted beyond OpenAI's core: vLLM's `top_k`, `repetition_penalty`, `ignore_eos` and
+`min_tokens`. `logprobs` (chat: `logprobs` + `top_logprobs`; completions: `logprobs` as
+a count) are the log-softmax of the logits the sampler saw, after penalties and before
+temperature, top-k and top-p. `response_format` (`json_object`, `json_schema`) constrains
+the output with a grammar where the engine supports it. Fields we cannot honour
+(`n` > 1, `tools`, `echo`, ...) are refused with a 400 that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from mistral_serving.chat import ChatMessage
+from mistral_serving.engines.base import GuidedDecoding, SamplingOptions, TokenLogprob
+from mistral_serving.errors import RequestError
+from mistral_serving.protocols import ParseContext
+from mistral_serving.protocols.fields import (
+    AdditivePenalty,
+    MaxTokens,
+    MinTokens,
+    RepetitionPenalty,
+    Seed,
+    Stop,
+    StrictModel,
+    Temperature,
+    TopK,
+    validate,
+)
+from mistral_serving.service import Chunk, GenerationRequest
+from mistral_serving.telemetry import RequestRecord
+
+MAX_TOP_LOGPROBS = 20
+
+
+class StreamOptions(StrictModel):
+    include_usage: bool = False
+
+
+class TextPart(StrictModel):
+    type: Literal["text"]
+    text: str
+
+
+class OpenAIMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = Field(None, max_length=256)  # accepted; Mistral's format has no names
+
+    def to_chat(self) -> ChatMessage:
+        content = (
+            self.content
+            if isinstance(self.content, str)
+            else "\n\n".join(p.text for p in self.content)
+        )
+        role = "system" if self.role == "developer" else self.role
+        return ChatMessage(role=role, content=content)
+
+
+class JsonSchemaFormat(StrictModel):
+    name: str = Field(max_length=256)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(StrictModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_when_asked(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required with type json_schema, and only then")
+        return self
+
+    def guided(self) -> GuidedDecoding | None:
+        if self.type == "json_object":
+            return GuidedDecoding("json_object")
+        if self.type == "json_schema" and self.json_schema is not None:
+            return GuidedDecoding("json_schema", json.dumps(self.json_schema.schema_))
+        return None
+
+
+class _Common(StrictModel):
+    """Fields both routes share; anything not declared is refused by name."""
+
+    model: str | None = Field(None, max_length=256)  # any name; the served name is returned
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature = 1.0
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: Stop = None
+    seed: Seed | None = None
+    presence_penalty: AdditivePenalty = 0.0
+    frequency_penalty: AdditivePenalty = 0.0
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256)
+    n: Literal[1] = 1
+    response_format: ResponseFormat | None = None
+    # vLLM's extensions.
+    top_k: TopK = 0
+    repetition_penalty: RepetitionPenalty = 1.0
+    ignore_eos: bool = False
+    min_tokens: MinTokens = 0
+
+    @model_validator(mode="after")
+    def _stream_options_with_stream(self) -> _Common:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return self
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[OpenAIMessage] = Field(min_length=1, max_length=4096)
+    max_completion_tokens: MaxTokens | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_logprobs_with_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs: true")
+        return self
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] = Field(union_mode="left_to_right")
+    echo: Literal[False] = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    best_of: Literal[1] | None = None
+    suffix: None = None
+    max_tokens: MaxTokens | None = 16  # OpenAI's default for this route
+
+
+@dataclass(frozen=True)
+class OpenAICall:
+    chat: bool
+    gen: GenerationRequest
+    stream: bool
+    include_usage: bool
+    created: int
+
+
+_UNSUPPORTED = ("echo", "best_of", "suffix", "n")
+
+
+class OpenAIFormat:
+    stream_media_type = "text/event-stream"
+
+    def __init__(self, chat: bool, model_name: str, token_bytes: Callable[[int], bytes]) -> None:
+        self.chat = chat
+        self.route = "chat_completions" if chat else "completions"
+        self._model_name = model_name
+        self._token_bytes = token_bytes
+
+    # ---- request ----
+
+    def parse(self, body: dict[str, Any], ctx: ParseContext) -> OpenAICall:
+        for name in _UNSUPPORTED:  # a clearer word than "input should be 1"
+            if name in body and body[name] not in (None, False, 1):
+                raise RequestError(
+                    f"unsupported field: {name} (only its default is supported)", param=name
+                )
+        req = validate(ChatCompletionRequest if self.chat else CompletionRequest, body)
+        assert isinstance(req, ChatCompletionRequest | CompletionRequest)
+        if isinstance(req, ChatCompletionRequest):
+            messages = tuple(m.to_chat() for m in req.messages)
+            prompt, prompt_ids, param = None, None, "messages"
+            wanted = req.max_completion_tokens or req.max_tokens or ctx.default_max_tokens
+            logprobs = (req.top_logprobs or 0) if req.logprobs else None
+        else:
+            messages, param = None, "prompt"
+            prompt, prompt_ids = _completion_prompt(req.prompt)
+            wanted = req.max_tokens or ctx.default_max_tokens
+            logprobs = req.logprobs
+        sampling = SamplingOptions(
+            max_new_tokens=wanted,
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            seed=req.seed,
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
+            ignore_eos=req.ignore_eos,
+            min_tokens=req.min_tokens,
+            logprobs=logprobs,
+            guided=req.response_format.guided() if req.response_format else None,
+        )
+        gen = GenerationRequest(
+            sampling=sampling,
+            prompt=prompt,
+            prompt_ids=prompt_ids,
+            messages=messages,
+            stop=tuple(req.stop or ()),
+            param=param,
+        )
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return OpenAICall(self.chat, gen, req.stream, include_usage, int(time.time()))
+
+    # ---- answer ----
+
+    def _ids(self, record: RequestRecord) -> tuple[str, str]:
+        if self.chat:
+            return "chatcmpl-" + record.engine_id, "chat.completion"
+        return "cmpl-" + record.engine_id, "text_completion"
+
+    def response_body(
+        self, call: OpenAICall, record: RequestRecord, logprobs: list[TokenLogprob] | None
+    ) -> dict[str, Any]:
+        rid, obj = self._ids(record)
+        choice: dict[str, Any] = {"index": 0}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": record.output}
+        else:
+            choice["text"] = record.output
+        choice["logprobs"] = self._logprobs(logprobs, 0)
+        choice["finish_reason"] = record.finish_reason
+        return {
+            "id": rid,
+            "object": obj,
+            "created": call.created,
+            "model": self._model_name,
+            "choices": [choice],
+            "usage": record.usage,
+        }
+
+    def _logprobs(self, logprobs: list[TokenLogprob] | None, offset: int) -> dict | None:
+        if logprobs is None:
+            return None
+        if self.chat:
+            return {
+                "content": [
+                    self._chat_entry(lp.token_id, lp.logprob)
+                    | {"top_logprobs": [self._chat_entry(t, v) for t, v in lp.top]}
+                    for lp in logprobs
+                ],
+                "refusal": None,
+            }
+        tokens, offsets = [], []
+        for lp in logprobs:
+            text = self._token_text(lp.token_id)
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in logprobs],
+            "top_logprobs": [{self._token_text(t): v for t, v in lp.top} for lp in logprobs],
+            "text_offset": offsets,
+        }
+
+    def _token_text(self, token_id: int) -> str:
+        return self._token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        raw = self._token_bytes(token_id)
+        return {
+            "token": raw.decode("utf-8", errors="replace"),
+            "logprob": logprob,
+            "bytes": list(raw),
+        }
+
+    async def stream_events(
+        self, call: OpenAICall, chunks: AsyncIterator[Chunk], record: RequestRecord
+    ) -> AsyncIterator[str]:
+        """OpenAI's stream: a role chunk first (chat), content deltas, a chunk with the
+        finish_reason (`abort` when the answer was cut), the usage chunk when asked,
+        then `data: [DONE]`."""
+        rid, obj = self._ids(record)
+        obj += ".chunk" if self.chat else ""
+        base = {"id": rid, "object": obj, "created": call.created, "model": self._model_name}
+        usage_field = {"usage": None} if call.include_usage else {}
+
+        def choice(content: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
+            if self.chat:
+                delta: dict[str, Any] = (
+                    {"role": "assistant", "content": ""}
+                    if role
+                    else ({} if content is None else {"content": content})
+                )
+                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
+
+        if self.chat:
+            yield _sse(base | {"choices": [choice(None, None, role=True)]} | usage_field)
+        # Every content event is the same JSON around its text: render it once with a
+        # marker in the text's place and splice each text in (byte-identical, ~3x cheaper).
+        marker = "\x00text\x00"
+        head, tail = _sse(base | {"choices": [choice(marker, None)]} | usage_field).split(
+            json.dumps(marker)
+        )
+        offset = 0
+        try:
+            async for chunk in chunks:
+                if chunk.logprobs is None:
+                    yield f"{head}{json.dumps(chunk.text, ensure_ascii=False)}{tail}"
+                else:
+                    event = choice(chunk.text, None)
+                    event["logprobs"] = self._logprobs(chunk.logprobs, offset)
+                    offset += len(chunk.text)
+                    yield _sse(base | {"choices": [event]} | usage_field)
+        except RequestError as exc:
+            yield _sse(self.error_body(exc))
+            yield "data: [DONE]\n\n"
+            return
+        yield _sse(base | {"choices": [choice(None, record.finish_reason)]} | usage_field)
+        if call.include_usage:
+            yield _sse(base | {"choices": [], "usage": record.usage})
+        yield "data: [DONE]\n\n"
+
+    def error_body(self, err: RequestError) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": err.message,
+                "type": _ERROR_TYPES.get(err.status, "server_error"),
+                "param": err.param,
+                "code": err.code,
+            }
+        }
+
+
+def _completion_prompt(
+    prompt: str | list[str] | list[int],
+) -> tuple[str | None, tuple[int, ...] | None]:
+    if isinstance(prompt, str):
+        return prompt, None
+    if prompt and all(isinstance(p, int) for p in prompt):
+        return None, tuple(prompt)  # token ids, used as given (range-checked later)
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return prompt[0], None
+    raise RequestError(
+        "prompt must be one string or one list of token ids (batches are not supported)",
+        param="prompt",
+    )
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    408: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "invalid_request_error",
+    500: "server_error",
+    503: "service_unavailable",
+}

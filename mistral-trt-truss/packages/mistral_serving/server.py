@@ -1,0 +1,316 @@
+"""Start the real Truss server, with what it lacks for production serving.
+
+`python -m mistral_serving.server` (run from the Truss app folder, as the image's command
+and `make serve` do) runs Truss's own `TrussServer` with its own app, routes and uvicorn
+settings, and adds, before it starts:
+- `BodyGuard`, an ASGI middleware in front of the POST routes: a body larger than
+  `max_body_bytes` gets 413, one that does not arrive within `body_timeout_seconds` gets
+  408, both in the route's error shape; POST routes Truss has but this model does not
+  serve (`/v1/embeddings`, `/v1/messages`, `/v1/responses`, `/hot-reload`) get 404
+  without their body being parsed.
+- `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
+  ready; 503 while loading, draining or with a dead engine: vLLM's meaning),
+  `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
+- A failed `load()` ends the process with status 1 and the reason as its last log line
+  (Truss alone exits 0), and the engine is shut down when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from mistral_serving import __version__
+from mistral_serving.settings import Settings
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from mistral_serving.frontend import Frontend
+
+log = logging.getLogger(__name__)
+
+_started = int(time.time())
+
+
+def _current() -> Frontend | None:
+    from mistral_serving import frontend
+
+    return frontend.current()
+
+
+# ---- the body guard ----
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_OPENAI_ROUTES = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions"}
+_PREDICT = re.compile(r"/v1/models/[^/]+:predict(_binary)?|/invocations")
+_NOT_SERVED = {"/v1/embeddings", "/v1/messages", "/v1/responses", "/hot-reload"}
+
+
+def route_of(path: str) -> str | None:
+    """Our route label for a POST path, or None when the path is not ours."""
+    if path in _OPENAI_ROUTES:
+        return _OPENAI_ROUTES[path]
+    if _PREDICT.fullmatch(path):
+        return "predict"
+    return None
+
+
+def error_json(route: str | None, status: int, message: str) -> bytes:
+    """An error body in the route's shape (OpenAI's for its routes, else predict's)."""
+    if route in ("chat_completions", "completions") or route is None:
+        kind = {404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error"}
+        body: dict[str, Any] = {
+            "error": {
+                "message": message,
+                "type": kind.get(status, "invalid_request_error"),
+                "param": None,
+                "code": None,
+            }
+        }
+    else:
+        body = {"error": message}
+    return json.dumps(body).encode()
+
+
+class BodyGuard:
+    """Reads a POST body in full before the app sees it, within a size and time limit,
+    so that no handler ever waits on (or holds) a slow or huge body."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        timeout_s: float,
+        count: Callable[[str, str], None] = lambda route, reason: None,
+    ) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
+        self.count = count  # (route, reason): every refusal here is counted
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if path in _NOT_SERVED:
+            return await _answer(
+                send, 404, error_json(None, 404, f"{path} is not served by this model")
+            )
+        route = route_of(path)
+        if route is None:
+            return await self.app(scope, receive, send)
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            self.count(route, "invalid")
+            return await _answer(send, 413, error_json(route, 413, self._too_large()))
+        try:
+            body = await asyncio.wait_for(self._read(receive), self.timeout_s)
+        except TimeoutError:
+            self.count(route, "invalid")
+            message = f"request body did not arrive within {self.timeout_s:g}s"
+            return await _answer(send, 408, error_json(route, 408, message))
+        except _TooLarge:
+            self.count(route, "invalid")
+            return await _answer(send, 413, error_json(route, 413, self._too_large()))
+        except _Gone:
+            self.count(route, "client_gone")
+            return None
+        return await self.app(scope, _replay(body, receive), send)
+
+    def _too_large(self) -> str:
+        return f"request body is larger than {self.max_bytes} bytes"
+
+    async def _read(self, receive: Receive) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Gone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise _TooLarge
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Gone(Exception):
+    pass
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            with contextlib.suppress(ValueError):
+                return int(value)
+    return None
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The whole body at once, then the client's own messages (disconnects)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+async def _answer(send: Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+# ---- extra routes ----
+
+
+def add_routes(app: FastAPI) -> None:
+    from fastapi.responses import JSONResponse, Response
+    from fastapi.routing import APIRoute
+    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+    def unavailable(message: str) -> JSONResponse:
+        return JSONResponse(
+            status_code=503,
+            content={
+                "error": {
+                    "message": message,
+                    "type": "service_unavailable",
+                    "param": None,
+                    "code": None,
+                }
+            },
+        )
+
+    async def list_models() -> Response:
+        frontend = _current()
+        if frontend is None or frontend.service is None:
+            return unavailable("the model is loading")
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": frontend.settings.served_model_name,
+                        "object": "model",
+                        "created": _started,
+                        "owned_by": "mistral-trt-truss",
+                        "root": frontend.settings.artifact,
+                        "max_model_len": frontend.service.engine.limits.max_seq_len,
+                    }
+                ],
+            }
+        )
+
+    async def health() -> Response:
+        frontend = _current()
+        if frontend is None or not await frontend.is_healthy():
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    async def version() -> Response:
+        frontend = _current()
+        engine = (
+            frontend.service.engine.info.name
+            if frontend is not None and frontend.service is not None
+            else None
+        )
+        return JSONResponse({"version": __version__, "engine": engine})
+
+    async def metrics() -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    routes = [
+        APIRoute("/v1/models", list_models, methods=["GET"]),
+        APIRoute("/health", health, methods=["GET"]),
+        APIRoute("/version", version, methods=["GET"]),
+        APIRoute("/metrics", metrics, methods=["GET"]),
+    ]
+    app.router.routes[0:0] = routes  # before Truss's: /metrics must win over its mount
+
+
+def extend(app: FastAPI, settings: Settings) -> FastAPI:
+    """Add our routes and the body guard to Truss's app (before it starts)."""
+    add_routes(app)
+
+    def count(route: str, reason: str) -> None:
+        frontend = _current()
+        if frontend is not None:
+            frontend.metrics.finished.labels(route, reason).inc()
+
+    app.add_middleware(
+        BodyGuard,
+        max_bytes=settings.max_body_bytes,
+        timeout_s=settings.body_timeout_seconds,
+        count=count,
+    )
+    lifespan = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def with_shutdown(app_: Any) -> AsyncIterator[Any]:
+        async with lifespan(app_) as state:
+            yield state
+        frontend = _current()
+        if frontend is not None:
+            await asyncio.to_thread(frontend.shutdown)
+
+    app.router.lifespan_context = with_shutdown
+    return app
+
+
+def main() -> int:
+    from truss_server import TrussServer
+
+    class Server(TrussServer):
+        def create_application(self) -> FastAPI:
+            settings = Settings.load(self._config.get("model_metadata"))
+            return extend(super().create_application(), settings)
+
+    port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
+    server = Server(port, "config.yaml")
+    server.start()
+    if server._model.load_failed:
+        frontend = _current()
+        reason = frontend.load_error if frontend is not None else None
+        log.error("load failed: %s", reason or "model.load() raised (see above)")
+        logging.shutdown()
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
