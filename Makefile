@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 DEV_MODEL := .cache/dev-model/build_manifest.json
 
-.PHONY: venv dev-model serve test test-unit test-e2e test-compat lint bench clean
+.PHONY: venv dev-model serve test test-unit test-e2e test-compat lint bench soak test-stress clean
 
 venv: $(STAMP)
 
@@ -36,23 +36,26 @@ test: $(DEV_MODEL)
 	$(PY) -m ruff format --check .
 	$(PY) -m pytest
 
-# The production image runs our code on TensorRT-LLM 1.2.1's pins (transformers 4.57.3,
-# mistral-common 1.8.6, numpy<2: mistral_build.image.TRTLLM_PINS; a unit test keeps these
-# pins equal to it). A second venv runs the tokenizer, chat and streaming unit tests there.
+# The production image runs our code on TensorRT-LLM's pins (transformers, mistral-common,
+# numpy<2, ...: mistral_build.image.TRTLLM_PINS). A second venv takes them as pip
+# constraints, read from there (less image.COMPAT_DEVIATIONS), and runs the tokenizer, chat,
+# detokenizer and streaming unit tests on them. COMPAT_PINS only picks versions within them.
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
-COMPAT_PINS := transformers==4.57.3 tokenizers==0.22.2 huggingface_hub==0.36.2 \
-  mistral-common==1.8.6 "numpy<2" torch==2.13.0 sentencepiece==0.2.3 safetensors==0.8.0 \
-  pydantic==2.14.4 prometheus-client==0.26.0 requests==2.34.2 "pyyaml>=6" \
-  pytest==9.2.0 hypothesis==6.170.17
+COMPAT_CONSTRAINTS := $(COMPAT_VENV)/constraints.txt
+COMPAT_PINS := transformers tokenizers==0.22.2 huggingface_hub==0.36.2 mistral-common numpy \
+  torch==2.13.0 sentencepiece==0.2.3 safetensors==0.8.0 pydantic==2.14.4 \
+  prometheus-client==0.26.0 requests==2.34.2 "pyyaml>=6" pytest==9.2.0 hypothesis==6.170.17
 COMPAT_TESTS = $(wildcard tests/unit/test_tokenizer*.py tests/unit/test_chat*.py \
   tests/unit/test_detokenizer*.py tests/unit/test_streaming*.py)
 
-$(COMPAT_STAMP): Makefile
+$(COMPAT_STAMP): Makefile mistral_build/image.py | $(STAMP)
 	rm -rf $(COMPAT_VENV)
 	$(PYTHON) -m venv $(COMPAT_VENV)
-	$(COMPAT_PY) -m pip install -q $(COMPAT_PINS)
+	PYTHONPATH=mistral-trt-truss/packages $(PY) -c "from mistral_build.image import compat_constraints; \
+	  print(*compat_constraints(), sep='\\n')" > $(COMPAT_CONSTRAINTS)
+	$(COMPAT_PY) -m pip install -q $(COMPAT_PINS) -c $(COMPAT_CONSTRAINTS)
 	touch $(COMPAT_STAMP)
 
 test-compat: $(COMPAT_STAMP) $(DEV_MODEL)
@@ -66,6 +69,14 @@ lint: $(STAMP)
 
 bench: $(DEV_MODEL)
 	$(PY) tests/bench/concurrency.py
+
+# The reliability soak (figures for docs/reliability.md; not a test): ~6 minutes.
+soak: $(DEV_MODEL)
+	$(PY) tests/bench/soak.py
+
+# The end-to-end suite three times in a row with every core kept busy by CPU hogs.
+test-stress: $(DEV_MODEL)
+	$(PY) tests/bench/stress.py --runs 3
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) .cache

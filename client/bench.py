@@ -95,6 +95,7 @@ class BenchConfig:
     server_pid: int | None = None
     out: str | None = None
     progress: bool = True
+    report: bool = True  # print each point's table on stdout
 
     def validate(self) -> None:
         """Refuse combinations that cannot work, with the reason (before any request)."""
@@ -284,7 +285,9 @@ async def run_point(
             records = [await one(i, item, start) for i, item in zip(numbers, items, strict=True)]
         else:
             gaps = (
-                arrival_gaps(len(items), point.request_rate, cfg.burstiness, random.Random(cfg.seed))
+                arrival_gaps(
+                    len(items), point.request_rate, cfg.burstiness, random.Random(cfg.seed)
+                )
                 if point.mode == "rate" and point.request_rate
                 else [0.0] * len(items)
             )
@@ -509,9 +512,14 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                         sources[key] = sources.get(key, 0) + 1
                 metrics["output_tokens_sources"] = sources
                 runs.append(
-                    {**asdict(point), "metrics": metrics, "requests": [r.to_dict() for r in records]}
+                    {
+                        **asdict(point),
+                        "metrics": metrics,
+                        "requests": [r.to_dict() for r in records],
+                    }
                 )
-                print(format_report(point.label, metrics), flush=True)
+                if cfg.report:
+                    print(format_report(point.label, metrics), flush=True)
         finally:
             if raw is not None:
                 raw.close()

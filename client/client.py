@@ -191,10 +191,10 @@ class TextStream:
             for piece in parser.close():
                 self._pieces.append(piece)
                 yield piece
+        except SSEError as exc:  # an httpx.TransportError: catch it first
+            raise StreamError(f"not an event stream: {exc}") from exc
         except httpx.HTTPError as exc:
             raise StreamError(f"stream broke off: {exc!r}") from exc
-        except SSEError as exc:
-            raise StreamError(f"not an event stream: {exc}") from exc
         finally:
             self._response.close()
 
@@ -247,7 +247,9 @@ class Client(_Base):
 
     def _send_once(self, method: str, url: str, body: dict[str, Any] | None) -> httpx.Response:
         try:
-            response = self._http.send(self._http.build_request(method, url, json=body), stream=True)
+            response = self._http.send(
+                self._http.build_request(method, url, json=body), stream=True
+            )
         except httpx.HTTPError as exc:
             raise _transport_error(exc, url) from exc
         if response.status_code < 400:
@@ -380,10 +382,10 @@ class AsyncTextStream:
             for piece in parser.close():
                 self._pieces.append(piece)
                 yield piece
+        except SSEError as exc:  # an httpx.TransportError: catch it first
+            raise StreamError(f"not an event stream: {exc}") from exc
         except httpx.HTTPError as exc:
             raise StreamError(f"stream broke off: {exc!r}") from exc
-        except SSEError as exc:
-            raise StreamError(f"not an event stream: {exc}") from exc
         finally:
             await self._response.aclose()
 

@@ -71,7 +71,9 @@ class RawConnection:
         reader, writer = await self._connect()
         result = RawResult(start=time.perf_counter())
         writer.write(
-            b"POST " + (self.prefix + path).encode() + b" HTTP/1.1\r\nHost: "
+            b"POST "
+            + (self.prefix + path).encode()
+            + b" HTTP/1.1\r\nHost: "
             + self.host.encode()
             + b"\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
             b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload

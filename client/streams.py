@@ -120,10 +120,12 @@ class OpenAIStreamParser:
         for choice in payload.get("choices") or []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
-            if self.chat:
-                text = (choice.get("delta") or {}).get("content")
-            else:
-                text = choice.get("text")
+            holder = choice.get("delta") if self.chat else choice
+            text = (
+                holder.get("content" if self.chat else "text") if isinstance(holder, dict) else None
+            )
+            if not isinstance(text, str):
+                text = None  # a null or malformed field carries no text
             if choice.get("finish_reason"):
                 self.state.finish_reason = choice["finish_reason"]
             if text:

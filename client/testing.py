@@ -42,6 +42,8 @@ class FakeServerState:
     rate_limit_429: int = 0  # then 429 with Retry-After to this many generation requests
     retry_after: str = "1"
     prompt_overhead: int = 3  # "template" tokens added to every prompt
+    chunked: bool = False  # HTTP/1.1 keep-alive, streams in chunked encoding (like uvicorn)
+    truncate_after: int | None = None  # chunked streams: break off after this many tokens
     requests: list[dict[str, Any]] = field(default_factory=list)  # bodies of generation calls
     usage_log: list[dict[str, int]] = field(default_factory=list)  # usage of each answer
     in_flight: int = 0
@@ -61,6 +63,11 @@ def prompt_tokens(body: dict[str, Any], overhead: int) -> int:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"  # streams end when the connection closes
     server: _Server
+
+    def setup(self) -> None:
+        super().setup()
+        if self.server.state.chunked:
+            self.protocol_version = "HTTP/1.1"  # keep-alive; every body is framed
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -98,8 +105,30 @@ class _Handler(BaseHTTPRequestHandler):
         self._json(status, body, headers)
 
     def _write(self, data: bytes) -> None:
+        if self.server.state.chunked:
+            data = b"%x\r\n" % len(data) + data + b"\r\n"
         self.wfile.write(data)
         self.wfile.flush()
+
+    def _start_stream(self, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        if self.server.state.chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def _end_stream(self) -> None:
+        if self.server.state.chunked:
+            self.wfile.write(b"0\r\n\r\n")  # the last chunk: the body is complete
+            self.wfile.flush()
+
+    def _cut(self, sent: int) -> bool:
+        """Break the stream off here (no last chunk, connection closed) when asked to."""
+        limit = self.server.state.truncate_after
+        if limit is not None and sent >= limit:
+            self.close_connection = True
+            return True
+        return False
 
     def _gate(self, openai: bool, generation: bool) -> bool:
         st = self.server.state
@@ -187,16 +216,17 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(st.first_token_delay + st.token_delay * len(tokens))
             self._json(200, {"output": "".join(tokens), "finish_reason": finish, "usage": usage})
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "application/octet-stream")
-        self.end_headers()
+        self._start_stream("application/octet-stream")
         interval = max(1, int(body.get("streaming_interval") or 3))
         time.sleep(st.first_token_delay)
         for i in range(0, len(tokens), interval):
+            if self._cut(i):
+                return
             data = "".join(tokens[i : i + interval]).encode()
             for part in self._parts(data):
                 self._write(part)
             time.sleep(st.token_delay * interval)
+        self._end_stream()
 
     def _parts(self, data: bytes) -> Iterator[bytes]:
         """The bytes of one chunk, split in the middle of a character when asked."""
@@ -227,9 +257,7 @@ class _Handler(BaseHTTPRequestHandler):
             obj = "chat.completion" if chat else "text_completion"
             self._json(200, base | {"object": obj, "choices": [choice], "usage": usage})
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
+        self._start_stream("text/event-stream")
         obj = "chat.completion.chunk" if chat else "text_completion"
 
         def event(payload: dict[str, Any]) -> None:
@@ -247,6 +275,8 @@ class _Handler(BaseHTTPRequestHandler):
             )
         time.sleep(st.first_token_delay)
         for i, tok in enumerate(tokens):
+            if self._cut(i):
+                return
             last = i == len(tokens) - 1
             choice = {"index": 0, "delta": {"content": tok}} if chat else {"index": 0, "text": tok}
             choice["finish_reason"] = finish if last else None
@@ -255,6 +285,7 @@ class _Handler(BaseHTTPRequestHandler):
         if (body.get("stream_options") or {}).get("include_usage"):
             event({"choices": [], "usage": usage})
         self._write(b"data: [DONE]\n\n")
+        self._end_stream()
 
 
 class _Server(ThreadingHTTPServer):

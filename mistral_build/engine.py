@@ -31,6 +31,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mistral_build.gpu import TARGETS, GpuInfo, detect_gpus, matches_target, supports_fp8
+from mistral_build.image import BASE_IMAGE
 from mistral_build.paths import REPO_ROOT
 from mistral_build.publish import (
     ArtifactError,
@@ -45,8 +46,8 @@ DEFAULT_MODEL = "mistralai/Mistral-7B-Instruct-v0.2"
 # TensorRT-LLM's default and the TensorRT-engine path (`trtllm-build`, `_tensorrt_engine.LLM`)
 # is the legacy one; flags and engine layout can change between lines, so others are refused.
 TRTLLM_SERIES = "1.2."
-# NVIDIA's release image for that line (nvcr.io/nvidia/tensorrt-llm/release:<version>).
-TRTLLM_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
+# NVIDIA's release image for that line: the one the serving image is built FROM.
+TRTLLM_IMAGE = BASE_IMAGE
 # Where the release image keeps the example scripts (the conversion scripts are examples,
 # not part of the wheel).
 DEFAULT_EXAMPLES_DIR = "/app/tensorrt_llm/examples"

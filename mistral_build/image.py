@@ -3,9 +3,11 @@
 1. Checks that what the image installs cannot conflict: the Truss server's requirements
    and constraints (from the installed truss package), ours (config.yaml `requirements`
    and pyproject's dependencies) and what the TensorRT-LLM release base image pins.
-2. Renders the Docker build context with truss's own code (`render_build_context`), with
-   the non-root `app` user (uid 60000) that the Truss Dockerfile template creates when
-   `BT_USE_NON_ROOT_USER` is set.
+2. Renders the Docker build context with truss's own code (`render_build_context`) from
+   a copy of the Truss whose config.yaml carries these deploy settings, with the non-root
+   `app` user (uid 60000) that the Truss Dockerfile template creates when
+   `BT_USE_NON_ROOT_USER` is set, and our launcher (`python3 -m mistral_serving.server`,
+   the real Truss server plus our routes) as the container's entry point.
 3. Builds, tags and pushes it with `docker build` / `docker push` when a Docker engine
    answers `docker info`; otherwise prints why and the exact commands to run elsewhere.
 """
@@ -13,10 +15,12 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,6 +41,7 @@ from mistral_build.deploy_settings import (
 )
 from mistral_build.local_server import render_build_context
 from mistral_build.paths import CACHE_DIR, REPO_ROOT, TRUSS_DIR
+from mistral_build.truss_config import truss_config, write_config
 
 # The TensorRT-LLM version our engines are built with, and NVIDIA's release container
 # for it (nvcr.io/nvidia/tensorrt-llm/release:<version>, see TensorRT-LLM's
@@ -77,6 +82,18 @@ TRTLLM_PINS: tuple[str, ...] = (
     "safetensors>=0.4.3",
 )
 
+# Where `make test-compat` cannot run what the image runs, and why. Every other pin above
+# is a constraint of that venv (`compat_constraints`).
+COMPAT_DEVIATIONS: dict[str, str] = {
+    "torch": "the image's torch 2.9.x exists here only as a multi-GB CUDA build; the "
+    "tokenizer, chat and streaming tests do not depend on torch's version",
+}
+
+# The container's command: the real Truss server with our routes (mistral_serving.server),
+# from /app (the Truss server's modules) with the bundled packages importable at start.
+SERVER_MODULE = "mistral_serving.server"
+PACKAGES_DIR = "/packages"
+
 DOCKER_PLATFORM = "linux/amd64"
 
 
@@ -109,10 +126,6 @@ def truss_server_requirements() -> list[str]:
 
 def truss_server_constraints() -> list[str]:
     return (truss_server_dir() / "constraints.txt").read_text().splitlines()
-
-
-def truss_config(truss_dir: Path = TRUSS_DIR) -> dict:
-    return yaml.safe_load((truss_dir / "config.yaml").read_text())
 
 
 def config_requirements(truss_dir: Path = TRUSS_DIR) -> list[str]:
@@ -204,6 +217,15 @@ def check_requirements() -> list[Conflict]:
     return find_conflicts(requirement_sources())
 
 
+def compat_constraints() -> list[str]:
+    """pip constraints for `make test-compat`: the image's pins, less the deviations."""
+    return [
+        pin
+        for pin in TRTLLM_PINS
+        if canonicalize_name(Requirement(pin).name) not in COMPAT_DEVIATIONS
+    ]
+
+
 # --- the build context ----------------------------------------------------------------
 
 
@@ -220,14 +242,39 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
-def render_image_context(build_dir: Path, truss_dir: Path = TRUSS_DIR) -> Path:
-    """The Docker build context by truss's own code, running as the non-root `app` user."""
-    with _env("BT_USE_NON_ROOT_USER", "1"):
-        render_build_context(build_dir, truss_dir)
-    dockerfile = (build_dir / "Dockerfile").read_text()
-    base = truss_config(truss_dir).get("base_image", {}).get("image")
-    if base and f"FROM {base} " not in dockerfile:
-        raise RuntimeError(f"rendered Dockerfile does not build FROM {base}")
+def _set_entrypoint(dockerfile: str, python: str) -> str:
+    """Replace truss's `python /app/main.py` with our launcher, /packages on the path."""
+    truss_cmd = json.dumps([python, "/app/main.py"], separators=(", ", ": "))
+    ours = json.dumps([python, "-m", SERVER_MODULE], separators=(", ", ": "))
+    old_line = f"ENTRYPOINT {truss_cmd}"
+    if dockerfile.count(old_line) != 1:
+        raise RuntimeError(f"rendered Dockerfile has no single {old_line!r}: truss changed")
+    new_lines = (
+        f'ENV PYTHONPATH="{PACKAGES_DIR}${{PYTHONPATH:+:${{PYTHONPATH}}}}"\n'
+        f'ENV SERVER_START_CMD="{python} -m {SERVER_MODULE}"\n'
+        f"ENTRYPOINT {ours}"
+    )
+    return dockerfile.replace(old_line, new_lines)
+
+
+def render_image_context(
+    build_dir: Path, settings: DeploySettings | None = None, truss_dir: Path = TRUSS_DIR
+) -> Path:
+    """The Docker build context by truss's own code, from a copy of the Truss whose
+    config.yaml carries `settings` (defaults: DeploySettings()), running as the non-root
+    `app` user, with our launcher as the entry point."""
+    settings = settings or DeploySettings()
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / truss_dir.name
+        shutil.copytree(truss_dir, staged, ignore=shutil.ignore_patterns("__pycache__"))
+        write_config(settings, staged)
+        with _env("BT_USE_NON_ROOT_USER", "1"):
+            render_build_context(build_dir, staged)
+    dockerfile_path = build_dir / "Dockerfile"
+    dockerfile = dockerfile_path.read_text()
+    if f"FROM {BASE_IMAGE} " not in dockerfile:
+        raise RuntimeError(f"rendered Dockerfile does not build FROM {BASE_IMAGE}")
+    dockerfile_path.write_text(_set_entrypoint(dockerfile, BASE_IMAGE_PYTHON))
     return build_dir
 
 
@@ -271,16 +318,23 @@ def build_image(
 ) -> int:
     """Render the context; build and push when Docker is reachable. Exit code 0 when it
     did what this machine allows (a missing Docker engine is reported, not an error)."""
+    if settings.image is None:
+        print(
+            "error: no image repository to build and push: give --image "
+            "REGION-docker.pkg.dev/PROJECT/REPO/NAME or `image:` in --values FILE",
+            file=sys.stderr,
+        )
+        return 2
     conflicts = check_requirements()
     if conflicts:
         print("error: the image's requirements conflict:", file=sys.stderr)
         for c in conflicts:
             print(f"  {c}", file=sys.stderr)
         return 1
-    render_image_context(context_dir)
+    render_image_context(context_dir, settings)
     print(
         f"Rendered the Docker build context into {context_dir} "
-        f"(FROM {BASE_IMAGE}, runs as uid 60000)."
+        f"(FROM {BASE_IMAGE}, runs `python3 -m {SERVER_MODULE}` as uid 60000)."
     )
     cmds = docker_commands(context_dir, settings.image_ref, push)
     shown = "\n".join("  " + " ".join(c) for c in cmds)

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from mistral_serving.manifest import (
     MANIFEST_NAME,
+    ArtifactError,
     BuildManifest,
     ManifestError,
     describe,
@@ -39,10 +40,8 @@ TOKENIZER_FILES = (
 TOKENIZER_REQUIRED_ANY = ("tokenizer.model", "tokenizer.json")
 
 TOKEN_ENV = "HF_TOKEN"
-
-
-class ArtifactError(RuntimeError):
-    """The artifact cannot be finished or published; the message is one line."""
+# ArtifactError (from the manifest module, one class for build and serving): the artifact
+# cannot be finished or published; the message is one line.
 
 
 def copy_tokenizer_files(source: Path, artifact_dir: Path) -> list[str]:

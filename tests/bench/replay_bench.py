@@ -1,8 +1,10 @@
-"""The server's own cost per streamed token (issue 7, point 5), on the CPU.
+"""The server's own cost per streamed token, on the CPU.
 
 Starts the real Truss server with the replay engine (`engine: replay`: pre-made tokens, no
-model), drives it with a lean raw-HTTP client (streamed OpenAI completions, token-id prompts) and reads the server process's CPU time, so the figure is tokens per second per
-core of the server alone (the load client runs in this process, on other cores).
+model), drives it with `python -m client bench`'s raw transport (streamed OpenAI
+completions, token-id prompts) and reads the server process's CPU time, so the figure is
+tokens per second per core of the server alone (the load client runs in this process, on
+other cores).
 
     python tests/bench/replay_bench.py [--concurrency 256] [--output-len 256] \
         [--profile docs/replay-profile.txt]   # py-spy: self time per function
@@ -16,21 +18,54 @@ import argparse
 import asyncio
 import collections
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(Path(__file__).resolve().parent)]
+sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
 
-import load  # noqa: E402
+from client.bench import BenchConfig, run_bench  # noqa: E402
+from client.hostinfo import process_cpu_seconds  # noqa: E402
+from client.metrics import summary_row  # noqa: E402
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+    seconds = process_cpu_seconds(pid)
+    if seconds is None:
+        raise SystemExit(f"cannot read the CPU time of process {pid} (Linux /proc only)")
+    return seconds
+
+
+def load_level(
+    url: str,
+    concurrency: int,
+    in_len: int,
+    out_len: int,
+    per_worker: int,
+    procs: int,
+    transport: str = "raw",
+) -> dict:
+    """One closed-loop level through the benchmark client; its compact figures and host."""
+    cfg = BenchConfig(
+        url=url,
+        backend="openai",
+        prompt_ids=True,
+        num_prompts=concurrency * per_worker,
+        input_len=in_len,
+        output_len=out_len,
+        concurrency=[concurrency],
+        warmup=0,
+        transport=transport,
+        client_procs=procs,
+        progress=False,
+        report=False,
+    )
+    results = asyncio.run(run_bench(cfg))
+    row = {"concurrency": concurrency, "input_len": in_len, "output_len": out_len}
+    row.update(summary_row(results["runs"][0]["metrics"]), host=results["host"])
+    return row
 
 
 def top_functions(raw: Path, n: int = 25) -> list[str]:
@@ -100,7 +135,7 @@ def main() -> int:
             if proc.poll() is not None:
                 raise SystemExit(f"server exited; see {log.name}")
             time.sleep(0.1)
-        asyncio.run(load.run_level(url, 8, args.input_len, 8, 1))  # warm-up
+        load_level(url, 8, args.input_len, 8, 1, 1)  # warm-up
         if args.profile:
             raw = Path(args.profile).with_suffix(".raw")
             spy = subprocess.Popen(
@@ -122,8 +157,8 @@ def main() -> int:
             )
             time.sleep(1)
         cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
-        row = load.run_level_raw(
-            args.port,
+        row = load_level(
+            url,
             args.concurrency,
             args.input_len,
             args.output_len,

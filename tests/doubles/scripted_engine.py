@@ -97,6 +97,12 @@ class ScriptedEngine:
     def is_healthy(self) -> bool:
         return self.healthy
 
+    def kv_cache_usage(self) -> float:
+        return 0.0  # no cache: the gauge reads 0
+
+    def num_running(self) -> int:
+        return len(self._abort_events)  # streams started and not yet closed
+
     def shutdown(self) -> None:
         self.healthy = False
         for request_id in list(self._abort_events):

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+import tenacity
 
 from client import (
     AsyncClient,
@@ -156,14 +157,24 @@ def test_connection_refused_retries_with_backoff_then_raises() -> None:
         assert time.monotonic() - start >= 0.1 + 0.2
 
 
+def delay(policy: RetryPolicy, attempt: int, retry_after: float | None = None) -> float:
+    """The policy's wait after failed attempt number ``attempt`` (from 1), as tenacity
+    asks for it."""
+    state = tenacity.RetryCallState(policy.retrying(), fn=None, args=(), kwargs={})
+    state.attempt_number = attempt
+    error = ServiceUnavailableError("loading", retry_after=retry_after)
+    state.set_exception((type(error), error, None))
+    return policy.wait(state)
+
+
 def test_backoff_schedule() -> None:
     policy = RetryPolicy(retries=5, backoff=0.5, max_backoff=4.0, jitter=0.0)
-    assert [policy.delay(i) for i in range(5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
-    assert policy.delay(0, retry_after=3.0) == 3.0
-    assert policy.delay(3, retry_after=1.0) == 4.0
-    assert policy.delay(0, retry_after=1e9) == 60.0
+    assert [delay(policy, i) for i in range(1, 6)] == [0.5, 1.0, 2.0, 4.0, 4.0]
+    assert delay(policy, 1, retry_after=3.0) == 3.0
+    assert delay(policy, 4, retry_after=1.0) == 4.0
+    assert delay(policy, 1, retry_after=1e9) == 60.0
     jittered = RetryPolicy(backoff=1.0, jitter=0.5)
-    assert all(1.0 <= jittered.delay(0) <= 1.5 for _ in range(50))
+    assert all(1.0 <= delay(jittered, 1) <= 1.5 for _ in range(50))
 
 
 def silent_server() -> tuple[socket.socket, threading.Event, list[socket.socket]]:

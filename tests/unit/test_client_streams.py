@@ -1,15 +1,19 @@
-"""Incremental UTF-8 decoding and SSE parsing, with chunk boundaries everywhere."""
+"""Incremental UTF-8 decoding and SSE parsing (httpx-sse under the client's streams), with
+chunk boundaries everywhere."""
 
 from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from client.client import TextStream
 from client.errors import StreamError
-from client.streams import OpenAIStreamParser, PredictStreamParser, SSEParser, Utf8Decoder
+from client.protocol import build_request
+from client.streams import OpenAIStreamParser, PredictStreamParser, Utf8Decoder
 
 TEXT = "Hé 世界 🙂 👩‍💻 naïve Ça ñ — ok"
 
@@ -76,30 +80,54 @@ def sse(*payloads: object, done: bool = True, eol: bytes = b"\n") -> bytes:
     return out
 
 
-def feed_all(parser: OpenAIStreamParser | SSEParser, parts: list[bytes]) -> list:
-    out: list = []
-    for p in parts:
-        out += parser.feed(p)
-    return out + parser.close()
-
-
-def test_sse_parser_fields_comments_multiline_and_crlf() -> None:
-    raw = (
-        b": keep-alive\r\nevent: message\r\nid: 7\r\ndata: line1\r\ndata:line2\r\n\r\n"
-        b'data: {"a": 1}\n\n'
-        b"data: last-without-blank-line"
+def openai_stream(parts: list[bytes], chat: bool = False, **headers: str) -> TextStream:
+    """A client stream over an answer that arrives in exactly these network reads."""
+    spec = build_request(
+        "openai", messages=[{"role": "user", "content": "x"}] if chat else None,
+        prompt=None if chat else "x", stream=True,
+    )  # fmt: skip
+    response = httpx.Response(
+        200,
+        headers={"content-type": "text/event-stream", **headers},
+        content=iter(parts),
     )
-    for parts in splits(raw):
-        events = feed_all(SSEParser(), parts)
-        assert [e.data for e in events] == ["line1\nline2", '{"a": 1}', "last-without-blank-line"]
-        assert events[0].event == "message" and events[0].id == "7"
-        assert events[1].event is None
+    return TextStream(response, spec, "strict")
 
 
-def test_sse_bare_cr_line_ends() -> None:
-    raw = b"data: x\r\rdata: y\r\r"
+def read_all(parts: list[bytes], chat: bool = False) -> tuple[list[str], TextStream]:
+    stream = openai_stream(parts, chat)
+    return list(stream), stream
+
+
+def test_sse_comments_multiline_data_and_line_ends() -> None:
+    """Comment lines and other fields are skipped; CRLF, LF and bare CR all end lines."""
+    for eol in (b"\n", b"\r\n", b"\r"):
+        raw = (
+            b": keep-alive" + eol + b"event: message" + eol + b"id: 7" + eol
+            + b'data: {"choices": [{"index": 0,' + eol + b'data: "text": "a"}]}' + eol + eol
+            + b'data:{"choices": [{"index": 0, "text": "b"}]}' + eol + eol
+            + b"data: [DONE]" + eol + eol
+        )  # fmt: skip
+        for parts in splits(raw):
+            pieces, _ = read_all(parts)
+            assert pieces == ["a", "b"], (eol, parts)
+
+
+def test_line_separators_inside_json_strings_do_not_split_lines() -> None:
+    """U+2028, U+2029 and U+0085 may stand raw inside a JSON string; only CR/LF end SSE
+    lines (str.splitlines, which httpx's aiter_lines uses, would cut the event)."""
+    text = "a\u2028b\u2029c\u0085d\x1ce"
+    raw = sse(completion_chunk(text), completion_chunk("!", "stop"))
     for parts in splits(raw):
-        assert [e.data for e in feed_all(SSEParser(), parts)] == ["x", "y"]
+        pieces, stream = read_all(parts)
+        assert "".join(pieces) == text + "!"
+        assert stream.finish_reason == "stop"
+
+
+def test_not_an_event_stream_is_a_stream_error() -> None:
+    stream = openai_stream([b'{"choices": []}'], **{"content-type": "application/json"})
+    with pytest.raises(StreamError, match="not an event stream"):
+        list(stream)
 
 
 def completion_chunk(text: str, finish: str | None = None) -> dict:
@@ -129,11 +157,11 @@ def test_openai_completions_stream_every_split(eol: bytes) -> None:
         eol=eol,
     )
     for parts in splits(raw):
-        parser = OpenAIStreamParser(chat=False)
-        assert "".join(feed_all(parser, parts)) == "Hé 世界 🙂"
-        assert parser.state.usage is not None and parser.state.usage.completion_tokens == 3
-        assert parser.state.finish_reason == "length"
-        assert parser.state.done
+        pieces, stream = read_all(parts)
+        assert "".join(pieces) == "Hé 世界 🙂"
+        assert stream.usage is not None and stream.usage.completion_tokens == 3
+        assert stream.finish_reason == "length"
+        assert stream.state.done
 
 
 def test_openai_chat_stream_skips_role_only_chunk() -> None:
@@ -142,17 +170,17 @@ def test_openai_chat_stream_skips_role_only_chunk() -> None:
         chat_chunk({"content": "a"}),
         chat_chunk({"content": "b"}, "stop"),
     )
-    parser = OpenAIStreamParser(chat=True)
-    assert feed_all(parser, [raw]) == ["a", "b"]
-    assert parser.state.chunks == 2
-    assert parser.state.usage is None
+    pieces, stream = read_all([raw], chat=True)
+    assert pieces == ["a", "b"]
+    assert stream.state.chunks == 2
+    assert stream.usage is None
 
 
 def test_openai_stream_without_done_is_an_error() -> None:
-    parser = OpenAIStreamParser(chat=False)
-    parser.feed(sse(completion_chunk("x"), done=False))
+    stream = openai_stream([sse(completion_chunk("x"), done=False)])
     with pytest.raises(StreamError, match="DONE"):
-        parser.close()
+        list(stream)
+    assert stream.text == "x"  # what arrived before the end stays readable
 
 
 def test_openai_stream_error_event_raises_with_message() -> None:
@@ -160,13 +188,49 @@ def test_openai_stream_error_event_raises_with_message() -> None:
         completion_chunk("x"),
         {"error": {"message": "engine died", "type": "server_error", "param": None, "code": 500}},
     )
-    parser = OpenAIStreamParser(chat=False)
     with pytest.raises(StreamError) as info:
-        feed_all(parser, [raw])
+        list(openai_stream([raw]))
     assert info.value.message == "engine died"
     assert info.value.status == 500
 
 
 def test_openai_stream_bad_json_is_an_error() -> None:
     with pytest.raises(StreamError, match="not JSON"):
-        OpenAIStreamParser(chat=False).feed(b"data: {oops\n\n")
+        OpenAIStreamParser(chat=False).event("{oops")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=200))
+def test_any_event_data_is_text_or_a_stream_error(data: str) -> None:
+    """Whatever an event carries, the parser returns text pieces or raises StreamError."""
+    parser = OpenAIStreamParser(chat=False)
+    try:
+        pieces = parser.event(data)
+    except StreamError:
+        return
+    assert all(isinstance(p, str) and p for p in pieces)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: (
+            st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+        ),
+        max_leaves=10,
+    ),
+    st.booleans(),
+)
+def test_any_json_payload_is_text_or_a_stream_error(payload: object, chat: bool) -> None:
+    parser = OpenAIStreamParser(chat=chat)
+    for shaped in (
+        payload,
+        {"choices": [payload]},
+        {"choices": [{"delta": payload, "text": payload}]},
+    ):
+        try:
+            pieces = parser.event(json.dumps(shaped))
+        except StreamError:
+            continue
+        assert all(isinstance(p, str) and p for p in pieces)

@@ -1,5 +1,6 @@
-"""The PyTorch engine on the dev model (CPU): batching correctness, sampling options,
-limits, abort, failure."""
+"""The PyTorch engines on the dev model (CPU): batching correctness, sampling options,
+limits, abort, failure, request options (ignore_eos, min_tokens, logprobs), gauges and
+shutdown. Behaviour both engines share runs on both (`kind`: dynamic / static KV)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from mistral_serving.engines.base import EngineError, EngineRequestError, SamplingOptions
-from mistral_serving.engines.pytorch import TorchEngine, _Sequence, sample_next_tokens
+from mistral_serving.engines.base import (
+    EngineError,
+    EngineRequestError,
+    GuidedDecoding,
+    SamplingOptions,
+)
+from mistral_serving.engines.factory import start_torch_engine
+from mistral_serving.engines.pytorch import TorchEngine
 from mistral_serving.settings import Settings
 
 EOS = 2
@@ -23,15 +30,29 @@ def hf_model(dev_model: Path):
     return AutoModelForCausalLM.from_pretrained(str(dev_model)).eval()
 
 
-def make_engine(dev_model: Path, **settings) -> TorchEngine:
-    return TorchEngine.from_pretrained(
-        dev_model, Settings(artifact=str(dev_model), device="cpu", **settings), EOS
+def make_engine(dev_model: Path, eos: int = EOS, **settings) -> TorchEngine:
+    return start_torch_engine(
+        dev_model, Settings(artifact=str(dev_model), device="cpu", **settings), eos
     )
 
 
 @pytest.fixture(scope="module")
 def engine(dev_model: Path):
     eng = make_engine(dev_model)
+    yield eng
+    eng.shutdown()
+
+
+KINDS = {
+    "dynamic": {},
+    "static": {"pytorch_kv_cache": "static", "max_seq_len": 512},
+}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
+def any_engine(request, dev_model: Path):
+    """Each PyTorch engine in turn (dynamic, then static KV cache)."""
+    eng = make_engine(dev_model, **KINDS[request.param])
     yield eng
     eng.shutdown()
 
@@ -166,35 +187,135 @@ def test_a_failing_model_marks_the_engine_unhealthy_and_fails_requests(dev_model
         asyncio.run(collect(eng, "g", PROMPTS[0], SamplingOptions(max_new_tokens=4)))
 
 
-def _seq(prompt, gen_seed=0, generated=(), **opts) -> _Sequence:
-    return _Sequence(
-        "x",
-        list(prompt),
-        SamplingOptions(max_new_tokens=10, **opts),
-        10,
-        lambda item: None,
-        torch.Generator().manual_seed(gen_seed),
-        list(generated),
-    )
+def masked_greedy(model, prompt: list[int], n: int, stops: set[int], min_tokens: int):
+    """Greedy decoding by hand: stop tokens masked before `min_tokens`, ending after."""
+    out: list[int] = []
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + out])).logits[0, -1]
+        if len(out) < min_tokens:
+            logits[list(stops)] = float("-inf")
+        token = int(logits.argmax())
+        if token in stops:
+            return out, "stop"
+        out.append(token)
+    return out, "length"
 
 
-def test_sampling_options_act_on_the_logits():
-    logits = torch.tensor([[0.0, 5.0, 4.0, 3.0, -1.0]])
-    assert sample_next_tokens(logits, [_seq([0], top_k=1)]) == [1]
-    # Repetition penalty (HF): seen token 1 drops from 5 to 5/10.
-    assert sample_next_tokens(logits, [_seq([1], top_k=1, repetition_penalty=10.0)]) == [2]
-    # Presence/frequency (OpenAI) on generated tokens only: 1 seen twice, 2 once.
-    seq = _seq([0], 0, [1, 1, 2], top_k=1, frequency_penalty=1.0, presence_penalty=0.1)
-    assert sample_next_tokens(logits, [seq]) == [3]  # 5-2.1, 4-1.1, 3
-    # top_k=2 never leaves {1, 2}; top_p tiny keeps only the best.
-    picks = {
-        sample_next_tokens(logits, [_seq([0], i, top_k=2, temperature=2.0)])[0] for i in range(50)
-    }
-    assert picks <= {1, 2} and len(picks) == 2
-    picks = {
-        sample_next_tokens(logits, [_seq([0], i, top_k=0, top_p=0.01, temperature=2.0)])[0]
-        for i in range(20)
-    }
-    assert picks == {1}
-    # temperature 0 is greedy whatever top_k says.
-    assert sample_next_tokens(logits, [_seq([0], top_k=0, temperature=0.0)]) == [1]
+def test_min_tokens_masks_eos_and_stop_ids_until_reached(any_engine, hf_model):
+    ref = greedy_reference(hf_model, PROMPTS[4], 8)
+    stop = ref[1]  # would end the answer after one token
+    opts = SamplingOptions(max_new_tokens=8, top_k=1, stop_token_ids=(stop,), min_tokens=4)
+    tokens, reasons = asyncio.run(collect(any_engine, "m", PROMPTS[4], opts))
+    expected, reason = masked_greedy(hf_model, PROMPTS[4], 8, {stop, EOS}, 4)
+    assert len(expected) >= 4 and stop not in expected[:4]
+    assert (tokens, reasons[-1]) == (expected, reason)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_ignore_eos_generates_through_eos(dev_model, hf_model, kind):
+    ref = greedy_reference(hf_model, PROMPTS[5], 10)
+    # Make a token the model will produce (not as its first token) the EOS.
+    at = next(i for i in range(1, 10) if ref[i] not in ref[:i])
+    eng = make_engine(dev_model, eos=ref[at], **KINDS[kind])
+    try:
+        tokens, reasons = asyncio.run(
+            collect(eng, "e1", PROMPTS[5], SamplingOptions(max_new_tokens=10, top_k=1))
+        )
+        assert tokens == ref[:at] and reasons[-1] == "stop"
+        opts = SamplingOptions(max_new_tokens=10, top_k=1, ignore_eos=True)
+        tokens, reasons = asyncio.run(collect(eng, "e2", PROMPTS[5], opts))
+        assert tokens == ref and reasons[-1] == "length"
+    finally:
+        eng.shutdown()
+
+
+def test_logprobs_match_a_separate_hf_forward_pass(any_engine, hf_model):
+    prompt = PROMPTS[3]
+    opts = SamplingOptions(max_new_tokens=6, top_k=1, logprobs=5)
+
+    async def main():
+        return [d async for d in any_engine.generate("lp", prompt, opts)]
+
+    deltas = asyncio.run(main())
+    tokens = [t for d in deltas for t in d.token_ids]
+    logprobs = [lp for d in deltas for lp in (d.logprobs or [])]
+    assert len(tokens) == 6 and len(logprobs) == 6
+    for i, (token, lp) in enumerate(zip(tokens, logprobs)):
+        with torch.no_grad():
+            logits = hf_model(torch.tensor([prompt + tokens[:i]])).logits[0, -1]
+        expected = torch.log_softmax(logits.float(), -1)
+        assert lp.token_id == token and token == int(expected.argmax())
+        assert lp.logprob == pytest.approx(float(expected[token]), abs=1e-4)
+        top_ids = [t for t, _ in lp.top]
+        assert len(top_ids) == 5 and top_ids[0] == token
+        assert [v for _, v in lp.top] == pytest.approx(expected[top_ids].tolist(), abs=1e-4)
+
+
+def test_no_logprobs_unless_asked(engine):
+    async def main():
+        return [d async for d in engine.generate("nl", PROMPTS[0], SamplingOptions(3, top_k=1))]
+
+    assert all(d.logprobs is None for d in asyncio.run(main()))
+
+
+def test_guided_decoding_and_out_of_vocabulary_ids_are_refused(any_engine):
+    guided = SamplingOptions(max_new_tokens=4, guided=GuidedDecoding("json_object"))
+    with pytest.raises(EngineRequestError, match="response_format is not supported"):
+        asyncio.run(collect(any_engine, "g", PROMPTS[0], guided))
+    with pytest.raises(EngineRequestError, match="token ids must be in 0..31999"):
+        asyncio.run(collect(any_engine, "v", [1, 32000], SamplingOptions(max_new_tokens=4)))
+    assert any_engine.is_healthy()
+
+
+async def _wait_for(predicate, tries: int = 500) -> bool:
+    for _ in range(tries):
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+def test_kv_cache_usage_and_running_count_follow_the_batch(any_engine):
+    eng = any_engine
+    cap = eng.limits.max_batch_size * eng.limits.max_seq_len
+    prompts, n = PROMPTS[2:4], 200
+
+    async def main():
+        streams = [
+            eng.generate(f"kv{i}", p, SamplingOptions(max_new_tokens=n, top_k=1))
+            for i, p in enumerate(prompts)
+        ]
+        for s in streams:
+            await s.__anext__()
+        assert await _wait_for(lambda: eng.num_running() == 2)
+        usage = eng.kv_cache_usage()
+        held = sum(len(p) for p in prompts)  # at least the prompts, at most all tokens
+        assert held / cap <= usage <= 2 * (max(map(len, prompts)) + n) / cap
+        for i, s in enumerate(streams):
+            eng.abort(f"kv{i}")
+            assert [d.finish_reason async for d in s][-1] == "abort"
+        assert await _wait_for(lambda: eng.num_running() == 0)
+        assert eng.kv_cache_usage() == 0.0
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_shutdown_stops_the_engine_frees_the_model_and_is_idempotent(dev_model, kind):
+    eng = make_engine(dev_model, **KINDS[kind])
+
+    async def main():
+        stream = eng.generate("sd", PROMPTS[1], SamplingOptions(max_new_tokens=3000, top_k=1))
+        await stream.__anext__()
+        await asyncio.to_thread(eng.shutdown)
+        with pytest.raises(EngineError, match="shut down"):
+            async for _ in stream:
+                pass
+
+    asyncio.run(main())
+    assert not eng.is_healthy() and eng._model is None and eng.num_running() == 0
+    assert getattr(eng, "_k", None) is None  # the static engine's KV cache is gone too
+    eng.shutdown()  # again: nothing to do, no error
+    with pytest.raises(EngineError, match="not running"):
+        asyncio.run(collect(eng, "late", PROMPTS[0], SamplingOptions(max_new_tokens=2)))

@@ -1,6 +1,7 @@
-"""GenerationService on a scripted engine and the dev model's real tokenizer: predict
-parsing and defaults, prompt limits, streaming (text, stop strings, finish reasons,
-aborts, errors), telemetry once per request, `complete` and `abort_all`."""
+"""GenerationService on a scripted engine and the dev model's real tokenizer: `prepare`
+(tokenizing, chat encoding, prompt limits, max_new_tokens clamping), streaming (text,
+stop strings, finish reasons, logprobs, aborts, errors), telemetry once per request,
+`complete` and `abort_all`."""
 
 from __future__ import annotations
 
@@ -17,9 +18,17 @@ from mistral_serving.engines.base import (
     EngineRequestError,
     SamplingOptions,
     TokenDelta,
+    TokenLogprob,
 )
+from mistral_serving.errors import RequestError
 from mistral_serving.metrics import Metrics
-from mistral_serving.service import GenerationRequest, GenerationService, RequestError
+from mistral_serving.service import (
+    INLINE_TOKENIZE_CHARS,
+    Chunk,
+    GenerationRequest,
+    GenerationService,
+    PreparedRequest,
+)
 from mistral_serving.settings import Settings
 from mistral_serving.telemetry import RequestRecord
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
@@ -29,6 +38,7 @@ TEXT = "Hello world, the quick brown fox jumps over the lazy dog."
 STOP_TEXT = "Answer: yes. STOP here and more"
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=64, max_batch_size=4)
 ROUTE = "predict"
+REASONS = ("stop", "length", "abort", "error", "invalid")
 
 
 @pytest.fixture(scope="module")
@@ -53,140 +63,158 @@ def finished(registry: CollectorRegistry, reason: str) -> float:
 
 
 def finished_total(registry: CollectorRegistry) -> float:
-    return sum(finished(registry, r) for r in ("stop", "length", "abort", "error"))
+    return sum(finished(registry, r) for r in REASONS)
 
 
-def gen_for(
-    ids: list[int], stop: tuple[str, ...] = (), interval: int = 1, max_new_tokens: int = 32
-) -> GenerationRequest:
-    return GenerationRequest(ids, SamplingOptions(max_new_tokens=max_new_tokens), stop, interval)
+def prepared(
+    ids: list[int],
+    stop: tuple[str, ...] = (),
+    interval: int = 1,
+    max_new_tokens: int = 32,
+    logprobs: int | None = None,
+) -> PreparedRequest:
+    sampling = SamplingOptions(max_new_tokens=max_new_tokens, logprobs=logprobs)
+    return PreparedRequest(ids, sampling, stop, interval)
+
+
+def prepare(service: GenerationService, **fields: object) -> PreparedRequest:
+    fields.setdefault("sampling", SamplingOptions(max_new_tokens=2048))
+    return asyncio.run(service.prepare(GenerationRequest(**fields)))
 
 
 async def collect(
-    service: GenerationService, gen: GenerationRequest, record: RequestRecord
-) -> list[str]:
-    return [chunk async for chunk in service.stream(gen, record)]
+    service: GenerationService, req: PreparedRequest, record: RequestRecord
+) -> list[Chunk]:
+    return [chunk async for chunk in service.stream(req, record)]
 
 
-# ---- parse_predict ----
+def texts(chunks: list[Chunk]) -> list[str]:
+    return [c.text for c in chunks]
 
 
-def test_parse_predict_defaults(tok: Tokenizer) -> None:
+# ---- prepare ----
+
+
+def test_prepare_tokenizes_the_prompt_with_bos(tok: Tokenizer) -> None:
     service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
-    req, gen = service.parse_predict({"prompt": "Hello world"})
-    ids = [tok.bos_id, *tok.encode("Hello world")]
-    assert gen.prompt_ids == ids
-    s = gen.sampling
-    # The article's defaults: greedy, temperature 0.9, top_p 0 (off -> 1.0), interval 3,
-    # max_new_tokens 2048 clamped to what the engine leaves after the prompt.
-    assert (s.top_k, s.temperature, s.top_p) == (1, 0.9, 1.0)
-    assert s.max_new_tokens == LIMITS.max_seq_len - len(ids)
-    assert gen.interval == 3
-    assert gen.stop == ()
-    assert req.streaming is False
-
-
-@pytest.mark.parametrize(("top_p", "expected"), [(0.0, 1.0), (1.0, 1.0), (0.5, 0.5)])
-def test_parse_predict_top_p_zero_or_one_is_off(
-    tok: Tokenizer, top_p: float, expected: float
-) -> None:
-    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
-    _, gen = service.parse_predict({"prompt": "hi", "top_p": top_p})
-    assert gen.sampling.top_p == expected
-
-
-def test_parse_predict_passes_options_through(tok: Tokenizer) -> None:
-    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
-    _, gen = service.parse_predict(
-        {
-            "prompt": "hi",
-            "max_new_tokens": 5,
-            "temperature": 0.2,
-            "top_k": 40,
-            "seed": 7,
-            "repetition_penalty": 1.1,
-            "presence_penalty": 0.5,
-            "frequency_penalty": -0.5,
-            "stop": "END",
-            "streaming_interval": 2,
-        }
-    )
-    assert gen.sampling == SamplingOptions(
-        max_new_tokens=5,
-        temperature=0.2,
-        top_k=40,
-        top_p=1.0,
-        seed=7,
-        repetition_penalty=1.1,
-        presence_penalty=0.5,
-        frequency_penalty=-0.5,
-    )
-    assert gen.stop == ("END",)
-    assert gen.interval == 2
-
-
-def test_parse_predict_messages_use_the_chat_encoding(tok: Tokenizer) -> None:
-    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    _, gen = service.parse_predict({"messages": messages})
-    assert gen.prompt_ids == encode_chat([ChatMessage(**m) for m in messages], tok)
-
-
-def test_parse_predict_bad_conversation_is_a_400_on_messages(tok: Tokenizer) -> None:
-    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
-    with pytest.raises(RequestError) as err:
-        service.parse_predict(
-            {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}
+    sampling = SamplingOptions(max_new_tokens=5, temperature=0.2, top_k=40, seed=7)
+    req = asyncio.run(
+        service.prepare(
+            GenerationRequest(sampling=sampling, prompt="Hello world", stop=("X",), interval=3)
         )
-    assert (err.value.status, err.value.param) == (400, "messages")
+    )
+    assert req.prompt_ids == [tok.bos_id, *tok.encode("Hello world")]
+    assert req.sampling == sampling  # within the room: passed through unchanged
+    assert (req.stop, req.interval) == (("X",), 3)
 
 
-@pytest.mark.parametrize(
-    ("body", "needle"),
-    [
-        ({"prompt": "x", "max_tokens": 3}, "max_tokens: unknown field"),
-        ({"prompt": "x", "messages": [{"role": "user", "content": "y"}]}, "exactly one"),
-        ({}, "exactly one"),
-        ({"prompt": "x", "temperature": 3}, "temperature"),
-        ("not an object", "body"),
-    ],
-)
-def test_parse_predict_invalid_bodies_are_400s(tok: Tokenizer, body: object, needle: str) -> None:
+def test_prepare_clamps_max_new_tokens_to_the_sequence_room(tok: Tokenizer) -> None:
     service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
+    req = prepare(service, prompt="hi", sampling=SamplingOptions(max_new_tokens=1000, seed=3))
+    assert req.sampling.max_new_tokens == LIMITS.max_seq_len - len(req.prompt_ids)
+    assert req.sampling.seed == 3  # only max_new_tokens changes
+    req = prepare(service, prompt="hi", sampling=SamplingOptions(max_new_tokens=4))
+    assert req.sampling.max_new_tokens == 4
+
+
+def test_prepare_messages_use_the_chat_encoding(tok: Tokenizer) -> None:
+    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
+    messages = (
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(role="user", content="Hi"),
+    )
+    req = prepare(service, messages=messages, param="messages")
+    assert req.prompt_ids == encode_chat(list(messages), tok)
+    assert req.prompt_ids[0] == tok.bos_id
+
+
+def test_bad_conversation_is_a_400_on_messages(tok: Tokenizer) -> None:
+    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
+    messages = (
+        ChatMessage(role="user", content="a"),
+        ChatMessage(role="assistant", content="b"),
+    )
     with pytest.raises(RequestError) as err:
-        service.parse_predict(body)
-    assert err.value.status == 400
-    assert needle in err.value.message
+        prepare(service, messages=messages, param="messages")
+    assert (err.value.status, err.value.param) == (400, "messages")
+    assert "assistant" in err.value.message
 
 
-def test_max_new_tokens_clamped_to_sequence_room(tok: Tokenizer) -> None:
-    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
-    _, gen = service.parse_predict({"prompt": "hi", "max_new_tokens": 1000})
-    assert gen.sampling.max_new_tokens == LIMITS.max_seq_len - len(gen.prompt_ids)
-    _, gen = service.parse_predict({"prompt": "hi", "max_new_tokens": 4})
-    assert gen.sampling.max_new_tokens == 4
-
-
-def test_prompt_longer_than_max_input_len_is_refused(tok: Tokenizer) -> None:
+@pytest.mark.parametrize("param", ["prompt", "messages"])
+def test_prompt_longer_than_max_input_len_is_refused_naming_the_field(
+    tok: Tokenizer, param: str
+) -> None:
     service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
     long_prompt = " ".join(["word"] * 40)
     assert len(tok.encode(long_prompt, bos=True)) > LIMITS.max_input_len
+    fields: dict[str, object] = (
+        {"prompt": long_prompt}
+        if param == "prompt"
+        else {"messages": (ChatMessage(role="user", content=long_prompt),)}
+    )
     with pytest.raises(RequestError) as err:
-        service.parse_predict({"prompt": long_prompt})
-    assert err.value.status == 400
-    assert err.value.param == "prompt"
+        prepare(service, param=param, **fields)
+    assert (err.value.status, err.value.param) == (400, param)
     assert "input tokens" in err.value.message
     assert str(LIMITS.max_input_len) in err.value.message
+    assert err.value.message.startswith(param)
 
 
-def test_check_prompt_boundaries(tok: Tokenizer) -> None:
+def test_a_prompt_no_token_could_fit_is_refused_before_tokenizing(
+    tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
+
+    def no_tokenizing(*args: object, **kwargs: object) -> list[int]:
+        raise AssertionError("tokenized a prompt the character bound refuses")
+
+    monkeypatch.setattr(service, "_encode", no_tokenizing)
+    huge = "x" * (LIMITS.max_input_len * service._max_token_chars + 1)
+    with pytest.raises(RequestError) as err:
+        prepare(service, prompt=huge)
+    assert err.value.param == "prompt"
+    assert "characters" in err.value.message
+
+
+def test_long_prompts_are_tokenized_off_the_event_loop(tok: Tokenizer) -> None:
+    limits = EngineLimits(max_input_len=4000, max_seq_len=4100, max_batch_size=1)
+    service, _ = make_service(tok, ScriptedEngine(limits=limits))
+    threads: list[bool] = []
+    encode = service._encode
+
+    def spy(req: GenerationRequest) -> list[int]:
+        import threading
+
+        threads.append(threading.current_thread() is threading.main_thread())
+        return encode(req)
+
+    service._encode = spy  # type: ignore[method-assign]
+    short = prepare(service, prompt="a b")
+    long = prepare(service, prompt="a " * INLINE_TOKENIZE_CHARS)
+    assert threads == [True, False]  # short: inline; long: in a worker thread
+    assert short.prompt_ids == tok.encode("a b", bos=True)
+    assert long.prompt_ids == tok.encode("a " * INLINE_TOKENIZE_CHARS, bos=True)
+
+
+def test_prompt_limit_boundaries(tok: Tokenizer) -> None:
     limits = EngineLimits(max_input_len=10, max_seq_len=10, max_batch_size=1)
     service, _ = make_service(tok, ScriptedEngine(limits=limits))
-    assert service.check_prompt([5] * 9, 100) == 1  # exactly one token of room
+    req = prepare(service, prompt_ids=(5,) * 9)
+    assert req.sampling.max_new_tokens == 1  # exactly one token of room
     with pytest.raises(RequestError, match="no room"):
-        service.check_prompt([5] * 10, 100)  # within max_input_len but no room left
+        prepare(service, prompt_ids=(5,) * 10)  # within max_input_len, but no room
     with pytest.raises(RequestError, match="input tokens"):
-        service.check_prompt([5] * 11, 100)
+        prepare(service, prompt_ids=(5,) * 11)
+
+
+def test_token_id_prompts_are_used_as_given_within_the_vocab(tok: Tokenizer) -> None:
+    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
+    assert prepare(service, prompt_ids=(0, tok.vocab_size - 1)).prompt_ids == [0, 31999]
+    for bad in (-1, tok.vocab_size, 10**30):
+        with pytest.raises(RequestError) as err:
+            prepare(service, prompt_ids=(1, bad))
+        assert err.value.param == "prompt"
+        assert str(tok.vocab_size) in err.value.message
 
 
 # ---- stream ----
@@ -201,9 +229,10 @@ def test_stream_yields_the_text_and_propagates_the_engine_finish(
     service, registry = make_service(tok, engine)
     record = RequestRecord("r1", ROUTE)
     prompt = tok.encode("prompt", bos=True)
-    chunks = asyncio.run(collect(service, gen_for(prompt), record))
-    assert "".join(chunks) == TEXT
+    chunks = asyncio.run(collect(service, prepared(prompt), record))
+    assert "".join(texts(chunks)) == TEXT
     assert len(chunks) > 1  # interval 1: streamed, not one blob
+    assert all(c.logprobs is None for c in chunks)  # not asked for
     assert record.finish_reason == reason
     assert record.output == TEXT
     assert (record.prompt_tokens, record.completion_tokens) == (len(prompt), len(ids))
@@ -222,9 +251,23 @@ def test_stream_interval_groups_tokens(tok: Tokenizer) -> None:
     ids = tok.encode(TEXT)
     engine = ScriptedEngine.from_ids(ids, limits=LIMITS)
     service, _ = make_service(tok, engine)
-    chunks = asyncio.run(collect(service, gen_for([1], interval=4), RequestRecord("r", ROUTE)))
-    assert "".join(chunks) == TEXT
+    chunks = asyncio.run(collect(service, prepared([1], interval=4), RequestRecord("r", ROUTE)))
+    assert "".join(texts(chunks)) == TEXT
     assert len(chunks) == -(-len(ids) // 4)
+
+
+def test_stream_carries_logprobs_with_their_text(tok: Tokenizer) -> None:
+    ids = tok.encode(TEXT)
+    lps = [TokenLogprob(t, -0.5 - i, ((t, -0.5 - i), (7, -3.0))) for i, t in enumerate(ids)]
+    script = [TokenDelta([t], None, [lp]) for t, lp in zip(ids, lps)]
+    script[-1] = TokenDelta([ids[-1]], "length", [lps[-1]])
+    service, _ = make_service(tok, ScriptedEngine(script, limits=LIMITS))
+    record = RequestRecord("r", ROUTE)
+    chunks = asyncio.run(collect(service, prepared([1], interval=3, logprobs=1), record))
+    assert "".join(texts(chunks)) == TEXT
+    # Every token's logprob arrives once, in order, with the chunk that holds its text.
+    assert [lp for c in chunks for lp in (c.logprobs or [])] == lps
+    assert all(c.logprobs for c in chunks)
 
 
 def test_stop_string_ends_with_stop_and_aborts_the_engine(tok: Tokenizer) -> None:
@@ -233,8 +276,8 @@ def test_stop_string_ends_with_stop_and_aborts_the_engine(tok: Tokenizer) -> Non
     engine = ScriptedEngine.from_ids(ids, finish_reason=None, limits=LIMITS)
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
-    chunks = asyncio.run(collect(service, gen_for([1], stop=("STOP",)), record))
-    assert "".join(chunks) == "Answer: yes. "
+    chunks = asyncio.run(collect(service, prepared([1], stop=("STOP",)), record))
+    assert "".join(texts(chunks)) == "Answer: yes. "
     assert record.output == "Answer: yes. "
     assert record.finish_reason == "stop"
     assert engine.aborted == [record.engine_id]
@@ -248,9 +291,37 @@ def test_stop_string_split_across_tokens_is_never_half_sent(tok: Tokenizer) -> N
     engine = ScriptedEngine.from_ids(ids, limits=LIMITS)
     service, _ = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
-    chunks = asyncio.run(collect(service, gen_for([1], stop=("STOP",)), record))
-    assert not any("ST" in c for c in chunks)
+    chunks = asyncio.run(collect(service, prepared([1], stop=("STOP",)), record))
+    assert not any("ST" in c for c in texts(chunks))
     assert record.finish_reason == "stop"
+
+
+def test_stop_string_in_the_engines_last_delta_is_a_stop(tok: Tokenizer) -> None:
+    ids = tok.encode(STOP_TEXT)
+    # One delta with every token and the engine's own finish: the stop string wins.
+    engine = ScriptedEngine.from_ids(ids, per_step=len(ids), limits=LIMITS)
+    service, registry = make_service(tok, engine)
+    record = RequestRecord("r", ROUTE)
+    chunks = asyncio.run(collect(service, prepared([1], stop=("STOP",)), record))
+    assert "".join(texts(chunks)) == "Answer: yes. "
+    assert record.finish_reason == "stop"
+    assert finished(registry, "stop") == 1
+
+
+def test_stop_string_completed_by_the_final_flush_is_a_stop(tok: Tokenizer) -> None:
+    """A stop string ending in a byte-fallback character ("🫠" is four <0xNN> tokens) is
+    only seen when the detokenizer flushes at the end of the stream. The output is cut
+    at the stop string, so the finish reason must be "stop", not the engine's "length"."""
+    ids = tok.encode("Hi 🫠")
+    assert tok.table.is_byte_token[ids[-1]]
+    engine = ScriptedEngine.from_ids(ids, finish_reason="length", limits=LIMITS)
+    service, registry = make_service(tok, engine)
+    record = RequestRecord("r", ROUTE)
+    chunks = asyncio.run(collect(service, prepared([1], stop=("🫠",)), record))
+    assert "".join(texts(chunks)).rstrip() == "Hi"
+    assert "🫠" not in record.output
+    assert record.finish_reason == "stop"
+    assert finished(registry, "stop") == 1
 
 
 def test_engine_abort_finish_propagates(tok: Tokenizer) -> None:
@@ -258,8 +329,8 @@ def test_engine_abort_finish_propagates(tok: Tokenizer) -> None:
     engine = ScriptedEngine([TokenDelta(ids[:3]), TokenDelta(ids[3:5], "abort")], limits=LIMITS)
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
-    chunks = asyncio.run(collect(service, gen_for([1]), record))
-    assert "".join(chunks) == tok.decode(ids[:5])
+    chunks = asyncio.run(collect(service, prepared([1]), record))
+    assert "".join(texts(chunks)) == tok.decode(ids[:5])
     assert record.finish_reason == "abort"
     assert finished(registry, "abort") == 1
 
@@ -270,14 +341,14 @@ def test_consumer_closing_early_aborts_and_records_abort(tok: Tokenizer) -> None
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
 
-    async def main() -> str:
-        agen = service.stream(gen_for([1]), record)
+    async def main() -> Chunk:
+        agen = service.stream(prepared([1]), record)
         first = await agen.__anext__()
         await agen.aclose()
         return first
 
     first = asyncio.run(main())
-    assert first == tok.decode(ids[:1])
+    assert first.text == tok.decode(ids[:1])
     assert engine.aborted == [record.engine_id]
     assert engine.closed == [record.engine_id]
     assert record.finish_reason == "abort"
@@ -292,10 +363,9 @@ def test_cancelled_consumer_aborts_once_and_records_once(tok: Tokenizer) -> None
     record = RequestRecord("r", ROUTE)
 
     async def main() -> None:
-        task = asyncio.ensure_future(collect(service, gen_for([1]), record))
-        while not engine.calls or engine.closed or record.first_token_at is None:
+        task = asyncio.ensure_future(collect(service, prepared([1]), record))
+        while not engine.calls or record.first_token_at is None:
             await asyncio.sleep(0.001)
-        await asyncio.sleep(0.01)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -303,6 +373,7 @@ def test_cancelled_consumer_aborts_once_and_records_once(tok: Tokenizer) -> None
     asyncio.run(main())
     assert engine.aborted == [record.engine_id]
     assert record.finish_reason == "abort"
+    assert finished(registry, "abort") == 1
     assert finished_total(registry) == 1
 
 
@@ -316,11 +387,11 @@ def test_engine_request_error_becomes_a_request_error(tok: Tokenizer, at_start: 
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
     with pytest.raises(RequestError) as err:
-        asyncio.run(collect(service, gen_for([1]), record))
+        asyncio.run(collect(service, prepared([1]), record))
     assert err.value.status == 400
     assert "out of range" in err.value.message
-    assert record.finish_reason == "error"
-    assert finished(registry, "error") == 1
+    assert record.finish_reason == "invalid"  # the client's fault: counted as invalid
+    assert finished(registry, "invalid") == 1
     assert finished_total(registry) == 1
     assert service.abort_all() == 0
 
@@ -332,10 +403,23 @@ def test_engine_failure_propagates_and_is_recorded_as_error(tok: Tokenizer) -> N
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
     with pytest.raises(EngineError, match="GPU fell off"):
-        asyncio.run(collect(service, gen_for([1]), record))
+        asyncio.run(collect(service, prepared([1]), record))
     assert record.finish_reason == "error"
     assert finished(registry, "error") == 1
     assert finished_total(registry) == 1
+
+
+def test_an_unexpected_failure_is_an_engine_error(
+    tok: Tokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = ScriptedEngine([TokenDelta(tok.encode("Hi")), KeyError("bookkeeping")], limits=LIMITS)
+    service, registry = make_service(tok, engine)
+    record = RequestRecord("r", ROUTE)
+    with pytest.raises(EngineError, match="generation failed"):
+        asyncio.run(collect(service, prepared([1]), record))
+    assert record.finish_reason == "error"
+    assert finished_total(registry) == 1
+    assert engine.aborted == [record.engine_id]
 
 
 def test_abort_all_aborts_live_streams(tok: Tokenizer) -> None:
@@ -343,25 +427,26 @@ def test_abort_all_aborts_live_streams(tok: Tokenizer) -> None:
     service, registry = make_service(tok, engine)
     records = [RequestRecord(f"r{i}", ROUTE) for i in range(2)]
 
-    async def main() -> list[list[str]]:
-        tasks = [asyncio.ensure_future(collect(service, gen_for([1]), r)) for r in records]
+    async def main() -> list[list[Chunk]]:
+        tasks = [asyncio.ensure_future(collect(service, prepared([1]), r)) for r in records]
         while len(engine.calls) < 2 or any(r.first_token_at is None for r in records):
             await asyncio.sleep(0.001)
         assert service.abort_all() == 2
         return await asyncio.gather(*tasks)
 
     outputs = asyncio.run(main())
-    assert all("".join(o) == TEXT for o in outputs)  # the whole script, then the abort
-    assert sorted(engine.aborted) == sorted(r.engine_id for r in records)
+    assert all("".join(texts(o)) == TEXT for o in outputs)  # the whole script, then abort
+    assert sorted(engine.aborted[:2]) == sorted(r.engine_id for r in records)
     assert all(r.finish_reason == "abort" for r in records)
     assert finished(registry, "abort") == 2
+    assert finished_total(registry) == 2
     assert service.abort_all() == 0
 
 
 # ---- complete ----
 
 
-def test_complete_returns_the_whole_answer(tok: Tokenizer) -> None:
+def test_complete_fills_the_record(tok: Tokenizer) -> None:
     ids = tok.encode(TEXT)
     engine = ScriptedEngine.from_ids(ids, finish_reason="stop", limits=LIMITS)
     service, registry = make_service(tok, engine)
@@ -370,11 +455,22 @@ def test_complete_returns_the_whole_answer(tok: Tokenizer) -> None:
     async def connected() -> bool:
         return False
 
-    out = asyncio.run(service.complete(gen_for([1]), record, connected))
-    assert out is record
+    out = asyncio.run(service.complete(prepared([1]), record, connected))
+    assert out is None  # logprobs were not asked for
     assert (record.output, record.finish_reason) == (TEXT, "stop")
     assert record.completion_tokens == len(ids)
     assert finished_total(registry) == 1
+
+
+def test_complete_returns_every_logprob(tok: Tokenizer) -> None:
+    ids = tok.encode(TEXT)
+    lps = [TokenLogprob(t, -1.0 * i) for i, t in enumerate(ids)]
+    script = [TokenDelta(ids[:5], None, lps[:5]), TokenDelta(ids[5:], "length", lps[5:])]
+    service, _ = make_service(tok, ScriptedEngine(script, limits=LIMITS))
+    record = RequestRecord("r", ROUTE)
+    out = asyncio.run(service.complete(prepared([1], logprobs=0), record))
+    assert out == lps
+    assert record.output == TEXT
 
 
 def test_complete_aborts_when_the_client_leaves(tok: Tokenizer) -> None:
@@ -388,22 +484,36 @@ def test_complete_aborts_when_the_client_leaves(tok: Tokenizer) -> None:
         polls += 1
         return True
 
-    asyncio.run(asyncio.wait_for(service.complete(gen_for([1]), record, gone), 5))
+    asyncio.run(asyncio.wait_for(service.complete(prepared([1]), record, gone), 5))
     assert polls >= 1
     assert engine.aborted == [record.engine_id]
     assert engine.closed == [record.engine_id]
     assert record.finish_reason == "abort"
     assert finished(registry, "abort") == 1
+    assert finished_total(registry) == 1
     assert service.abort_all() == 0
 
 
 def test_complete_reraises_request_errors(tok: Tokenizer) -> None:
     engine = ScriptedEngine([EngineRequestError("bad prompt")], limits=LIMITS)
-    service, _ = make_service(tok, engine)
+    service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
     with pytest.raises(RequestError, match="bad prompt"):
-        asyncio.run(service.complete(gen_for([1]), record))
-    assert record.finish_reason == "error"
+        asyncio.run(service.complete(prepared([1]), record))
+    assert record.finish_reason == "invalid"
+    assert finished_total(registry) == 1
+
+
+def test_complete_reraises_engine_errors(tok: Tokenizer) -> None:
+    engine = ScriptedEngine([EngineError("boom")], limits=LIMITS)
+    service, registry = make_service(tok, engine)
+    record = RequestRecord("r", ROUTE)
+    with pytest.raises(EngineError, match="boom"):
+        asyncio.run(service.complete(prepared([1]), record))
+    assert (record.finish_reason, finished(registry, "error")) == ("error", 1)
+
+
+# ---- telemetry and the double ----
 
 
 def test_log_prompts_setting_reaches_telemetry(tok: Tokenizer) -> None:
@@ -411,12 +521,6 @@ def test_log_prompts_setting_reaches_telemetry(tok: Tokenizer) -> None:
     assert service.telemetry.log_prompts is True
     service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
     assert service.telemetry.log_prompts is False
-
-
-def test_scripted_engine_satisfies_the_engine_protocol() -> None:
-    from mistral_serving.engines.base import Engine
-
-    assert isinstance(ScriptedEngine(), Engine)
 
 
 def test_stream_logs_prompt_text_when_asked(
@@ -427,7 +531,7 @@ def test_stream_logs_prompt_text_when_asked(
     record = RequestRecord("r", ROUTE)
 
     async def main() -> None:
-        async for _ in service.stream(gen_for([1]), record, prompt_text="How are you?"):
+        async for _ in service.stream(prepared([1]), record, prompt_text="How are you?"):
             pass
 
     with caplog.at_level("INFO", logger="mistral_serving.requests"):
@@ -436,29 +540,19 @@ def test_stream_logs_prompt_text_when_asked(
     assert (line.prompt, line.output, line.finish_reason) == ("How are you?", "Fine.", "length")
 
 
-def test_stop_string_in_the_engines_last_delta_is_a_stop(tok: Tokenizer) -> None:
-    ids = tok.encode(STOP_TEXT)
-    # One delta with every token and the engine's own finish: the stop string wins.
-    engine = ScriptedEngine.from_ids(ids, per_step=len(ids), limits=LIMITS)
-    service, registry = make_service(tok, engine)
-    record = RequestRecord("r", ROUTE)
-    chunks = asyncio.run(collect(service, gen_for([1], stop=("STOP",)), record))
-    assert "".join(chunks) == "Answer: yes. "
-    assert record.finish_reason == "stop"
-    assert finished(registry, "stop") == 1
+def test_prompt_text_shows_messages_by_role() -> None:
+    gen = GenerationRequest(
+        sampling=SamplingOptions(max_new_tokens=1),
+        messages=(
+            ChatMessage(role="system", content="S"),
+            ChatMessage(role="user", content="U"),
+        ),
+    )
+    assert gen.prompt_text == "system: S\nuser: U"
+    assert GenerationRequest(SamplingOptions(1), prompt="p").prompt_text == "p"
 
 
-def test_stop_string_completed_by_the_final_flush_is_a_stop(tok: Tokenizer) -> None:
-    """A stop string ending in a byte-fallback character ("🫠" is four <0xNN> tokens) is
-    only seen when the detokenizer flushes at the end of the stream. The output is cut
-    at the stop string, so the finish reason must be "stop", not the engine's "length"."""
-    ids = tok.encode("Hi 🫠")
-    assert tok.table.is_byte_token[ids[-1]]
-    engine = ScriptedEngine.from_ids(ids, finish_reason="length", limits=LIMITS)
-    service, registry = make_service(tok, engine)
-    record = RequestRecord("r", ROUTE)
-    chunks = asyncio.run(collect(service, gen_for([1], stop=("🫠",)), record))
-    assert "".join(chunks).rstrip() == "Hi"
-    assert "🫠" not in record.output
-    assert record.finish_reason == "stop"
-    assert finished(registry, "stop") == 1
+def test_scripted_engine_satisfies_the_engine_protocol() -> None:
+    from mistral_serving.engines.base import Engine
+
+    assert isinstance(ScriptedEngine(), Engine)

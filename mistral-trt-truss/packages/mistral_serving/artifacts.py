@@ -1,27 +1,75 @@
-"""Find the artifact to serve: a local directory, or a Hugging Face repo id at a pinned
-revision fetched with `huggingface_hub` into the cache (offline from the cache when the
-Hub cannot be reached). Then say what it is and check it against its build manifest."""
+"""The artifact to serve, read once into one value: `load_artifact(settings, token)`.
+
+1. Resolve: a local directory, or a Hugging Face repo id at a pinned revision fetched with
+   `huggingface_hub` into the cache. `snapshot_download` itself serves a complete cached
+   snapshot when the Hub cannot be reached or fails (5xx); every other Hub answer is
+   reported as what it is (401, 403, 404, 5xx, an answer that is not JSON), in one line.
+2. Confine: list every file without following a symlink out of the artifact
+   (`manifest.scan_files`); a HF cache snapshot may point into its own repo's `blobs`.
+3. Read config.json and build_manifest.json once; say what the artifact is.
+4. Verify: sizes always; sha256 once per download (or first use of a local directory),
+   remembered by a marker in the cache that any change of a file's size, mtime, ctime or
+   inode invalidates, so later starts do not re-read gigabytes.
+
+Every failure is an `ArtifactError` (or the `SettingsError` of a missing setting) with a
+one-line message, meant to be the last line a failed load logs.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
-from mistral_serving.engine_checks import is_engine_dir
-from mistral_serving.manifest import BuildManifest, ManifestError, read_manifest, verify_files
+from mistral_serving.engine_checks import CONFIG_NAME, is_engine_config
+from mistral_serving.manifest import (
+    MANIFEST_NAME,
+    ArtifactError,
+    ArtifactKind,
+    BuildManifest,
+    FileStat,
+    ManifestError,
+    check_hashes,
+    check_sizes,
+    parse_json_object,
+    parse_manifest,
+    read_json_file,
+    scan_files,
+    shown,
+)
 from mistral_serving.settings import Settings, SettingsError
+
+__all__ = ["Artifact", "ArtifactError", "ArtifactKind", "load_artifact", "resolve_artifact"]
 
 log = logging.getLogger(__name__)
 
-ArtifactKind = Literal["trtllm_engine", "hf_checkpoint"]
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+MARKER_DIR = "verified"  # under the cache dir: one marker per artifact directory
 
 
-class ArtifactError(RuntimeError):
-    """The artifact cannot be found, fetched or trusted; the message is one actionable line."""
+@dataclass(frozen=True)
+class Artifact:
+    """What load() serves, read once: pass it down instead of re-reading files."""
+
+    path: Path  # the directory (a HF cache snapshot for a repo id)
+    kind: ArtifactKind
+    manifest: BuildManifest | None  # None: the artifact has no build manifest
+    config: dict[str, Any]  # config.json, parsed (engine or checkpoint config); do not mutate
+
+
+def load_artifact(settings: Settings, hf_token: str | None) -> Artifact:
+    """Resolve, confine, read and verify the artifact the settings name."""
+    return open_artifact(resolve_artifact(settings, hf_token), settings)
+
+
+# ---- resolve -------------------------------------------------------------------------
 
 
 def resolve_artifact(settings: Settings, hf_token: str | None) -> Path:
@@ -38,8 +86,8 @@ def resolve_artifact(settings: Settings, hf_token: str | None) -> Path:
         return local
     if not _REPO_ID.match(settings.artifact):
         raise ArtifactError(
-            f"artifact {settings.artifact!r}: no such directory, and not a Hugging Face repo id "
-            "(owner/name)"
+            f"artifact '{shown(settings.artifact)}': no such directory, and not a Hugging Face "
+            "repo id (owner/name)"
         )
     if not settings.artifact_revision:
         raise SettingsError(
@@ -57,70 +105,204 @@ def resolve_artifact(settings: Settings, hf_token: str | None) -> Path:
 
 def download(repo_id: str, revision: str, cache_dir: Path, token: str | None) -> Path:
     from huggingface_hub import snapshot_download
+
+    hub_cache = cache_dir / "hub"
+    try:
+        return Path(
+            snapshot_download(
+                repo_id=repo_id, revision=revision, cache_dir=str(hub_cache), token=token or False
+            )
+        )
+    except Exception as exc:  # every way the client fails becomes one line for the log
+        log.debug("snapshot_download failed", exc_info=exc)
+        raise ArtifactError(hub_failure(exc, repo_id, revision, token, hub_cache)) from None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """The exception and its causes: huggingface_hub wraps the Hub's answer in
+    LocalEntryNotFoundError when it also found nothing in the cache."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain and len(chain) < 16:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def hub_failure(
+    exc: BaseException, repo_id: str, revision: str, token: str | None, hub_cache: Path
+) -> str:
+    """What went wrong fetching repo@revision, in one line: the Hub's answer if it gave one."""
+    import httpx2
+    from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
-        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
 
-    kwargs = dict(repo_id=repo_id, revision=revision, cache_dir=str(cache_dir / "hub"))
-    try:
-        return Path(snapshot_download(**kwargs, token=token or False))
-    except RevisionNotFoundError:
-        raise ArtifactError(f"revision {revision} not found in {repo_id}") from None
-    except GatedRepoError:
-        raise ArtifactError(
-            f"{repo_id} is gated: accept its terms on the Hub with the account whose token is in "
-            "the Truss secret hf_access_token"
-        ) from None
-    except RepositoryNotFoundError:
-        hint = "no token was given" if not token else "the token cannot read it"
-        raise ArtifactError(
-            f"{repo_id} not found or private ({hint}); put a read token in the Truss secret "
-            "hf_access_token"
-        ) from None
-    except HfHubHTTPError as exc:  # the Hub answered, with an error: not a network problem
-        status = exc.response.status_code if exc.response is not None else "?"
-        raise ArtifactError(
-            f"the Hub refused {repo_id}@{revision} (HTTP {status}); check the token in the "
-            "Truss secret hf_access_token and the repo's access rights"
-        ) from None
-    except (OSError, LocalEntryNotFoundError) as exc:  # network down: try the cache alone
-        log.warning("Hub unreachable (%s); looking in the local cache", type(exc).__name__)
-        try:
-            return Path(snapshot_download(**kwargs, local_files_only=True))
-        except LocalEntryNotFoundError:
-            raise ArtifactError(
-                f"cannot reach the Hub for {repo_id}@{revision} and it is not in the cache "
-                f"{cache_dir / 'hub'}"
-            ) from None
+    where = f"{repo_id}@{revision}"
+    token_hint = "no token was given" if not token else "the token cannot read it"
+    secret = "the Truss secret hf_access_token"
+    not_cached = f"and that revision is not (completely) in the cache {hub_cache}"
+    chain = _chain(exc)
+    for link in chain:
+        if isinstance(link, RevisionNotFoundError):
+            return f"revision {revision} not found in {repo_id}: pin a commit sha of that repo"
+        if isinstance(link, GatedRepoError):
+            return (
+                f"{repo_id} is gated: accept its terms on the Hub with the account whose token "
+                f"is in {secret}"
+            )
+        if isinstance(link, RepositoryNotFoundError):
+            return f"{repo_id} not found or private ({token_hint}); put a read token in {secret}"
+        if isinstance(link, HfHubHTTPError):
+            response = getattr(link, "response", None)
+            status = getattr(response, "status_code", None)
+            answered = f"the Hub answered HTTP {status} for {where}"
+            if status == 401:
+                return f"{answered}: the token in {secret} is invalid or expired; replace it"
+            if status == 403:
+                return f"{answered}: the token in {secret} may not read this repo; grant it read"
+            if status == 404:
+                return f"{answered}: a file or the revision is gone from the repo"
+            if status == 429:
+                return f"{answered} (rate limited) {not_cached}; retry later"
+            if isinstance(status, int) and status >= 500:
+                return f"{answered} {not_cached}; the Hub is failing: retry later"
+            return f"{answered}"
+    for link in chain:
+        if isinstance(link, json.JSONDecodeError):
+            return (
+                f"the Hub's answer for {where} is not JSON ({shown(link, 80)}); is HF_ENDPOINT "
+                f"({constants.ENDPOINT}) a Hugging Face Hub?"
+            )
+    for link in chain:
+        if isinstance(link, OfflineModeIsEnabled):
+            return f"HF_HUB_OFFLINE is set {not_cached}"
+        if isinstance(link, (httpx2.TransportError, ConnectionError, TimeoutError)):
+            return (
+                f"cannot reach the Hub at {constants.ENDPOINT} ({type(link).__name__}) for "
+                f"{where} {not_cached}"
+            )
+    return f"fetching {where} failed: {type(exc).__name__}: {shown(exc, 200)}"
 
 
-def artifact_kind(artifact_dir: Path) -> ArtifactKind:
-    if is_engine_dir(artifact_dir):
-        return "trtllm_engine"
-    weights = any(artifact_dir.glob("*.safetensors")) or any(artifact_dir.glob("*.bin"))
-    if (artifact_dir / "config.json").is_file() and weights:
-        return "hf_checkpoint"
-    raise ArtifactError(
-        f"{artifact_dir} is neither a TensorRT-LLM engine (config.json + rank*.engine) nor a "
-        "Hugging Face checkpoint (config.json + *.safetensors)"
+# ---- confine, read, verify ---------------------------------------------------------------
+
+
+def open_artifact(path: Path, settings: Settings) -> Artifact:
+    """Read an artifact directory into an `Artifact`: every file confined, config.json and
+    the manifest parsed once, sizes checked, hashes checked unless a marker vouches."""
+    path = Path(path)
+    files = scan_files(path)
+    config = _read_config(path, files)
+    kind = _kind(path, files, config)
+    manifest = None
+    if MANIFEST_NAME in files:
+        raw = read_json_file(path / MANIFEST_NAME, "build manifest")
+        manifest = parse_manifest(raw, str(path / MANIFEST_NAME))
+        if manifest.kind != kind:
+            raise ManifestError(
+                f"{path / MANIFEST_NAME}: says {manifest.kind} but the files are a {kind}; "
+                "the manifest belongs to another artifact"
+            )
+        check_sizes(path, manifest, files)
+        unlisted = sorted(
+            f for f in files if f not in manifest.files and f != MANIFEST_NAME and f[0] != "."
+        )
+        if unlisted:
+            log.warning(
+                "%s: %d file(s) not in the build manifest, unchecked: %s",
+                path,
+                len(unlisted),
+                shown(", ".join(unlisted[:5]), 300),
+            )
+        if settings.verify_hashes:
+            verify_hashes_once(path, manifest, raw, files, settings.cache_path)
+    else:
+        log.warning(
+            "%s has no build manifest: versions, GPU and file integrity are unchecked", path
+        )
+    return Artifact(path=path, kind=kind, manifest=manifest, config=config)
+
+
+def _read_config(path: Path, files: Mapping[str, FileStat]) -> dict[str, Any]:
+    if CONFIG_NAME not in files:
+        raise ArtifactError(f"{path}: {_NEITHER} (no {CONFIG_NAME})")
+    return parse_json_object(
+        read_json_file(path / CONFIG_NAME, CONFIG_NAME), str(path / CONFIG_NAME)
     )
 
 
-def check_manifest(artifact_dir: Path, verify_hashes: bool) -> BuildManifest | None:
-    """The artifact's build manifest, its files checked (sizes always, hashes if asked)."""
+_NEITHER = (
+    "neither a TensorRT-LLM engine (config.json + rank*.engine) nor a Hugging Face "
+    "checkpoint (config.json + *.safetensors)"
+)
+
+
+def _kind(path: Path, files: Mapping[str, FileStat], config: dict[str, Any]) -> ArtifactKind:
+    top = [f for f in files if "/" not in f]
+    if is_engine_config(config) and any(_is_rank_file(f) for f in top):
+        return "trtllm_engine"
+    if not is_engine_config(config) and any(f.endswith((".safetensors", ".bin")) for f in top):
+        return "hf_checkpoint"
+    raise ArtifactError(f"{path} is {_NEITHER}")
+
+
+def _is_rank_file(name: str) -> bool:
+    return name.startswith("rank") and name.endswith(".engine")
+
+
+def verify_hashes_once(
+    path: Path,
+    manifest: BuildManifest,
+    raw_manifest: bytes,
+    files: Mapping[str, FileStat],
+    cache_dir: Path,
+) -> None:
+    """Hash every listed file unless a marker says they were hashed, unchanged since."""
+    marker = marker_path(cache_dir, path)
+    expected = marker_record(raw_manifest, manifest, files)
+    if _read_marker(marker) == expected:
+        log.info("%s: hashes verified earlier, files unchanged since (%s)", path, marker)
+        return
+    check_hashes(path, manifest, manifest.files)
+    _write_marker(marker, expected)
+
+
+def marker_path(cache_dir: Path, path: Path) -> Path:
+    key = hashlib.sha256(os.path.realpath(path).encode(errors="surrogateescape")).hexdigest()
+    return cache_dir / MARKER_DIR / f"{key[:32]}.json"
+
+
+def marker_record(
+    raw_manifest: bytes, manifest: BuildManifest, files: Mapping[str, FileStat]
+) -> dict[str, Any]:
+    """What must be unchanged for an earlier hash check to still hold."""
+    return {
+        "manifest_sha256": hashlib.sha256(raw_manifest).hexdigest(),
+        "files": {rel: asdict(files[rel]) for rel in sorted(manifest.files)},
+    }
+
+
+def _read_marker(marker: Path) -> object:
     try:
-        manifest = read_manifest(artifact_dir)
-        if manifest is None:
-            log.warning(
-                "%s has no build manifest: versions, GPU and file integrity are unchecked",
-                artifact_dir,
-            )
-            return None
-        verify_files(artifact_dir, manifest, hashes=verify_hashes)
-    except ManifestError as exc:
-        raise ArtifactError(str(exc)) from None
-    return manifest
+        return json.loads(marker.read_bytes())
+    except (OSError, ValueError, RecursionError):  # absent or damaged: hash again
+        return None
+
+
+def _write_marker(marker: Path, record: dict[str, Any]) -> None:
+    """Atomically, so a crash never leaves a marker for files that were not all hashed."""
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, marker)
+    except OSError as exc:  # a read-only cache costs a re-hash next start, nothing else
+        log.warning(
+            "cannot write the verified marker %s (%s): next start hashes again", marker, exc
+        )

@@ -2,8 +2,9 @@
 
 An engine that does not fit the machine fails late and obscurely (a C++ deserialization
 error minutes into a cold start, or a hang waiting for MPI ranks). Each check here reads
-files and compares plain values, so it is fast, testable without a GPU, and raises
-`EngineCheckError` with one line: what was found, what was expected, what to do.
+value (config.json as `load_artifact` parsed it, the build manifest) and compares plain
+values, so it is fast, testable without a GPU, and raises `EngineCheckError` (an
+`ArtifactError`) with one line: what was found, what was expected, what to do.
 
 Engine directory layout (TensorRT-LLM `tensorrt_llm/builder.py`, `Engine.save` and
 `EngineConfig.to_dict`): `config.json` = {"version", "pretrained_config", "build_config"}
@@ -15,19 +16,24 @@ calls a directory an engine when its config.json has both `pretrained_config` an
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mistral_serving.engines.base import EngineLimits
-from mistral_serving.manifest import read_manifest
+from mistral_serving.manifest import (
+    ArtifactError,
+    parse_json_object,
+    read_json_file,
+    read_manifest,
+    shown,
+)
 
 CONFIG_NAME = "config.json"
 REBUILD_HINT = "rebuild it with `python build.py engine` on this GPU kind and image"
 
 
-class EngineCheckError(ValueError):
+class EngineCheckError(ArtifactError):
     """The engine directory cannot serve here; the message is one actionable line."""
 
 
@@ -54,72 +60,73 @@ def detect_gpu() -> GpuInfo | None:
     )
 
 
+def is_engine_config(config: dict[str, Any]) -> bool:
+    """The LLM API's test: an engine config has both sections (`get_model_format`)."""
+    return all(isinstance(config.get(s), dict) for s in ("pretrained_config", "build_config"))
+
+
+def check_engine_config(config: dict[str, Any], where: str) -> dict[str, Any]:
+    for section in ("pretrained_config", "build_config"):
+        if not isinstance(config.get(section), dict):
+            raise EngineCheckError(
+                f"{where}: no `{section}` section, so this is not an engine config (a "
+                f"checkpoint's config.json?); build an engine with `python build.py engine`"
+            )
+    return config
+
+
 def read_engine_config(engine_dir: Path) -> dict[str, Any]:
-    """config.json of an engine, with the sections the runtime needs."""
+    """config.json of an engine, with the sections the runtime needs. Prefer the config
+    `load_artifact` already parsed (`Artifact.config`) where the caller has it."""
     path = Path(engine_dir) / CONFIG_NAME
     if not path.is_file():
         raise EngineCheckError(
             f"{path}: missing; expected a TensorRT-LLM engine directory (config.json + "
             f"rank*.engine): point `artifact` at the `trtllm-build --output_dir` folder"
         )
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EngineCheckError(
-            f"{path}: not valid JSON ({exc}); re-download the artifact or {REBUILD_HINT}"
-        ) from None
-    if not isinstance(config, dict):
-        raise EngineCheckError(f"{path}: expected a JSON object; {REBUILD_HINT}")
-    for section in ("pretrained_config", "build_config"):
-        if not isinstance(config.get(section), dict):
-            raise EngineCheckError(
-                f"{path}: no `{section}` section, so this is not an engine config (a "
-                f"checkpoint's config.json?); build an engine with `python build.py engine`"
-            )
-    return config
+    config = parse_json_object(read_json_file(path, "config.json"), str(path))
+    return check_engine_config(config, str(path))
 
 
 def world_size(config: dict[str, Any]) -> int:
     """Ranks the engine was built for (one GPU and one rank{N}.engine each)."""
     mapping = config["pretrained_config"].get("mapping") or {}
-    if "world_size" in mapping:
-        return int(mapping["world_size"])
-    return int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))
+    try:
+        if "world_size" in mapping:
+            size = int(mapping["world_size"])
+        else:
+            size = int(mapping.get("tp_size", 1)) * int(mapping.get("pp_size", 1))
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        size = 0
+    if not 1 <= size <= 4096:
+        raise EngineCheckError(
+            f"{CONFIG_NAME}: pretrained_config.mapping '{shown(mapping, 80)}' gives no valid "
+            f"world size; {REBUILD_HINT}"
+        )
+    return size
+
+
+def _positive_int(build: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = build.get(key) or default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EngineCheckError(
+            f"{CONFIG_NAME}: build_config lacks a valid {key} (found '{shown(value, 40)}'); "
+            f"{REBUILD_HINT}"
+        )
+    return value
 
 
 def limits_from_config(config: dict[str, Any]) -> EngineLimits:
     build = config["build_config"]
-    try:
-        max_seq_len = int(build["max_seq_len"])
-        # Builds with remove_input_padding + context FMHA may leave max_input_len unset;
-        # the builder clips it to max_seq_len (`builder.py`, `_init_max_seq_len`).
-        max_input_len = int(build.get("max_input_len") or max_seq_len)
-        max_batch_size = int(build["max_batch_size"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise EngineCheckError(
-            f"{CONFIG_NAME}: build_config lacks a valid {exc}; {REBUILD_HINT}"
-        ) from None
+    max_seq_len = _positive_int(build, "max_seq_len")
+    # Builds with remove_input_padding + context FMHA may leave max_input_len unset;
+    # the builder clips it to max_seq_len (`builder.py`, `_init_max_seq_len`).
+    max_input_len = _positive_int(build, "max_input_len", max_seq_len)
     return EngineLimits(
         max_input_len=min(max_input_len, max_seq_len),
         max_seq_len=max_seq_len,
-        max_batch_size=max_batch_size,
+        max_batch_size=_positive_int(build, "max_batch_size"),
     )
-
-
-def read_engine_limits(engine_dir: Path) -> EngineLimits:
-    return limits_from_config(read_engine_config(engine_dir))
-
-
-def is_engine_dir(path: Path) -> bool:
-    """True for a directory with an engine config.json and at least one rank*.engine."""
-    path = Path(path)
-    if not path.is_dir() or not any(path.glob("rank*.engine")):
-        return False
-    try:
-        read_engine_config(path)
-    except EngineCheckError:
-        return False
-    return True
 
 
 def check_rank_files(engine_dir: Path, config: dict[str, Any]) -> None:
@@ -204,11 +211,37 @@ def check_limits(
 def check_vocab(config: dict[str, Any], tokenizer_vocab_size: int) -> None:
     """A tokenizer larger than the engine's vocabulary yields ids the engine cannot embed."""
     vocab = config["pretrained_config"].get("vocab_size")
-    if vocab is not None and tokenizer_vocab_size > int(vocab):
+    if vocab is not None and (not isinstance(vocab, int) or tokenizer_vocab_size > vocab):
         raise EngineCheckError(
             f"tokenizer has {tokenizer_vocab_size} tokens but the engine's vocab_size is "
             f"{vocab}; ship the tokenizer of the checkpoint the engine was built from"
         )
+
+
+def check_engine(
+    engine_dir: Path,
+    config: dict[str, Any],
+    built_capability: str | None,
+    *,
+    installed_version: str | None,
+    gpu: GpuInfo | None,
+    max_input_len: int | None = None,
+    max_seq_len: int | None = None,
+    tokenizer_vocab_size: int | None = None,
+) -> EngineLimits:
+    """Run every check on an engine whose config.json is `config` and whose build manifest
+    records `built_capability` (None: no manifest), cheapest first; return its built limits."""
+    check_engine_config(config, str(Path(engine_dir) / CONFIG_NAME))
+    check_rank_files(engine_dir, config)
+    check_version(config, installed_version)
+    check_gpu_arch(built_capability, gpu)
+    assert gpu is not None  # check_gpu_arch raised otherwise
+    check_world_size(config, gpu.count)
+    limits = limits_from_config(config)
+    check_limits(limits, max_input_len, max_seq_len)
+    if tokenizer_vocab_size is not None:
+        check_vocab(config, tokenizer_vocab_size)
+    return limits
 
 
 def check_engine_dir(
@@ -220,18 +253,15 @@ def check_engine_dir(
     max_seq_len: int | None = None,
     tokenizer_vocab_size: int | None = None,
 ) -> EngineLimits:
-    """Run every check, cheapest first; return the engine's built limits."""
-    engine_dir = Path(engine_dir)
-    config = read_engine_config(engine_dir)
-    check_rank_files(engine_dir, config)
-    check_version(config, installed_version)
-    manifest = read_manifest(engine_dir)
-    built_capability = manifest.gpu.compute_capability if manifest and manifest.gpu else None
-    check_gpu_arch(built_capability, gpu)
-    assert gpu is not None  # check_gpu_arch raised otherwise
-    check_world_size(config, gpu.count)
-    limits = limits_from_config(config)
-    check_limits(limits, max_input_len, max_seq_len)
-    if tokenizer_vocab_size is not None:
-        check_vocab(config, tokenizer_vocab_size)
-    return limits
+    """`check_engine` on what `engine_dir` holds, for a caller without the `Artifact`."""
+    manifest = read_manifest(Path(engine_dir))
+    return check_engine(
+        engine_dir,
+        read_engine_config(engine_dir),
+        manifest.gpu.compute_capability if manifest and manifest.gpu else None,
+        installed_version=installed_version,
+        gpu=gpu,
+        max_input_len=max_input_len,
+        max_seq_len=max_seq_len,
+        tokenizer_vocab_size=tokenizer_vocab_size,
+    )

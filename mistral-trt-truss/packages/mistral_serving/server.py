@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from mistral_serving import __version__
-from mistral_serving.settings import Settings
+from mistral_serving.settings import Settings, SettingsError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -42,9 +42,10 @@ _started = int(time.time())
 
 
 def _current() -> Frontend | None:
-    from mistral_serving import frontend
-
-    return frontend.current()
+    """The model's frontend, once the Truss model has created it (imported by model.py;
+    never imported from here, so a broken import cannot break the server's shutdown)."""
+    module = sys.modules.get("mistral_serving.frontend")
+    return module.current() if module is not None else None
 
 
 # ---- the body guard ----
@@ -292,16 +293,24 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
     return app
 
 
-def main() -> int:
+def main(config_path: str = "config.yaml") -> int:
+    import yaml
     from truss_server import TrussServer
+
+    with open(config_path, encoding="utf-8") as f:
+        config = yaml.safe_load(f)
+    try:
+        settings = Settings.load(config.get("model_metadata"))
+    except SettingsError as exc:
+        print(f"cannot start: {exc}", file=sys.stderr)
+        return 2
 
     class Server(TrussServer):
         def create_application(self) -> FastAPI:
-            settings = Settings.load(self._config.get("model_metadata"))
             return extend(super().create_application(), settings)
 
     port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
-    server = Server(port, "config.yaml")
+    server = Server(port, config)
     server.start()
     if server._model.load_failed:
         frontend = _current()

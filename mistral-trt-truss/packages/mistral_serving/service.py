@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from mistral_serving.artifacts import artifact_kind, check_manifest, resolve_artifact
+from mistral_serving.artifacts import load_artifact
 from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
 from mistral_serving.engines.base import (
     Engine,
@@ -104,19 +104,18 @@ class GenerationService:
     ) -> GenerationService:
         """Resolve the artifact, check it, start its engine; log what and how long."""
         started = time.monotonic()
-        artifact_dir = resolve_artifact(settings, hf_token)
+        artifact = load_artifact(settings, hf_token)  # fetched, confined, verified, read once
         fetched = time.monotonic()
-        kind = artifact_kind(artifact_dir)
-        manifest = check_manifest(artifact_dir, settings.verify_hashes)
+        manifest = artifact.manifest
         described = describe(manifest) if manifest is not None else "no build manifest"
-        log.info("artifact %s: %s", artifact_dir, described)
-        tokenizer = load_tokenizer(artifact_dir)
-        engine = start_engine(artifact_dir, kind, settings, tokenizer)
+        log.info("artifact %s: %s", artifact.path, described)
+        tokenizer = load_tokenizer(artifact.path)
+        engine = start_engine(artifact.path, artifact.kind, settings, tokenizer)
         done = time.monotonic()
         log.info(
-            "loaded %s (%s) with the %s engine in %.1fs (fetch %.1fs, start %.1fs); limits %s",
+            "loaded %s (%s) with the %s engine in %.1fs (artifact %.1fs, start %.1fs); limits %s",
             settings.artifact,
-            kind,
+            artifact.kind,
             engine.info.name,
             done - started,
             fetched - started,

@@ -8,8 +8,8 @@ request's options. For one row (float32):
    yields a token (the best finite one). A row with no finite logit at all fails that
    request alone (`EngineError`): there is no token worth emitting.
 2. Penalties: repetition (HF semantics: over prompt and output, multiplicative),
-   presence and frequency (OpenAI semantics: over output, additive); sanitize again
-   (a repetition penalty near 0 divides by almost nothing).
+   presence and frequency (OpenAI semantics: over output, additive), clamped so that a
+   finite logit stays finite (a repetition penalty near 0 divides by almost nothing).
 3. Log-probabilities, when asked: the log-softmax of this row, i.e. of the logits after
    penalties and BEFORE the masks below, temperature, top-k and top-p (vLLM's default:
    they describe the model's distribution, not the sampler's truncated one).
@@ -135,9 +135,11 @@ def _apply_penalties(row: torch.Tensor, seq: Row) -> None:
     if opts.repetition_penalty != 1.0:  # HF semantics: over prompt and output tokens
         seen = torch.tensor(sorted(set(seq.prompt) | set(seq.generated)), device=row.device)
         scores = row[seen]
-        row[seen] = torch.where(
+        penalized = torch.where(
             scores < 0, scores * opts.repetition_penalty, scores / opts.repetition_penalty
         )
+        # A finite score stays finite (10 x -3e38 would be -inf: a token lost for good).
+        row[seen] = torch.where(scores.isfinite(), penalized.clamp(-_BIG, _BIG), scores)
     if seq.generated and (opts.presence_penalty or opts.frequency_penalty):  # OpenAI semantics
         ids, counts = torch.tensor(seq.generated, device=row.device).unique(return_counts=True)
         row[ids] -= opts.presence_penalty + opts.frequency_penalty * counts.to(row.dtype)

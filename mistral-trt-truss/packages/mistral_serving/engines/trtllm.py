@@ -1,33 +1,48 @@
-"""The TensorRT-LLM engine: our `Engine` protocol over TensorRT-LLM's LLM API (1.2.x).
+"""The TensorRT-LLM engines: our `Engine` protocol over TensorRT-LLM's LLM API (1.2.x).
+
+`LlmApiEngine` holds everything both TensorRT-LLM engine kinds share: the sampling mapping,
+streaming, abort, per-request errors, health, shutdown and the KV-cache gauge.
+`TrtLlmEngine` (here) serves a TensorRT engine directory; `TrtLlmPytorchEngine`
+(`trtllm_pytorch.py`) serves a Hugging Face checkpoint with the PyTorch backend.
 
 What is called, and the source file (NVIDIA/TensorRT-LLM) each fact was read from:
 
 - `tensorrt_llm._tensorrt_engine.LLM` is `llmapi/llm.py::_TrtLLM`, the TensorRT-engine
   backend (`_tensorrt_engine/__init__.py`); the plain `tensorrt_llm.LLM` is the PyTorch
-  backend and cannot load an engine directory.
-- `LLM(model=engine_dir, tokenizer=None, skip_tokenizer_init=True, kv_cache_config=...)`:
-  with `skip_tokenizer_init` the LLM API keeps no tokenizer (`llmapi/llm_args.py`,
-  `validate_and_init_tokenizer`), so it takes token ids and never detokenizes; it then
-  requires `SamplingParams.end_id` (`llmapi/llm.py`, `_prepare_sampling_params`).
+  backend (`_TorchLLM`) and loads checkpoints, not engine directories.
+- `LLM(model=engine_dir, tokenizer=engine_dir, ...)` loads the tokenizer files that sit in
+  the artifact: `guided_decoding_backend="xgrammar"` builds its grammar tables from the
+  LLM's tokenizer (`_TrtLLM._build_model`, `_xgrammar_tokenizer_info`). Prompts still go in
+  as token ids and `detokenize=False` keeps it from ever decoding text.
 - `llm.generate_async(token_ids, sampling_params=..., streaming=True)` returns at once a
   `RequestOutput` (`llmapi/llm.py`) that is an async iterator of itself
   (`executor/result.py`, `GenerationResult.__anext__`); `outputs[0].token_ids_diff` are the
-  ids new since the last step; `finish_reason` is 'stop' | 'length' | 'timeout' |
-  'cancelled'; `.finished`; `.abort()` cancels the request in the executor.
-- `generate_async` raises ValueError for a request it refuses (`_check_arguments`: prompt +
-  max_tokens > the engine's max_seq_len; `SamplingParams._validate`) and RuntimeError("LLM
-  is shutting down") once the executor is gone. While iterating, a per-request failure
-  raises `RequestError` (`executor/utils.py`); any other error is a background (fatal)
-  error: the executor shuts itself down and re-raises it
-  (`executor/executor.py`, `_handle_background_error`).
+  ids new since the last step (`logprobs_diff` their logprobs); `finish_reason` is 'stop' |
+  'length' | 'timeout' | 'cancelled'; `.finished`; `.abort()` queues a cancel.
+- `generate_async` raises ValueError for a request it refuses (`_check_arguments`,
+  `SamplingParams._validate`) and RuntimeError("LLM is shutting down") once the executor is
+  gone. With chunked prefill on (always, for our engines) `_check_arguments` does NOT check
+  prompt + max_tokens against max_seq_len: `_room_for` below is the only guard.
+- While iterating, a per-request failure raises `RequestError` (`executor/utils.py`) and the
+  result is not marked done; any other error is a background (fatal) error: the executor
+  shuts itself down and re-raises it (`executor/executor.py`, `_handle_background_error`).
+- `result.abort()` only queues the cancel (`executor.abort_request`): tokens of a step or two
+  can still arrive before the final 'cancelled' response. We abort each request once.
+- `llm.get_stats_async(timeout)` is an async iterable of iteration stats
+  (`executor/result.py::IterationResult`): dicts (JSON strings in older releases) with
+  `kvCacheStats.usedNumBlocks` / `maxNumBlocks`. It keeps yielding while iterations keep
+  coming, so a poll reads for a bounded time only.
 - `llm.shutdown()` stops the executor and its MPI workers and sets `llm._executor = None`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import math
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -49,6 +64,7 @@ from mistral_serving.engines.base import (
     FinishReason,
     SamplingOptions,
     TokenDelta,
+    TokenLogprob,
 )
 from mistral_serving.settings import Settings
 
@@ -63,15 +79,29 @@ FINISH_REASONS: dict[str, FinishReason] = {
     "timeout": "abort",
 }
 
+# The KV-cache gauge: at most one stats poll per interval, each reading for a bounded time.
+STATS_INTERVAL_S = 1.0
+STATS_READ_S = 0.2  # stop reading a poll after this long (stats keep coming under load)
+STATS_TIMEOUT_S = 0.05  # get_stats_async: how long to wait for the next item
 
-def to_sampling_params(options: SamplingOptions, eos_token_id: int, pad_token_id: int | None):
+
+def to_sampling_params(
+    options: SamplingOptions,
+    eos_token_id: int,
+    pad_token_id: int | None,
+    *,
+    prompt_len: int = 0,
+    logprobs_unavailable: str | None = None,
+):
     """Our `SamplingOptions` as a `tensorrt_llm.sampling_params.SamplingParams`.
 
     Field names and defaults are from `tensorrt_llm/sampling_params.py` (1.2.x). Every value
     that has a surprising default is set explicitly: `max_tokens` (default 32), `end_id` /
-    `pad_id` (None, which needs a tokenizer we do not load), `detokenize` (True).
+    `pad_id` (None, which needs a tokenizer), `detokenize` (True), `prompt_ignore_length`
+    (None: presence/frequency penalties count the prompt; ours count the output only).
+    `logprobs_unavailable`: why this engine cannot return logprobs (None: it can).
     """
-    from tensorrt_llm.sampling_params import SamplingParams
+    from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
     if options.max_new_tokens < 1:
         raise EngineRequestError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
@@ -79,6 +109,8 @@ def to_sampling_params(options: SamplingOptions, eos_token_id: int, pad_token_id
         raise EngineRequestError(
             f"repetition_penalty must be above 0, got {options.repetition_penalty}"
         )
+    if options.logprobs is not None and logprobs_unavailable:
+        raise EngineRequestError(logprobs_unavailable)
     kwargs: dict[str, Any] = {
         "max_tokens": options.max_new_tokens,
         "end_id": eos_token_id,
@@ -109,18 +141,72 @@ def to_sampling_params(options: SamplingOptions, eos_token_id: int, pad_token_id
         kwargs["presence_penalty"] = options.presence_penalty
     if options.frequency_penalty != 0.0:
         kwargs["frequency_penalty"] = options.frequency_penalty
+    if (options.presence_penalty or options.frequency_penalty) and prompt_len > 0:
+        # Upstream counts prompt tokens too unless told to skip them (PR #8127, in 1.2.0).
+        kwargs["prompt_ignore_length"] = prompt_len
     stop_ids = [t for t in dict.fromkeys(options.stop_token_ids) if t != eos_token_id]
     if stop_ids:
         kwargs["stop_token_ids"] = stop_ids
+    if options.ignore_eos:
+        kwargs["ignore_eos"] = True
+    if options.min_tokens > 0:
+        kwargs["min_tokens"] = options.min_tokens  # EOS and stop ids wait this many tokens
+    if options.logprobs is not None:
+        # 0 (the chosen token only) would read as "off" (`self.logprobs and int(...)`):
+        # ask for top-1, which always holds the chosen token, and keep what was asked.
+        kwargs["logprobs"] = max(options.logprobs, 1)
+    if options.guided is not None:
+        if options.guided.kind == "json_object":
+            kwargs["guided_decoding"] = GuidedDecodingParams(json_object=True)
+        else:
+            kwargs["guided_decoding"] = GuidedDecodingParams(json=options.guided.json_schema)
     try:
         return SamplingParams(**kwargs)
     except ValueError as exc:  # SamplingParams._validate: top_p / top_k / temperature range
         raise EngineRequestError(f"invalid sampling options: {exc}") from None
 
 
-class TrtLlmEngine:
-    """One TensorRT-LLM engine; concurrent `generate` calls are batched in flight by the
-    C++ executor. Must be used from one asyncio event loop: `generate_async` binds each
+def to_token_logprobs(token_ids: list[int], entries: list[Any], k: int) -> list[TokenLogprob]:
+    """`CompletionOutput.logprobs` entries ({token id: Logprob(logprob, rank)}, one per
+    token, the top-k and the chosen one) as ours: the chosen token's logprob and the k best."""
+    if len(entries) < len(token_ids):
+        raise EngineError(
+            f"TensorRT-LLM returned {len(entries)} logprobs for {len(token_ids)} tokens"
+        )
+    out: list[TokenLogprob] = []
+    for token, entry in zip(token_ids, entries, strict=False):
+        if token not in entry:
+            raise EngineError(f"TensorRT-LLM returned no logprob for the chosen token {token}")
+        ranked = sorted(entry.items(), key=lambda kv: -float(kv[1].logprob))
+        top = tuple((int(t), float(lp.logprob)) for t, lp in ranked[:k])
+        out.append(TokenLogprob(token_id=token, logprob=float(entry[token].logprob), top=top))
+    return out
+
+
+def kv_usage_from_stat(stat: Any) -> float | None:
+    """usedNumBlocks / maxNumBlocks of one iteration stat (a dict, or its JSON text)."""
+    if isinstance(stat, str | bytes):
+        stat = json.loads(stat)
+    kv = stat.get("kvCacheStats") if isinstance(stat, dict) else None
+    if not isinstance(kv, dict):
+        return None
+    used, total = kv.get("usedNumBlocks"), kv.get("maxNumBlocks")
+    if not isinstance(used, int | float) or not isinstance(total, int | float) or total <= 0:
+        return None
+    return min(max(float(used) / float(total), 0.0), 1.0)
+
+
+def scheduler_config(settings: Settings) -> Any:
+    """`SchedulerConfig(capacity_scheduler_policy=...)` (llmapi/llm_args.py) from settings."""
+    from tensorrt_llm.llmapi import CapacitySchedulerPolicy, SchedulerConfig
+
+    policy = CapacitySchedulerPolicy[settings.trtllm_capacity_scheduler_policy.upper()]
+    return SchedulerConfig(capacity_scheduler_policy=policy)
+
+
+class LlmApiEngine:
+    """One TensorRT-LLM LLM-API instance; concurrent `generate` calls are batched in flight
+    by the executor. Must be used from one asyncio event loop: `generate_async` binds each
     result's queue to the loop running when it is called (`executor/result.py`)."""
 
     def __init__(
@@ -132,19 +218,208 @@ class TrtLlmEngine:
         pad_token_id: int | None = None,
         info: EngineInfo | None = None,
         request_error: type[BaseException] | None = None,
+        logprobs_unavailable: str | None = None,
     ) -> None:
         self.llm = llm
         self.limits = limits
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
         self.info = info or EngineInfo(name="tensorrt_llm")
+        self.logprobs_unavailable = logprobs_unavailable
         # tensorrt_llm's RequestError: a per-request failure that leaves the engine healthy.
         self._request_error: tuple[type[BaseException], ...] = (
             (request_error,) if request_error else ()
         )
         self._results: dict[str, Any] = {}  # our request id -> RequestOutput
+        self._aborted: set[str] = set()  # request ids already cancelled in the executor
         self._fatal: BaseException | None = None
         self._shut_down = False
+        self._kv_usage = 0.0
+        self._stats_at = -math.inf  # monotonic time of the last stats poll
+        self._stats_task: asyncio.Task[None] | None = None
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
+    ) -> AsyncIterator[TokenDelta]:
+        if request_id in self._results:
+            raise EngineRequestError(f"request id {request_id!r} is already generating")
+        max_new = self._room_for(prompt_ids, sampling.max_new_tokens)
+        params = to_sampling_params(
+            replace(sampling, max_new_tokens=max_new),
+            self.eos_token_id,
+            self.pad_token_id,
+            prompt_len=len(prompt_ids),
+            logprobs_unavailable=self.logprobs_unavailable,
+        )
+        stop_ids = set(sampling.stop_token_ids)
+        if not sampling.ignore_eos:
+            stop_ids.add(self.eos_token_id)
+        try:
+            result = self.llm.generate_async(
+                list(prompt_ids), sampling_params=params, streaming=True
+            )
+        except ValueError as exc:  # refused for its inputs (_check_arguments, SamplingParams)
+            raise EngineRequestError(str(exc)) from None
+        except Exception as exc:
+            raise self._failed(request_id, exc) from exc
+        self._results[request_id] = result
+        self._aborted.discard(request_id)
+        count = 0
+        finished = False
+        try:
+            async for output in result:
+                completion = output.outputs[0]
+                tokens = list(completion.token_ids_diff)
+                entries = list(completion.logprobs_diff) if sampling.logprobs is not None else []
+                count += len(tokens)
+                reason = None
+                if output.finished:
+                    reason = FINISH_REASONS.get(completion.finish_reason or "")
+                    if reason is None:  # not reported: infer it from the count
+                        reason = "length" if count >= max_new else "stop"
+                    # Whether the runtime returns the end token is not pinned down; we never do.
+                    if reason == "stop" and tokens and tokens[-1] in stop_ids:
+                        tokens.pop()
+                        entries = entries[: len(tokens)]
+                if tokens or reason:
+                    finished = reason is not None
+                    logprobs = (
+                        to_token_logprobs(tokens, entries, sampling.logprobs)
+                        if sampling.logprobs is not None
+                        else None
+                    )
+                    yield TokenDelta(token_ids=tokens, finish_reason=reason, logprobs=logprobs)
+                if finished:
+                    return
+            finished = True
+            yield TokenDelta(token_ids=[], finish_reason="stop")  # ended without a reason
+        except Exception as exc:
+            raise self._failed(request_id, exc) from exc
+        finally:
+            # Client gone (aclose -> GeneratorExit, task cancelled -> CancelledError) or an
+            # error: free the sequence's batch slot and KV cache now, not at max_tokens.
+            self._results.pop(request_id, None)
+            if not finished:
+                self._abort_result(request_id, result)
+            self._aborted.discard(request_id)
+
+    def abort(self, request_id: str) -> None:
+        result = self._results.get(request_id)
+        if result is not None:
+            self._abort_result(request_id, result)
+
+    def num_running(self) -> int:
+        return len(self._results)
+
+    def is_healthy(self) -> bool:
+        if self._shut_down or self._fatal is not None:
+            return False
+        # LLM.shutdown() sets `_executor` to None, and a fatal background error shuts the
+        # executor down (`executor/executor.py`: is_shutdown()). Private, so read with care.
+        if not hasattr(self.llm, "_executor"):
+            return True
+        executor = self.llm._executor
+        if executor is None:
+            return False
+        is_shutdown = getattr(executor, "is_shutdown", None)
+        return not (callable(is_shutdown) and is_shutdown())
+
+    def shutdown(self) -> None:
+        """Stop the executor and its MPI workers (the end of the drain calls this)."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+        try:
+            self.llm.shutdown()
+        except Exception:  # shutting down anyway: say so, never raise from the drain
+            log.warning("TensorRT-LLM shutdown failed", exc_info=True)
+
+    def kv_cache_usage(self) -> float:
+        """Share of the KV-cache blocks in use (0..1), from the runtime's iteration stats.
+
+        Cheap to call as often as metrics are scraped: it returns the last value read and, at
+        most once per STATS_INTERVAL_S, starts one background poll on the running loop. No
+        request running means no block held (reusable blocks count as free), so 0.
+        """
+        if not self._results:
+            return 0.0
+        due = time.monotonic() - self._stats_at >= STATS_INTERVAL_S
+        if due and self._stats_task is None and not self._shut_down:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # called off the loop: keep the last value
+                return self._kv_usage
+            self._stats_at = time.monotonic()
+            self._stats_task = loop.create_task(self._poll_kv_usage())
+        return self._kv_usage
+
+    async def _poll_kv_usage(self) -> None:
+        try:
+            started = time.monotonic()
+            latest: float | None = None
+            async for stat in self.llm.get_stats_async(timeout=STATS_TIMEOUT_S):
+                usage = kv_usage_from_stat(stat)
+                latest = usage if usage is not None else latest
+                if time.monotonic() - started > STATS_READ_S:
+                    break
+            if latest is not None:
+                self._kv_usage = latest
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a gauge must never hurt serving
+            log.debug("reading TensorRT-LLM iteration stats failed", exc_info=True)
+        finally:
+            self._stats_at = time.monotonic()
+            self._stats_task = None
+
+    def _room_for(self, prompt_ids: list[int], max_new_tokens: int) -> int:
+        """Output tokens this prompt may have: what was asked, within max_seq_len. With
+        chunked prefill the LLM API does not check this itself (see the module docstring)."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise EngineRequestError("the prompt is empty")
+        if n > self.limits.max_input_len:
+            raise EngineRequestError(
+                f"the prompt has {n} tokens; this engine accepts at most "
+                f"{self.limits.max_input_len}"
+            )
+        room = self.limits.max_seq_len - n
+        if room < 1:
+            raise EngineRequestError(
+                f"the prompt has {n} tokens, leaving no room for output within "
+                f"max_seq_len {self.limits.max_seq_len}"
+            )
+        if max_new_tokens < 1:
+            raise EngineRequestError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        return min(max_new_tokens, room)
+
+    def _abort_result(self, request_id: str, result: Any) -> None:
+        """Cancel in the executor, once per request (abort() only queues the cancel, and the
+        stream's own cleanup would send a second one)."""
+        if getattr(result, "finished", False) or request_id in self._aborted:
+            return
+        self._aborted.add(request_id)
+        try:
+            result.abort()
+        except Exception:  # the executor may already be gone; nothing left to free
+            log.warning("abort of request %s failed", request_id, exc_info=True)
+
+    def _failed(self, request_id: str, exc: BaseException) -> EngineError:
+        """An EngineError for `exc`; marks the engine unhealthy unless it is per-request."""
+        if isinstance(exc, EngineError):
+            return exc
+        if self._request_error and isinstance(exc, self._request_error):
+            return EngineError(f"request {request_id} failed in TensorRT-LLM: {exc}")
+        if not isinstance(exc, asyncio.CancelledError):
+            self._fatal = exc
+            log.error("TensorRT-LLM executor failed; engine is now unhealthy: %r", exc)
+        return EngineError(f"TensorRT-LLM engine failed: {exc}")
+
+
+class TrtLlmEngine(LlmApiEngine):
+    """A TensorRT engine directory built by `python build.py engine`."""
 
     @classmethod
     def load(
@@ -180,21 +455,26 @@ class TrtLlmEngine:
             tokenizer_vocab_size=tokenizer_vocab_size,
         )
         config = read_engine_config(engine_dir)
+        build_config = config.get("build_config", {})
         # Prompts longer than the engine's max_num_tokens need chunked prefill
         # (llmapi/llm_args.py: enable_chunked_prefill, default False), which needs an
         # engine built with paged context FMHA, as `build.py engine` builds them.
-        plugins = config.get("build_config", {}).get("plugin_config", {})
-        chunked = bool(plugins.get("use_paged_context_fmha"))
+        chunked = bool(build_config.get("plugin_config", {}).get("use_paged_context_fmha"))
+        # Logprobs come from the generation logits, which the engine must gather
+        # (`_check_arguments`: logprobs need LLM(gather_generation_logits=True)).
+        gathers_logits = bool(build_config.get("gather_generation_logits"))
+        kwargs: dict[str, Any] = {
+            "kv_cache_config": KvCacheConfig(
+                free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction
+            ),
+            "scheduler_config": scheduler_config(settings),
+            "enable_chunked_prefill": chunked,
+            "guided_decoding_backend": "xgrammar",
+        }
+        if gathers_logits:
+            kwargs["gather_generation_logits"] = True
         try:
-            llm = LLM(
-                model=str(engine_dir),
-                tokenizer=None,
-                skip_tokenizer_init=True,
-                kv_cache_config=KvCacheConfig(
-                    free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction
-                ),
-                enable_chunked_prefill=chunked,
-            )
+            llm = LLM(model=str(engine_dir), tokenizer=str(engine_dir), **kwargs)
         except Exception as exc:
             raise EngineError(f"TensorRT-LLM could not start {engine_dir}: {exc}") from exc
         limits = effective_limits(built, settings)
@@ -210,7 +490,9 @@ class TrtLlmEngine:
                 "world_size": world_size(config),
                 "built_limits": vars(built),
                 "kv_cache_free_gpu_memory_fraction": settings.kv_cache_free_gpu_memory_fraction,
+                "capacity_scheduler_policy": settings.trtllm_capacity_scheduler_policy,
                 "chunked_prefill": chunked,
+                "logprobs": gathers_logits,
             },
         )
         return cls(
@@ -220,120 +502,13 @@ class TrtLlmEngine:
             pad_token_id=pad_token_id,
             info=info,
             request_error=RequestError,
+            logprobs_unavailable=None
+            if gathers_logits
+            else (
+                "logprobs are not available from this TensorRT engine: it was built without "
+                "gather_generation_logits (serve the checkpoint with engine=trtllm_pytorch)"
+            ),
         )
-
-    async def generate(
-        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
-    ) -> AsyncIterator[TokenDelta]:
-        if request_id in self._results:
-            raise EngineRequestError(f"request id {request_id!r} is already generating")
-        max_new = self._room_for(prompt_ids, sampling.max_new_tokens)
-        params = to_sampling_params(
-            replace(sampling, max_new_tokens=max_new), self.eos_token_id, self.pad_token_id
-        )
-        stop_ids = {self.eos_token_id, *sampling.stop_token_ids}
-        try:
-            result = self.llm.generate_async(
-                list(prompt_ids), sampling_params=params, streaming=True
-            )
-        except ValueError as exc:  # refused for its inputs (_check_arguments, SamplingParams)
-            raise EngineRequestError(str(exc)) from None
-        except Exception as exc:
-            raise self._failed(request_id, exc) from exc
-        self._results[request_id] = result
-        count = 0
-        finished = False
-        try:
-            async for output in result:
-                completion = output.outputs[0]
-                tokens = list(completion.token_ids_diff)
-                count += len(tokens)
-                reason = None
-                if output.finished:
-                    reason = FINISH_REASONS.get(completion.finish_reason or "")
-                    if reason is None:  # not reported: infer it from the count
-                        reason = "length" if count >= max_new else "stop"
-                    # Whether the runtime returns the end token is not pinned down; we never do.
-                    if reason == "stop" and tokens and tokens[-1] in stop_ids:
-                        tokens.pop()
-                if tokens or reason:
-                    finished = reason is not None
-                    yield TokenDelta(token_ids=tokens, finish_reason=reason)
-                if finished:
-                    return
-            finished = True
-            yield TokenDelta(token_ids=[], finish_reason="stop")  # ended without a reason
-        except Exception as exc:
-            raise self._failed(request_id, exc) from exc
-        finally:
-            # Client gone (aclose -> GeneratorExit, task cancelled -> CancelledError) or an
-            # error: free the sequence's batch slot and KV cache now, not at max_tokens.
-            self._results.pop(request_id, None)
-            if not finished:
-                self._abort_result(request_id, result)
-
-    def abort(self, request_id: str) -> None:
-        result = self._results.get(request_id)
-        if result is not None:
-            self._abort_result(request_id, result)
-
-    def is_healthy(self) -> bool:
-        if self._shut_down or self._fatal is not None:
-            return False
-        # LLM.shutdown() sets `_executor` to None, and a fatal background error shuts the
-        # executor down (`executor/executor.py`: is_shutdown()). Private, so read with care.
-        if not hasattr(self.llm, "_executor"):
-            return True
-        executor = self.llm._executor
-        if executor is None:
-            return False
-        is_shutdown = getattr(executor, "is_shutdown", None)
-        return not (callable(is_shutdown) and is_shutdown())
-
-    def shutdown(self) -> None:
-        if self._shut_down:
-            return
-        self._shut_down = True
-        self.llm.shutdown()
-
-    def _room_for(self, prompt_ids: list[int], max_new_tokens: int) -> int:
-        """Output tokens this prompt may have: what was asked, within max_seq_len."""
-        n = len(prompt_ids)
-        if n == 0:
-            raise EngineRequestError("the prompt is empty")
-        if n > self.limits.max_input_len:
-            raise EngineRequestError(
-                f"the prompt has {n} tokens; this engine accepts at most "
-                f"{self.limits.max_input_len}"
-            )
-        room = self.limits.max_seq_len - n
-        if room < 1:
-            raise EngineRequestError(
-                f"the prompt has {n} tokens, leaving no room for output within "
-                f"max_seq_len {self.limits.max_seq_len}"
-            )
-        if max_new_tokens < 1:
-            raise EngineRequestError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        return min(max_new_tokens, room)
-
-    def _abort_result(self, request_id: str, result: Any) -> None:
-        if getattr(result, "finished", False):
-            return
-        try:
-            result.abort()
-        except Exception:  # the executor may already be gone; nothing left to free
-            log.warning("abort of request %s failed", request_id, exc_info=True)
-
-    def _failed(self, request_id: str, exc: BaseException) -> EngineError:
-        """An EngineError for `exc`; marks the engine unhealthy unless it is per-request."""
-        if isinstance(exc, EngineError):
-            return exc
-        if self._request_error and isinstance(exc, self._request_error):
-            return EngineError(f"request {request_id} failed in TensorRT-LLM: {exc}")
-        if not isinstance(exc, asyncio.CancelledError):
-            self._fatal = exc
-            log.error("TensorRT-LLM executor failed; engine is now unhealthy: %r", exc)
-        return EngineError(f"TensorRT-LLM engine failed: {exc}")
 
 
 def effective_limits(built: EngineLimits, settings: Settings) -> EngineLimits:

@@ -27,8 +27,9 @@ def _one_or_list(v: object) -> object:
 
 
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
+# A string or a list of strings (use as `Stop | None`).
 Stop = Annotated[
-    list[StopString] | None, BeforeValidator(_one_or_list), Field(max_length=MAX_STOP_STRINGS)
+    list[StopString], BeforeValidator(_one_or_list), Field(max_length=MAX_STOP_STRINGS)
 ]
 MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0)]

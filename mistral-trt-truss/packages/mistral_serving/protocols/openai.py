@@ -97,7 +97,7 @@ class _Common(StrictModel):
     max_tokens: MaxTokens | None = None
     temperature: Temperature = 1.0
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    stop: Stop = None
+    stop: Stop | None = None
     seed: Seed | None = None
     presence_penalty: AdditivePenalty = 0.0
     frequency_penalty: AdditivePenalty = 0.0

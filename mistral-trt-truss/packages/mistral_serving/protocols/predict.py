@@ -53,7 +53,7 @@ class PredictRequest(StrictModel):
     top_p: float = Field(0.0, ge=0.0, le=1.0, description="0 or 1: off")
     streaming: bool = False
     streaming_interval: int = Field(3, ge=1, le=1024)
-    stop: Stop = None
+    stop: Stop | None = None
     seed: Seed | None = None
     repetition_penalty: RepetitionPenalty = 1.0
     presence_penalty: AdditivePenalty = 0.0

@@ -2,8 +2,10 @@
 
 Every manifest passes kubernetes-validate --strict; probes hit routes the installed Truss
 server really serves; GPU, node selector and resources follow DeploySettings; no secret
-value is in the repo; the pod drains before SIGKILL; it runs as non-root; the HPA scales
-on the service's queue gauges; and k8s/ in the repo is exactly what the settings render.
+value is in the repo and README, docs and k8s/ name one Secret; the pod drains before
+SIGKILL; it runs as non-root; the HPA scales on the service's queue gauges; nothing is
+rendered from placeholders; and k8s/ in the repo is exactly what k8s/values.yaml.example
+renders.
 """
 
 from __future__ import annotations
@@ -17,24 +19,32 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mistral_build import manifests
+from mistral_build import k8s
 from mistral_build.cli import main as build_main
-from mistral_build.deploy_settings import (
-    GKE_ACCELERATORS,
-    DeploySettings,
-    DeploySettingsError,
-    load_deploy_settings,
-)
-from mistral_build.image import truss_config, truss_server_dir
-from mistral_build.paths import K8S_DIR
+from mistral_build.deploy_settings import GKE_ACCELERATORS, DeploySettings, load_deploy_settings
+from mistral_build.image import truss_server_dir
+from mistral_build.paths import K8S_DIR, REPO_ROOT
+from mistral_build.truss_config import truss_config
 from mistral_serving.settings import Settings
 
 # Oldest GKE minor we expect to deploy on, and the newest schema kubernetes-validate has.
 K8S_VERSIONS = ["1.31", kubernetes_validate.latest_version()]
+EXAMPLE = load_deploy_settings(k8s.EXAMPLE_VALUES_FILE)
+SHA = "89abcdef" * 5
+
+
+def deployable(**values: Any) -> DeploySettings:
+    """Example settings with changes (what a values file gives)."""
+    return DeploySettings(**{**EXAMPLE.model_dump(), **values})
 
 
 def rendered(settings: DeploySettings | None = None) -> dict[str, dict[str, Any]]:
-    return manifests.render_manifests(settings or DeploySettings())
+    return k8s.render_manifests(settings or EXAMPLE)
+
+
+def applied_files() -> list[Path]:
+    # `kubectl apply -f DIR` reads DIR's *.json, *.yaml, *.yml files, not subfolders.
+    return sorted(p for p in K8S_DIR.iterdir() if p.suffix in (".json", ".yaml", ".yml"))
 
 
 def container(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -73,7 +83,7 @@ def handler_for(path: str) -> str | None:
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
-@pytest.mark.parametrize("name", sorted(set(rendered()) - {manifests.PODMONITORING_FILE}))
+@pytest.mark.parametrize("name", sorted(n for n in rendered() if "/" not in n))
 def test_every_manifest_is_valid_kubernetes_strict(name: str, version: str) -> None:
     obj = yaml.safe_load((K8S_DIR / name).read_text())
     kubernetes_validate.validate(obj, version, strict=True)
@@ -88,7 +98,7 @@ def test_strict_validation_rejects_an_unknown_field() -> None:
 
 @pytest.mark.parametrize("gpu_type", sorted(GKE_ACCELERATORS))
 def test_other_settings_render_valid_manifests(gpu_type: str, tmp_path: Path) -> None:
-    s = DeploySettings(
+    s = deployable(
         gpu_type=gpu_type,
         gpu_count=2,
         replicas=2,
@@ -98,13 +108,14 @@ def test_other_settings_render_valid_manifests(gpu_type: str, tmp_path: Path) ->
         metrics_adapter="prometheus-adapter",
     )
     for name, obj in rendered(s).items():
-        kubernetes_validate.validate(obj, K8S_VERSIONS[-1], strict=True)
+        if "/" not in name:  # core objects; the gateway/ CRs: test_gateway.py
+            kubernetes_validate.validate(obj, K8S_VERSIONS[-1], strict=True)
         assert obj["metadata"]["namespace"] == "llm", name
 
 
 def test_podmonitoring_selects_the_pods_and_scrapes_metrics() -> None:
     objs = rendered()
-    pm = yaml.safe_load((K8S_DIR / manifests.PODMONITORING_FILE).read_text())
+    pm = yaml.safe_load((K8S_DIR / k8s.PODMONITORING_FILE).read_text())
     assert pm["apiVersion"] == "monitoring.googleapis.com/v1"
     assert pm["kind"] == "PodMonitoring"
     pod_labels = objs["deployment.yaml"]["spec"]["template"]["metadata"]["labels"]
@@ -117,24 +128,90 @@ def test_podmonitoring_selects_the_pods_and_scrapes_metrics() -> None:
 # --- no drift ----------------------------------------------------------------------------
 
 
-def test_k8s_folder_equals_what_build_py_manifests_renders(tmp_path: Path) -> None:
-    assert manifests.drift(DeploySettings(), K8S_DIR) == []
-    assert build_main(["manifests", "--out", str(tmp_path)]) == 0
+def test_k8s_folder_equals_what_the_example_values_render(tmp_path: Path) -> None:
+    values = k8s.EXAMPLE_VALUES_FILE
+    assert k8s.drift(EXAMPLE, K8S_DIR, values) == []
+    assert build_main(["manifests", "--values", str(values), "--check"]) == 0
+    assert build_main(["manifests", "--values", str(values), "--out", str(tmp_path)]) == 0
     ours = {p.relative_to(tmp_path): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
-    repo = {p.relative_to(K8S_DIR): p.read_text() for p in K8S_DIR.rglob("*") if p.is_file()}
+    repo = {
+        p.relative_to(K8S_DIR): p.read_text()
+        for p in K8S_DIR.rglob("*")
+        if p.is_file() and p != values
+    }
     assert ours == repo
+    for text in repo.values():
+        assert "values: k8s/values.yaml.example" in text.splitlines()[1]
 
 
-def test_drift_is_detected(tmp_path: Path) -> None:
-    manifests.write_manifests(DeploySettings(), tmp_path)
+def test_drift_is_detected_and_hand_written_files_are_kept(tmp_path: Path) -> None:
+    s = deployable(gateway=True)
+    k8s.write_manifests(s, tmp_path)
     (tmp_path / "service.yaml").write_text((tmp_path / "service.yaml").read_text() + "# edit\n")
-    (tmp_path / "extra.yaml").write_text("kind: ConfigMap\n")
-    problems = manifests.drift(DeploySettings(), tmp_path)
+    (tmp_path / "stale.yaml").write_text(k8s.HEADER_MARK + "\nkind: ConfigMap\n")
+    (tmp_path / "mine.yaml").write_text("kind: ConfigMap\n")  # not ours: never touched
+    problems = k8s.drift(s, tmp_path)
     assert len(problems) == 2
-    assert build_main(["manifests", "--out", str(tmp_path), "--check"]) == 1
-    assert build_main(["manifests", "--out", str(tmp_path)]) == 0
-    assert not (tmp_path / "extra.yaml").exists()
-    assert build_main(["manifests", "--out", str(tmp_path), "--check"]) == 0
+    values = tmp_path / "v.yaml"
+    values.write_text(yaml.safe_dump(s.model_dump(mode="json")))
+    args = ["manifests", "--values", str(values), "--out", str(tmp_path)]
+    assert build_main([*args, "--check"]) == 1
+    assert build_main(args) == 0
+    assert not (tmp_path / "stale.yaml").exists() and (tmp_path / "mine.yaml").exists()
+    assert build_main([*args, "--check"]) == 0
+    # Without the gateway, its generated folder goes as a whole.
+    assert build_main([*args, "--set", "max_inflight=8"]) == 0
+    values.write_text(yaml.safe_dump({**s.model_dump(mode="json"), "gateway": False}))
+    assert build_main(args) == 0
+    assert not (tmp_path / "gateway").exists()
+
+
+# --- nothing is rendered from placeholders ---------------------------------------------
+
+
+def test_defaults_alone_render_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "k8s"
+    assert build_main(["manifests", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "image, artifact, artifact_revision" in err and "--values" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not out.exists()
+    # `python build.py` without a command refuses the same way, before rendering anything.
+    assert build_main([]) == 2
+    assert "--values" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "revision", ["main", "v1.0", "refs/pr/1", "0123456", "A" * 40, "0123456789abcdef" * 3]
+)
+def test_a_revision_must_be_a_commit_sha(revision: str, capsys: pytest.CaptureFixture[str]) -> None:
+    values = ["--values", str(k8s.EXAMPLE_VALUES_FILE), "--check"]
+    assert build_main(["manifests", *values, "--revision", revision]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "artifact_revision" in err and "40-hex commit sha" in err
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"image": "us-central1-docker.pkg.dev/my-gcp-project/llm/mistral-trt-truss"},
+        {"artifact": "my-hf-org/mistral-7b-instruct-v0.2-trtllm-a100-tp1"},
+        {"image": "REGION-docker.pkg.dev/PROJECT/llm/x"},
+    ],
+)
+def test_documentation_placeholders_are_refused(values: dict[str, str]) -> None:
+    with pytest.raises(k8s.DeploySettingsError, match="invalid deploy settings"):
+        load_deploy_settings(k8s.EXAMPLE_VALUES_FILE, values)
+
+
+def test_committed_manifests_name_only_example_values() -> None:
+    dep = yaml.safe_load((K8S_DIR / "deployment.yaml").read_text())
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert "example-project" in c["image"]
+    assert env["MTT_ARTIFACT"].startswith("example-org/")
+    assert re.fullmatch(r"[0-9a-f]{40}", env["MTT_ARTIFACT_REVISION"])
 
 
 # --- the pod waits for its engine, serves only when ready --------------------------------
@@ -154,7 +231,7 @@ def test_probes_point_at_the_truss_servers_routes() -> None:
 
 def test_startup_probe_allows_the_whole_engine_download_and_load() -> None:
     for timeout in (1800, 2400):
-        c = container(rendered(DeploySettings(startup_timeout_seconds=timeout)))
+        c = container(rendered(deployable(startup_timeout_seconds=timeout)))
         p = c["startupProbe"]
         assert p["periodSeconds"] * p["failureThreshold"] >= timeout
     # The default budget: 30 minutes.
@@ -170,30 +247,49 @@ def test_startup_probe_allows_the_whole_engine_download_and_load() -> None:
 def test_rollout_waits_for_the_new_pod_and_its_deadline_covers_startup() -> None:
     spec = rendered()["deployment.yaml"]["spec"]
     assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
-    assert spec["progressDeadlineSeconds"] > DeploySettings().startup_timeout_seconds
+    assert spec["progressDeadlineSeconds"] > EXAMPLE.startup_timeout_seconds
 
 
 # --- the pod drains on shutdown ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("drain", [0, 30, 60, 90.5, 600])
-def test_grace_period_fits_pre_stop_plus_drain_plus_margin(drain: float) -> None:
-    s = DeploySettings(drain_grace_seconds=drain)
+def pod_settings(c: dict[str, Any]) -> Settings:
+    """What the pod's server loads: config.yaml's model_metadata, then the MTT_* env."""
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    return Settings.load(truss_config()["model_metadata"], env=env)
+
+
+@pytest.mark.parametrize("drain", [None, 0, 30, 90.5, 600])
+def test_grace_period_fits_pre_stop_plus_the_servers_drain_plus_margin(drain: float | None) -> None:
+    s = deployable(serving={} if drain is None else {"drain_grace_seconds": drain})
     objs = rendered(s)
     c = container(objs)
     grace = pod_spec(objs)["terminationGracePeriodSeconds"]
     sleep = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
     assert c["lifecycle"]["preStop"]["exec"]["command"][0] == "sleep"
-    served_drain = float(env_of(c)["MTT_DRAIN_GRACE_SECONDS"]["value"])
-    assert served_drain == drain
+    served_drain = pod_settings(c).drain_grace_seconds
+    assert served_drain == (Settings().drain_grace_seconds if drain is None else drain)
     assert grace >= sleep + math.ceil(served_drain) + 10
 
 
-def test_drain_setting_reaches_the_server_under_its_settings_name() -> None:
-    env = env_of(container(rendered()))
-    settings = Settings.load({}, env={k: v["value"] for k, v in env.items() if "value" in v})
-    assert settings.drain_grace_seconds == DeploySettings().drain_grace_seconds
-    assert settings.cache_dir == DeploySettings().cache_dir
+@pytest.mark.parametrize("cache_dir", [None, "/models/cache"])
+def test_engine_cache_volume_is_mounted_where_the_server_caches(cache_dir: str | None) -> None:
+    s = deployable(serving={} if cache_dir is None else {"cache_dir": cache_dir})
+    c = container(rendered(s))
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    home = env["HOME"]
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    served = pod_settings(c).cache_dir
+    expected = served.replace("~", home, 1) if served.startswith("~") else served
+    assert mounts["engine-cache"] == expected
+    assert expected.startswith("/")
+    if cache_dir is None:  # the Settings default, not a copy of it
+        assert "MTT_CACHE_DIR" not in env and served == Settings().cache_dir
+
+
+def test_a_relative_cache_dir_is_refused() -> None:
+    with pytest.raises(k8s.DeploySettingsError, match="absolute"):
+        load_deploy_settings(k8s.EXAMPLE_VALUES_FILE, {"serving": {"cache_dir": "cache"}})
 
 
 # --- GPU, placement, resources -----------------------------------------------------------
@@ -202,7 +298,7 @@ def test_drain_setting_reaches_the_server_under_its_settings_name() -> None:
 @pytest.mark.parametrize("gpu_type,label", sorted(GKE_ACCELERATORS.items()))
 @pytest.mark.parametrize("count", [1, 2, 4])
 def test_gpu_limit_and_node_selector_follow_settings(gpu_type: str, label: str, count: int) -> None:
-    objs = rendered(DeploySettings(gpu_type=gpu_type, gpu_count=count))
+    objs = rendered(deployable(gpu_type=gpu_type, gpu_count=count))
     res = container(objs)["resources"]
     assert res["limits"]["nvidia.com/gpu"] == str(count)
     assert res["requests"]["nvidia.com/gpu"] == str(count)
@@ -227,28 +323,17 @@ def test_cpu_memory_and_ephemeral_storage_are_requested() -> None:
     assert res["limits"]["memory"] and res["limits"]["ephemeral-storage"]
 
 
-def test_shm_is_memory_and_engine_cache_is_mounted_at_cache_dir() -> None:
+def test_shm_is_memory_and_engine_cache_is_an_empty_dir_or_a_claim() -> None:
     objs = rendered()
     c = container(objs)
     volumes = {v["name"]: v for v in pod_spec(objs)["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
-    assert mounts[DeploySettings().cache_dir] == "engine-cache"
-    assert DeploySettings().cache_dir == "/app/model_cache"
     assert "emptyDir" in volumes["engine-cache"]
     assert "/tmp" in mounts
-    pvc = rendered(DeploySettings(cache_pvc="shared-engines"))
+    pvc = rendered(deployable(cache_pvc="shared-engines"))
     vol = {v["name"]: v for v in pod_spec(pvc)["volumes"]}["engine-cache"]
     assert vol == {"name": "engine-cache", "persistentVolumeClaim": {"claimName": "shared-engines"}}
-
-
-def test_config_yaml_resources_agree_with_deploy_settings() -> None:
-    res = truss_config()["resources"]
-    s = DeploySettings()
-    assert res["accelerator"] == s.truss_accelerator
-    assert str(res["cpu"]) == s.cpu_request
-    assert res["memory"] == s.memory_request
-    assert truss_config()["model_metadata"]["cache_dir"] == s.cache_dir
 
 
 # --- secrets -----------------------------------------------------------------------------
@@ -261,10 +346,30 @@ def test_hf_token_comes_from_a_required_secret_reference() -> None:
     assert "value" not in token
     ref = token["valueFrom"]["secretKeyRef"]
     assert ref["optional"] is False
-    secret = objs[manifests.SECRET_TEMPLATE_FILE]
-    assert ref["name"] == secret["metadata"]["name"]
+    secret = objs[k8s.SECRET_TEMPLATE_FILE]
+    assert ref["name"] == secret["metadata"]["name"] == EXAMPLE.hf_token_secret
     assert ref["key"] in secret["stringData"]
     assert "hf_access_token" in truss_config()["secrets"]
+
+
+def test_readme_docs_and_build_py_create_the_secret_the_pod_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dep = yaml.safe_load((K8S_DIR / "deployment.yaml").read_text())
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    ref = env_of(c)["TRUSS_SECRET_hf_access_token"]["valueFrom"]["secretKeyRef"]
+    pattern = re.compile(r"kubectl create secret generic (\S+)\s+(?:\\\s*)?--from-literal=(\w+)=")
+    texts = {
+        "README.md": (REPO_ROOT / "README.md").read_text(),
+        "docs/deploy.md": (REPO_ROOT / "docs" / "deploy.md").read_text(),
+        k8s.SECRET_TEMPLATE_FILE: (K8S_DIR / k8s.SECRET_TEMPLATE_FILE).read_text(),
+    }
+    assert build_main(["manifests", "--values", str(k8s.EXAMPLE_VALUES_FILE), "--out", str(tmp_path)]) == 0
+    texts["build.py manifests output"] = capsys.readouterr().out
+    for where, text in texts.items():
+        found = pattern.findall(text)
+        assert found, f"{where} does not show how to create the Secret"
+        assert set(found) == {(ref["name"], ref["key"])}, where
 
 
 def test_no_secret_values_in_k8s_folder() -> None:
@@ -278,10 +383,8 @@ def test_no_secret_values_in_k8s_folder() -> None:
                 assert "data" not in obj
 
 
-def test_kubectl_apply_on_the_folder_never_applies_the_secret_template() -> None:
-    # `kubectl apply -f DIR` reads DIR's *.json, *.yaml, *.yml files, not subfolders.
-    applied = [p for p in K8S_DIR.iterdir() if p.suffix in (".json", ".yaml", ".yml")]
-    kinds = sorted(yaml.safe_load(p.read_text())["kind"] for p in applied)
+def test_kubectl_apply_on_the_folder_applies_only_the_workload() -> None:
+    kinds = sorted(yaml.safe_load(p.read_text())["kind"] for p in applied_files())
     assert kinds == ["Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service"]
 
 
@@ -293,8 +396,8 @@ def test_runs_as_the_images_non_root_user() -> None:
     pod_sc = pod_spec(objs)["securityContext"]
     c_sc = container(objs)["securityContext"]
     assert pod_sc["runAsNonRoot"] is True and c_sc["runAsNonRoot"] is True
-    assert pod_sc["runAsUser"] == c_sc["runAsUser"] == manifests.NON_ROOT_UID != 0
-    assert pod_sc["fsGroup"] == manifests.NON_ROOT_UID
+    assert pod_sc["runAsUser"] == c_sc["runAsUser"] == k8s.NON_ROOT_UID != 0
+    assert pod_sc["fsGroup"] == k8s.NON_ROOT_UID
     assert c_sc["allowPrivilegeEscalation"] is False
     assert c_sc["capabilities"]["drop"] == ["ALL"]
     assert pod_sc["seccompProfile"]["type"] == "RuntimeDefault"
@@ -333,16 +436,19 @@ def test_pdb_selects_the_pods_and_allows_one_disruption() -> None:
 
 
 @pytest.mark.parametrize(
-    "adapter,waiting",
+    "adapter,names,waiting",
     [
-        ("gke-managed-prometheus", "prometheus.googleapis.com|mtt:num_requests_waiting|gauge"),
-        ("prometheus-adapter", "mtt:num_requests_waiting"),
+        ("gke-managed-prometheus", "mtt", "prometheus.googleapis.com|mtt:num_requests_waiting|gauge"),
+        ("prometheus-adapter", "mtt", "mtt:num_requests_waiting"),
+        ("prometheus-adapter", "vllm", "vllm:num_requests_waiting"),
     ],
 )
 def test_hpa_scales_the_deployment_on_queue_and_in_flight_gauges(
-    adapter: str, waiting: str
+    adapter: str, names: str, waiting: str
 ) -> None:
-    s = DeploySettings(metrics_adapter=adapter, replicas=2, max_replicas=5)
+    s = deployable(
+        metrics_adapter=adapter, replicas=2, max_replicas=5, serving={"metrics_names": names}
+    )
     objs = rendered(s)
     hpa = objs["hpa.yaml"]["spec"]
     assert hpa["scaleTargetRef"] == {
@@ -351,21 +457,36 @@ def test_hpa_scales_the_deployment_on_queue_and_in_flight_gauges(
         "name": objs["deployment.yaml"]["metadata"]["name"],
     }
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (2, 5)
-    names = [m["pods"]["metric"]["name"] for m in hpa["metrics"]]
+    metric_names = [m["pods"]["metric"]["name"] for m in hpa["metrics"]]
     assert all(m["type"] == "Pods" for m in hpa["metrics"])
-    assert names[0] == waiting
-    assert "mtt:num_requests_running" in names[1]
-    assert (manifests.PODMONITORING_FILE in objs) == (adapter == "gke-managed-prometheus")
+    assert metric_names[0] == waiting
+    assert f"{names}:num_requests_running" in metric_names[1]
+    assert (k8s.PODMONITORING_FILE in objs) == (adapter == "gke-managed-prometheus")
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
 
 
-# --- settings: defaults in code, a values file and flags override ------------------------
+@pytest.mark.parametrize("names", ["mtt", "vllm"])
+def test_the_gauges_the_manifests_name_are_the_ones_the_server_exports(names: str) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from mistral_serving.metrics import Metrics
+
+    registry = CollectorRegistry()
+    Metrics(registry, prefix=f"{names}:")
+    gauges = {m.name for m in registry.collect() if m.type == "gauge"}
+    s = deployable(serving={"metrics_names": names})
+    wanted = {k8s.metric_name(s, g) for g in (k8s.GAUGE_WAITING, k8s.GAUGE_RUNNING, k8s.GAUGE_KV_CACHE)}
+    assert wanted <= gauges
+
+
+# --- settings: a values file and flags override the defaults -----------------------------
 
 
 def test_values_file_and_flags_override_defaults(tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text(
-        "gpu_type: h100\ngpu_count: 2\nimage_tag: v7\nreplicas: 2\n"
+        (k8s.EXAMPLE_VALUES_FILE.read_text())
+        + "\ngpu_type: h100\ngpu_count: 2\nimage_tag: v7\nreplicas: 2\n"
         "serving:\n  max_inflight: 128\n  log_prompts: false\n"
     )
     out = tmp_path / "k8s"
@@ -381,7 +502,7 @@ def test_values_file_and_flags_override_defaults(tmp_path: Path) -> None:
             "--set",
             "max_waiting=64",
             "--revision",
-            "abc123",
+            SHA,
         ]
     )
     assert rc == 0
@@ -396,7 +517,7 @@ def test_values_file_and_flags_override_defaults(tmp_path: Path) -> None:
     assert env["MTT_MAX_INFLIGHT"] == "128"
     assert env["MTT_MAX_WAITING"] == "64"
     assert env["MTT_LOG_PROMPTS"] == "false"
-    assert env["MTT_ARTIFACT_REVISION"] == "abc123"
+    assert env["MTT_ARTIFACT_REVISION"] == SHA
 
 
 @pytest.mark.parametrize(
@@ -408,26 +529,30 @@ def test_values_file_and_flags_override_defaults(tmp_path: Path) -> None:
         {"serving": {"not_a_setting": "1"}},
         {"serving": {"max_inflight": "zero"}},
         {"serving": {"artifact": "x"}},
+        {"serving": {"metrics_names": "prom"}},
         {"name": "Bad_Name"},
+        {"hf_token_secret": "Bad Name"},
         {"unknown_field": 1},
     ],
 )
 def test_invalid_settings_are_refused_with_a_message(values: dict[str, Any]) -> None:
-    with pytest.raises(DeploySettingsError, match="invalid deploy settings"):
+    with pytest.raises(k8s.DeploySettingsError, match="invalid deploy settings"):
         load_deploy_settings(None, values)
+
+
+@pytest.mark.parametrize(
+    "text", ["- a list\n", "image: [unclosed\n", "\udcff", "gpu_count: '2'\nname: 7\n"]
+)
+def test_a_bad_values_file_is_one_line_without_a_traceback(
+    tmp_path: Path, text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    values = tmp_path / "v.yaml"
+    values.write_bytes(text.encode("utf-8", "surrogateescape"))
+    assert build_main(["manifests", "--values", str(values), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1
 
 
 def test_cli_reports_bad_settings_without_a_traceback(tmp_path: Path, capsys) -> None:
     assert build_main(["manifests", "--gpu-count", "9", "--out", str(tmp_path)]) == 2
     assert "gpu_count" in capsys.readouterr().err
-
-
-def test_hpa_metrics_are_gauges_the_service_exports() -> None:
-    from prometheus_client import CollectorRegistry
-
-    from mistral_serving.metrics import Metrics
-
-    registry = CollectorRegistry()
-    Metrics(registry)
-    gauges = {m.name for m in registry.collect() if m.type == "gauge"}
-    assert {manifests.METRIC_WAITING, manifests.METRIC_RUNNING} <= gauges

@@ -1,0 +1,340 @@
+"""`make soak`: the reliability soak on the dev model, printing figures (not a test).
+
+Phases, each against a fresh real Truss server (loopback only, bounded in count and time):
+1. the bad-input battery and random bodies: count of 5xx answers;
+2. 100 mid-stream disconnects: requests left in the engine, gauges back to 0;
+3. overload at 4x the limits for `--overload-seconds`: 429 latency p50/p99, server CPU
+   per 429 (measured while every slot is held, so the server does nothing else),
+   wrong answers (greedy answers compared with a reference), RSS before/after;
+4. SIGTERM during 64 streams: how many were cut, and when, against the grace period;
+5. a poisoned request (extreme sampling values) inside a busy batch: the other streams
+   must match a clean run byte for byte.
+
+`python tests/bench/soak.py --help`; the figures go to docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT), str(ROOT / "mistral-trt-truss" / "packages")]
+
+from mistral_build.dev_model import build_dev_model  # noqa: E402
+from mistral_build.local_server import (  # noqa: E402
+    dev_settings,
+    launch_server,
+    prepare_app_dir,
+    render_build_context,
+)
+from tests.e2e.test_hostile_input import BATTERY, OUR_ROUTES  # noqa: E402
+from tests.e2e.util import scrape  # noqa: E402
+
+PREDICT = "/v1/models/model:predict"
+
+
+class Server:
+    def __init__(self, context: Path, **settings: object) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.mkstemp(suffix=".log")[1])
+        values = dev_settings() | {k: str(v) for k, v in settings.items()}
+        self.proc = launch_server(context, self.port, values, self.log_path.open("w"))
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.25)
+        raise RuntimeError(f"server did not start:\n{self.log_path.read_text()[-3000:]}")
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def gauge(self, name: str) -> float:
+        return scrape(self.url).get((f"mtt:{name}", ()), 0.0)
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                return self.proc.wait(120)
+            except Exception:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (client.metrics uses the same definition)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+def stream(url: str, n: int, prompt: str = "busy") -> requests.Response:
+    return requests.post(
+        url + PREDICT,
+        json={"prompt": prompt, "max_new_tokens": n, "streaming": True},
+        stream=True,
+        timeout=600,
+    )
+
+
+def phase_bad_input(context: Path, fuzz: int) -> dict:
+    server = Server(context)
+    rng = random.Random(0)
+    fivexx = 0
+    cases = list(BATTERY)
+    for _ in range(fuzz):
+        route = rng.choice(OUR_ROUTES)
+        cases.append((route, rng.randbytes(rng.randrange(0, 300))))
+        body = {
+            "prompt": "hi",
+            "max_new_tokens": 2,
+            rng.choice(["temperature", "top_k", "stop", "seed", "messages"]): rng.choice(
+                [None, -1, "x", [1], {"a": 1}, 1e308, True]
+            ),
+        }
+        cases.append((route, json.dumps(body).encode()))
+    for route, body in cases:
+        r = requests.post(server.url + route, data=body, timeout=120)
+        fivexx += r.status_code >= 500
+    alive = requests.get(server.url + "/health", timeout=30).status_code == 200
+    server.stop()
+    return {"bodies": len(cases), "5xx": fivexx, "alive_after": alive}
+
+
+def phase_disconnects(context: Path, n: int = 100) -> dict:
+    server = Server(context)
+    for i in range(n):
+        r = stream(server.url, 400, f"disconnect {i}")
+        it = r.iter_content(chunk_size=None)
+        next(it)
+        r.close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and server.gauge("num_requests_running") > 0:
+        time.sleep(0.2)
+    result = {
+        "disconnects": n,
+        "running_after": server.gauge("num_requests_running"),
+        "waiting_after": server.gauge("num_requests_waiting"),
+    }
+    server.stop()
+    return result
+
+
+def phase_overload(context: Path, seconds: float) -> dict:
+    inflight, waiting = 4, 4
+    server = Server(context, max_inflight=inflight, max_waiting=waiting)
+    reference = requests.post(
+        server.url + PREDICT, json={"prompt": "reference", "max_new_tokens": 8}, timeout=120
+    ).json()["output"]
+    rss_before = server.rss_mb()
+    # CPU per 429: hold every slot and queue place with long streams, then send refusals.
+    holders = [stream(server.url, 100_000) for _ in range(inflight)]
+    for h in holders:
+        next(h.iter_content(chunk_size=None))
+    waiters = []
+    for _ in range(waiting):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        body = json.dumps({"prompt": "wait", "max_new_tokens": 4}).encode()
+        sock.sendall(
+            f"POST {PREDICT} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        waiters.append(sock)
+    while server.gauge("num_requests_waiting") < waiting:
+        time.sleep(0.1)
+    cpu_per_429 = {}
+    for size in (10, 100_000, 1_000_000):
+        body = json.dumps({"prompt": "x" * size, "max_new_tokens": 4}).encode()
+        session = requests.Session()
+        n = 200
+        cpu0 = server.cpu_seconds()
+        for _ in range(n):
+            assert session.post(server.url + PREDICT, data=body, timeout=60).status_code == 429
+        cpu_per_429[f"{size}_chars"] = round((server.cpu_seconds() - cpu0) / n * 1000, 3)
+    for h in holders:
+        h.close()
+    for s in waiters:
+        s.close()
+    time.sleep(1)
+    # 4x the limits for `seconds`: 4 * (inflight + waiting) clients in a loop.
+    clients = 4 * (inflight + waiting)
+    latencies_429: list[float] = []
+    ok = wrong = errors = 0
+    lock = threading.Lock()
+    end = time.monotonic() + seconds
+
+    def client() -> None:
+        nonlocal ok, wrong, errors
+        session = requests.Session()
+        while time.monotonic() < end:
+            started = time.monotonic()
+            r = session.post(
+                server.url + PREDICT, json={"prompt": "reference", "max_new_tokens": 8}, timeout=120
+            )
+            took = time.monotonic() - started
+            with lock:
+                if r.status_code == 429:
+                    latencies_429.append(took)
+                elif r.status_code == 200:
+                    ok += 1
+                    wrong += r.json()["output"] != reference
+                else:
+                    errors += 1
+            if r.status_code == 429:
+                time.sleep(0.05)
+
+    cpu0 = server.cpu_seconds()
+    with ThreadPoolExecutor(clients) as pool:
+        for _ in range(clients):
+            pool.submit(client)
+    cpu = server.cpu_seconds() - cpu0
+    rss_after = server.rss_mb()
+    server.stop()
+    return {
+        "limits": {"max_inflight": inflight, "max_waiting": waiting},
+        "clients": clients,
+        "seconds": seconds,
+        "answered_200": ok,
+        "wrong_answers": wrong,
+        "other_errors": errors,
+        "refused_429": len(latencies_429),
+        "429_latency_ms_p50": round(pct(latencies_429, 50) * 1000, 1) if latencies_429 else None,
+        "429_latency_ms_p99": round(pct(latencies_429, 99) * 1000, 1) if latencies_429 else None,
+        "server_cpu_ms_per_429_when_full": cpu_per_429,
+        "server_cpu_s_during_overload": round(cpu, 1),
+        "rss_mb_before": round(rss_before, 1),
+        "rss_mb_after": round(rss_after, 1),
+    }
+
+
+def phase_sigterm(context: Path, grace: float = 10.0, n: int = 64) -> dict:
+    server = Server(context, drain_grace_seconds=grace, max_inflight=n)
+    responses = [stream(server.url, 100_000, f"s{i}") for i in range(n)]
+    readers = [r.iter_content(chunk_size=None) for r in responses]
+    for reader in readers:
+        next(reader)
+    sent = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    cut_after: list[float] = []
+    completed = 0
+
+    def drain(reader) -> None:
+        nonlocal completed
+        try:
+            for _ in reader:
+                pass
+            completed += 1
+        except requests.exceptions.RequestException:
+            cut_after.append(time.monotonic() - sent)
+
+    threads = [threading.Thread(target=drain, args=(r,)) for r in readers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(grace + 120)
+    status = server.proc.wait(120)
+    return {
+        "streams": n,
+        "grace_s": grace,
+        "cut_visibly": len(cut_after),
+        "completed_cleanly": completed,
+        "last_cut_after_s": round(max(cut_after), 2) if cut_after else None,
+        "exit_status": status,
+    }
+
+
+def phase_poison(context: Path) -> dict:
+    server = Server(context)
+    body = {"prompt": "Tell me a story", "max_new_tokens": 64, "streaming": True}
+
+    def text() -> bytes:
+        with requests.post(server.url + PREDICT, json=body, stream=True, timeout=300) as r:
+            return b"".join(r.iter_content(chunk_size=None))
+
+    clean = text()
+    poison = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "temperature": 1e-300,
+    }
+    with ThreadPoolExecutor(12) as pool:
+        streams = [pool.submit(text) for _ in range(8)]
+        poisoned = [
+            pool.submit(
+                requests.post, server.url + "/v1/chat/completions", json=poison, timeout=300
+            )
+            for _ in range(4)
+        ]
+        statuses = [f.result().status_code for f in poisoned]
+        same = sum(f.result() == clean for f in streams)
+    alive = requests.get(server.url + "/health", timeout=30).status_code == 200
+    server.stop()
+    return {
+        "streams": 8,
+        "identical_to_clean": same,
+        "poison_statuses": statuses,
+        "alive_after": alive,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.add_argument("--overload-seconds", type=float, default=120.0)
+    parser.add_argument("--fuzz", type=int, default=300, help="random bodies on top of the battery")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "soak.json")
+    args = parser.parse_args()
+    build_dev_model()
+    context = render_build_context(Path(tempfile.mkdtemp()) / "context")
+    prepare_app_dir(context)
+    load_before = os.getloadavg()
+    results = {"host": {"cpus": os.cpu_count(), "loadavg_before": load_before}}
+    for name, run in (
+        ("bad_input", lambda: phase_bad_input(context, args.fuzz)),
+        ("disconnects", lambda: phase_disconnects(context)),
+        ("overload", lambda: phase_overload(context, args.overload_seconds)),
+        ("sigterm", lambda: phase_sigterm(context)),
+        ("poison", lambda: phase_poison(context)),
+    ):
+        started = time.monotonic()
+        results[name] = run()
+        results[name]["phase_seconds"] = round(time.monotonic() - started, 1)
+        print(name, json.dumps(results[name]), flush=True)
+    results["host"]["loadavg_after"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""One place picks the engine: `engines/factory.py` (replay, TensorRT-LLM, PyTorch static
+or dynamic), and the engine modules import each other without cycles."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mistral_serving.engines.factory import start_engine, start_torch_engine
+from mistral_serving.engines.pytorch import TorchEngine
+from mistral_serving.engines.pytorch_static import StaticTorchEngine
+from mistral_serving.engines.replay import ReplayEngine
+from mistral_serving.settings import Settings
+from mistral_serving.tokenizer import load_tokenizer
+
+
+def settings_for(dev_model: Path, **values) -> Settings:
+    return Settings(artifact=str(dev_model), device="cpu", **values)
+
+
+@pytest.mark.parametrize(
+    ("kv_cache", "cls"), [("dynamic", TorchEngine), ("static", StaticTorchEngine)]
+)
+def test_the_kv_cache_setting_picks_the_pytorch_engine(dev_model, kv_cache, cls):
+    settings = settings_for(dev_model, pytorch_kv_cache=kv_cache, max_seq_len=256)
+    eng = start_torch_engine(dev_model, settings, 2)
+    try:
+        assert type(eng) is cls and eng.limits.max_seq_len == 256
+    finally:
+        eng.shutdown()
+
+
+def test_start_engine_for_a_checkpoint_and_for_replay(dev_model):
+    tokenizer = load_tokenizer(dev_model)
+    eng = start_engine(dev_model, "hf_checkpoint", settings_for(dev_model), tokenizer)
+    try:
+        assert type(eng) is TorchEngine and eng.eos_token_id == tokenizer.eos_id
+    finally:
+        eng.shutdown()
+    replay = start_engine(
+        dev_model, "hf_checkpoint", settings_for(dev_model, engine="replay"), tokenizer
+    )
+    try:
+        assert isinstance(replay, ReplayEngine)
+    finally:
+        replay.shutdown()
+
+
+def test_the_dynamic_engine_module_does_not_import_the_static_one():
+    code = (
+        "import sys\n"
+        "import mistral_serving.engines.pytorch\n"
+        "assert 'mistral_serving.engines.pytorch_static' not in sys.modules\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": ":".join(sys.path)},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr

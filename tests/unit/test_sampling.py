@@ -1,0 +1,194 @@
+"""The PyTorch engines' sampler (`engines/sampling.py`, shared by the dynamic and the static
+engine): options act on the logits as documented, and no value the schemas accept, nor
+any logits a broken model can produce, yields NaN, an exception or a masked token."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mistral_serving.engines.base import EngineError, SamplingOptions
+from mistral_serving.engines.sampling import NO_LOGPROB, Sampled, sample_next_tokens, sample_row
+
+VOCAB = 16
+
+
+@dataclass
+class Row:
+    prompt: list[int]
+    sampling: SamplingOptions
+    generated: list[int] = field(default_factory=list)
+    generator: torch.Generator = field(default_factory=lambda: torch.Generator().manual_seed(0))
+    stop_ids: frozenset[int] = frozenset({2})
+    mask_fn: object = None
+
+
+def row(prompt=(0,), generated=(), seed=0, **opts) -> Row:
+    return Row(
+        list(prompt),
+        SamplingOptions(max_new_tokens=10, **opts),
+        list(generated),
+        torch.Generator().manual_seed(seed),
+    )
+
+
+def pick(logits, r: Row) -> int:
+    out = sample_next_tokens(torch.tensor([logits], dtype=torch.float32), [r])[0]
+    assert isinstance(out, Sampled), out
+    return out.token
+
+
+LOGITS = [0.0, 5.0, 4.0, 3.0, -1.0]
+
+
+def test_sampling_options_act_on_the_logits():
+    assert pick(LOGITS, row(top_k=1)) == 1
+    # Repetition penalty (HF): seen token 1 drops from 5 to 5/10.
+    assert pick(LOGITS, row([1], top_k=1, repetition_penalty=10.0)) == 2
+    # Presence/frequency (OpenAI) on generated tokens only: 1 seen twice, 2 once.
+    r = row([0], [1, 1, 2], top_k=1, frequency_penalty=1.0, presence_penalty=0.1)
+    assert pick(LOGITS, r) == 3  # 5-2.1, 4-1.1, 3
+    # top_k=2 never leaves {1, 2}; top_p tiny keeps only the best.
+    picks = {pick(LOGITS, row(seed=i, top_k=2, temperature=2.0)) for i in range(50)}
+    assert picks == {1, 2}
+    picks = {pick(LOGITS, row(seed=i, top_p=0.01, temperature=2.0)) for i in range(20)}
+    assert picks == {1}
+    # temperature 0, or below the greedy threshold, is greedy whatever top_k says.
+    assert pick(LOGITS, row(temperature=0.0)) == 1
+    assert pick(LOGITS, row(temperature=5e-324)) == 1
+
+
+def test_min_tokens_masks_the_stop_tokens_until_reached():
+    logits = [0.0, 1.0, 9.0, 3.0]  # 2 (a stop id) is the best
+    assert pick(logits, row(top_k=1, min_tokens=2)) == 3
+    assert pick(logits, row(generated=[3], top_k=1, min_tokens=2)) == 3
+    assert pick(logits, row(generated=[3, 3], top_k=1, min_tokens=2)) == 2
+
+
+def test_a_mask_fn_restricts_the_tokens_and_an_empty_mask_falls_back():
+    r = row(top_k=1)
+    r.mask_fn = lambda logits: logits[1:3].fill_(-math.inf)
+    assert pick(LOGITS, r) == 3
+    r.mask_fn = lambda logits: logits.fill_(-math.inf)
+    assert pick(LOGITS, r) == 1  # nothing allowed: the model's best rather than no answer
+    r.mask_fn = lambda logits: logits.fill_(math.nan)
+    assert pick(LOGITS, r) == 1
+
+
+def test_logprobs_are_the_log_softmax_before_temperature_and_truncation():
+    logits = torch.tensor(LOGITS)
+    expected = torch.log_softmax(logits, -1)
+    out = sample_row(logits.clone(), row(temperature=0.3, top_k=2, logprobs=3))
+    lp = out.logprob
+    assert lp is not None and lp.token_id == out.token
+    assert lp.logprob == pytest.approx(float(expected[out.token]), abs=1e-6)
+    assert [t for t, _ in lp.top] == [1, 2, 3]
+    assert [v for _, v in lp.top] == pytest.approx(expected[[1, 2, 3]].tolist(), abs=1e-6)
+    # After penalties: token 1 seen, 5 -> 0.5.
+    out = sample_row(logits.clone(), row([1], top_k=1, repetition_penalty=10.0, logprobs=0))
+    penalized = torch.log_softmax(torch.tensor([0.0, 0.5, 4.0, 3.0, -1.0]), -1)
+    assert out.token == 2 and out.logprob.top == ()
+    assert out.logprob.logprob == pytest.approx(float(penalized[2]), abs=1e-6)
+
+
+def test_a_row_without_a_finite_logit_fails_alone():
+    logits = torch.tensor(
+        [[math.nan] * 4, [0.0, math.nan, 1.0, -math.inf], [-math.inf] * 4, [0.0, 0, 0, 7]]
+    )
+    rows = [row(top_k=1), row(top_k=1), row(temperature=1.0), row(temperature=0.5, seed=3)]
+    out = sample_next_tokens(logits, rows)
+    assert isinstance(out[0], EngineError) and "no finite logits" in str(out[0])
+    assert out[1] == Sampled(2)
+    assert isinstance(out[2], EngineError)
+    assert isinstance(out[3], Sampled)
+
+
+def test_a_failing_row_does_not_touch_the_others():
+    rows = [row(top_k=1), row(temperature=1.0), row(top_k=1, logprobs=1)]
+    rows[1].mask_fn = lambda logits: 1 / 0
+    out = sample_next_tokens(torch.tensor([LOGITS] * 3), rows)
+    assert out[0] == Sampled(1) and isinstance(out[1], ZeroDivisionError)
+    assert isinstance(out[2], Sampled) and out[2].token == 1
+
+
+# ---- property-based: every accepted option value, any logits ----
+
+special = st.sampled_from([math.nan, math.inf, -math.inf, 3.4e38, -3.4e38, 0.0])
+logit_values = st.one_of(st.floats(-1e4, 1e4, width=32), special)
+temperatures = st.one_of(
+    st.just(0.0),
+    st.just(5e-324),
+    st.floats(5e-324, 1e-5),
+    st.floats(1e-5, 2.0),
+)
+options = st.builds(
+    SamplingOptions,
+    max_new_tokens=st.just(8),
+    temperature=temperatures,
+    top_k=st.one_of(st.integers(0, VOCAB + 2), st.just(1 << 20)),
+    top_p=st.one_of(st.just(1.0), st.just(1e-300), st.floats(1e-300, 1.0)),
+    seed=st.integers(0, 2**63 - 1),
+    repetition_penalty=st.one_of(
+        st.just(1.0), st.just(10.0), st.just(5e-324), st.floats(5e-324, 10.0)
+    ),
+    presence_penalty=st.floats(-2.0, 2.0),
+    frequency_penalty=st.floats(-2.0, 2.0),
+    min_tokens=st.integers(0, 3),
+    logprobs=st.one_of(st.none(), st.integers(0, 20)),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    opts=options,
+    logits=st.lists(logit_values, min_size=VOCAB, max_size=VOCAB),
+    prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6),
+    generated=st.lists(st.integers(0, VOCAB - 1), max_size=6),
+)
+def test_sampling_never_yields_nan_or_raises_for_accepted_options(
+    opts, logits, prompt, generated
+):
+    r = Row(prompt, opts, generated, torch.Generator().manual_seed(opts.seed or 0))
+    out = sample_next_tokens(torch.tensor([logits], dtype=torch.float32), [r])[0]
+    finite = [i for i, v in enumerate(logits) if not math.isnan(v) and v != -math.inf]
+    if not finite:
+        assert isinstance(out, EngineError)  # nothing to say: this request fails alone
+        return
+    assert isinstance(out, Sampled), out
+    assert 0 <= out.token < VOCAB
+    assert out.token in finite  # never a NaN / -inf logit while a finite one exists
+    if opts.logprobs is None:
+        assert out.logprob is None
+    else:
+        lp = out.logprob
+        assert lp is not None and lp.token_id == out.token
+        values = [lp.logprob, *(v for _, v in lp.top)]
+        assert all(math.isfinite(v) and (v <= 1e-6 or v == NO_LOGPROB) for v in values)
+        assert len(lp.top) == min(opts.logprobs, VOCAB)
+
+
+@settings(max_examples=200, deadline=None)
+@given(opts=options, logits=st.lists(st.floats(-50, 50, width=32), min_size=VOCAB, max_size=VOCAB))
+def test_greedy_options_pick_the_best_allowed_token(opts, logits):
+    """Greedy with no penalty: the argmax, or with min_tokens pending the best non-stop."""
+    opts = SamplingOptions(
+        max_new_tokens=8, top_k=1, min_tokens=opts.min_tokens, logprobs=opts.logprobs
+    )
+    r = Row([0], opts)
+    token = pick(logits, r)
+    allowed = [v if (i != 2 or not opts.min_tokens) else -math.inf for i, v in enumerate(logits)]
+    assert allowed[token] == max(allowed)
+
+
+def test_extreme_penalties_keep_a_finite_logit_finite():
+    # -3.4e38 * 10 overflows; it is the only finite logit, so it must still be picked.
+    logits = [-math.inf, -3.4e38, math.nan, -math.inf]
+    assert pick(logits, row([1], top_k=1, repetition_penalty=10.0)) == 1
+    assert pick(logits, row([1], temperature=1.0, repetition_penalty=10.0, logprobs=2)) == 1
+    # A penalty near 0 divides by almost nothing: +inf would win over everything, NaN later.
+    assert pick([1.0, 2.0, 0.5], row([0], temperature=0.7, repetition_penalty=5e-324)) == 0
