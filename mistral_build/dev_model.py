@@ -82,9 +82,17 @@ def portable_tokenizer_config(out: Path, updates: dict[str, object] | None = Non
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
-def build_dev_model(out: Path = DEV_MODEL_DIR, force: bool = False) -> Path:
+def build_dev_model(
+    out: Path = DEV_MODEL_DIR,
+    force: bool = False,
+    shape: dict[str, object] | None = None,
+    dtype: str = "float32",
+) -> Path:
+    """`shape` overrides DEV_CONFIG keys and `dtype` the weights' precision (the GPU check
+    builds a TensorRT-LLM-sized variant: head_dim 64, float16); defaults: the dev model."""
+    options = BUILD_OPTIONS | (shape or {}) | {"dtype": dtype}
     manifest = read_manifest(out)
-    if not force and manifest is not None and manifest.build_options == BUILD_OPTIONS:
+    if not force and manifest is not None and manifest.build_options == options:
         print(f"dev model: up to date at {out}")
         return out
     import torch
@@ -96,8 +104,8 @@ def build_dev_model(out: Path = DEV_MODEL_DIR, force: bool = False) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     torch.manual_seed(SEED)
-    config = MistralConfig(**DEV_CONFIG)
-    model = MistralForCausalLM(config).to(torch.float32).eval()
+    config = MistralConfig(**(DEV_CONFIG | (shape or {})))
+    model = MistralForCausalLM(config).to(getattr(torch, dtype)).eval()
     model.save_pretrained(tmp, safe_serialization=True)
     GenerationConfig(bos_token_id=1, eos_token_id=2).save_pretrained(tmp)
     write_tokenizer(tmp)
@@ -110,7 +118,7 @@ def build_dev_model(out: Path = DEV_MODEL_DIR, force: bool = False) -> Path:
             kind="hf_checkpoint",
             source_model=DEV_MODEL_NAME,
             versions={"transformers": transformers.__version__, "torch": torch.__version__},
-            build_options=BUILD_OPTIONS,
+            build_options=options,
         ),
     )
     shutil.rmtree(out, ignore_errors=True)

@@ -141,7 +141,11 @@ def inference_pool(s: DeploySettings) -> dict[str, Any]:
 
 
 def epp_service_account(s: DeploySettings) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(s, epp_name(s), _epp_labels())}
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": meta(s, epp_name(s), _epp_labels()),
+    }
 
 
 def epp_role(s: DeploySettings) -> dict[str, Any]:
@@ -151,8 +155,16 @@ def epp_role(s: DeploySettings) -> dict[str, Any]:
         "kind": "Role",
         "metadata": meta(s, epp_name(s), _epp_labels()),
         "rules": [
-            {"apiGroups": ["inference.networking.x-k8s.io"], "resources": ["inferenceobjectives"], "verbs": read},
-            {"apiGroups": [INFERENCE_POOL_API.split("/")[0]], "resources": ["inferencepools"], "verbs": read},
+            {
+                "apiGroups": ["inference.networking.x-k8s.io"],
+                "resources": ["inferenceobjectives"],
+                "verbs": read,
+            },
+            {
+                "apiGroups": [INFERENCE_POOL_API.split("/")[0]],
+                "resources": ["inferencepools"],
+                "verbs": read,
+            },
             {"apiGroups": [""], "resources": ["pods"], "verbs": read},
         ],
     }
@@ -199,7 +211,10 @@ def epp_deployment(s: DeploySettings) -> dict[str, Any]:
         ],
         "livenessProbe": {**grpc_probe(), "initialDelaySeconds": 5, "periodSeconds": 10},
         "readinessProbe": {**grpc_probe(), "periodSeconds": 2},
-        "env": [field_env("NAMESPACE", "metadata.namespace"), field_env("POD_NAME", "metadata.name")],
+        "env": [
+            field_env("NAMESPACE", "metadata.namespace"),
+            field_env("POD_NAME", "metadata.name"),
+        ],
         "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
         "securityContext": {
             "runAsNonRoot": True,
@@ -288,7 +303,11 @@ def http_route(s: DeploySettings) -> dict[str, Any]:
 
 
 def _pool_target_ref(s: DeploySettings) -> dict[str, str]:
-    return {"group": INFERENCE_POOL_API.split("/")[0], "kind": "InferencePool", "name": pool_name(s)}
+    return {
+        "group": INFERENCE_POOL_API.split("/")[0],
+        "kind": "InferencePool",
+        "name": pool_name(s),
+    }
 
 
 def health_check_policy(s: DeploySettings) -> dict[str, Any]:

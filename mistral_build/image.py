@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tomllib
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name

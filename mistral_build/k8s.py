@@ -59,7 +59,9 @@ def header(values_file: Path | None) -> str:
     source = "defaults"
     if values_file is not None:
         path = Path(values_file).resolve()
-        source = path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else path.name
+        source = (
+            path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else path.name
+        )
     return (
         f"{HEADER_MARK} from DeploySettings\n"
         f"# (mistral_build/deploy_settings.py; values: {source}). Do not edit by hand:\n"
@@ -398,8 +400,8 @@ def write_manifests(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         paths.append(path)
-    for folder in sorted({p.parent for p in out_dir.rglob("*")}, reverse=True):
-        if folder != out_dir and folder.is_dir() and not any(folder.iterdir()):
+    for folder in sorted((d for d in out_dir.rglob("*") if d.is_dir()), reverse=True):
+        if not any(folder.iterdir()):
             folder.rmdir()  # a subfolder whose generated files all went stale
     return paths
 

@@ -102,7 +102,10 @@ def truss_config_command(args: argparse.Namespace) -> int:
             diff = drift(settings)
             if diff:
                 print(diff, file=sys.stderr)
-                print("config.yaml differs from what `build.py truss-config` renders.", file=sys.stderr)
+                print(
+                    "config.yaml differs from what `build.py truss-config` renders.",
+                    file=sys.stderr,
+                )
             return 1 if diff else 0
         path = write_config(settings)
     except (DeploySettingsError, TrussConfigError) as exc:

@@ -10,6 +10,7 @@ until `abort(request_id)` is called; then (as after any abort) it ends with
 What the service did is recorded: `calls` (request id, prompt ids, sampling), `aborted`
 (ids passed to `abort`, in order) and `closed` (ids whose stream was closed or finished).
 `step_delay_s` sleeps before each step so tests can act while a stream is live.
+`num_running()` counts the live streams; `kv_cache_usage()` returns `kv_usage` (set it).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class ScriptedEngine:
         self.aborted: list[str] = []
         self.closed: list[str] = []
         self.healthy = True
+        self.kv_usage = 0.0
+        self.shutdowns = 0
         self._abort_events: dict[str, asyncio.Event] = {}
 
     @classmethod

@@ -127,3 +127,25 @@ def test_one_at_a_time_mode(server_url: str, tmp_path: Path) -> None:
     reqs = sorted(run["requests"], key=lambda r: r["start"])
     for a, b in zip(reqs, reqs[1:], strict=False):
         assert b["start"] >= a["start"] + a["latency"]  # never overlapping
+
+
+def test_raw_transport_agrees_with_server_usage(server_url: str, tmp_path: Path) -> None:
+    """The GPU benchmark's fast path against the real server: HTTP/1.1 keep-alive, chunked
+    SSE, exact-length token-id prompts; counts match the server's own usage."""
+    code = main(
+        ["--url", server_url, "--backend", "openai", "--transport", "raw", "--prompt-ids",
+         "--num-prompts", "4", "--concurrency", "2", "--input-len", "16", "--output-len", "6",
+         "--warmup", "1", "--out", str(tmp_path), "--no-progress"]
+    )  # fmt: skip
+    assert code == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    (run,) = data["runs"]
+    assert run["metrics"]["completed"] == 4 and run["metrics"]["failed"] == 0
+    assert data["host"]["cpus"] >= 1 and "load_before" in data["host"]
+    with Client(server_url, timeout=120, api="openai") as client:
+        for r in run["requests"]:
+            assert r["prompt_tokens"] == 16 and r["output_tokens_source"] == "usage"
+            done = client.predict(r["prompt"], max_new_tokens=6, temperature=0.0, seed=0)
+            assert done.usage is not None
+            assert r["output_tokens"] == done.usage.completion_tokens
+            assert 1 <= r["chunks"] <= r["output_tokens"]

@@ -1,4 +1,6 @@
-"""encode_chat against mistral-common (Mistral's reference encoder), token for token."""
+"""encode_chat: against mistral-common (Mistral's reference encoder), token for token, for
+Mistral artifacts; against transformers' apply_chat_template for any other checkpoint
+(SmolLM2's ChatML template)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from hypothesis import strategies as st
 
 from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from tests.smollm2_files import smollm2_tokenizer_dir
 
 SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -242,3 +245,104 @@ def test_chat_needs_bos(model_dir: str) -> None:
     no_bos = Tokenizer(tok.table, None, tok.eos_id, tok.encode)
     with pytest.raises(ChatFormatError, match="BOS"):
         encode_chat(msgs(("user", "hi")), no_bos)
+
+
+# -- checkpoints with their own chat template (SmolLM2: ChatML) -----------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return smollm2_tokenizer_dir(tmp_path_factory)
+
+
+@functools.cache
+def _hf(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def test_chat_format_follows_the_artifact(model_dir: str, smollm2_dir: str) -> None:
+    assert _tok(model_dir).chat_format == "mistral"  # tokenizer.model: mistral-common
+    assert _tok(smollm2_dir).chat_format == "template"
+
+
+def test_smollm2_chat_is_its_chatml_template(smollm2_dir: str) -> None:
+    messages = msgs(("user", "What is the capital of France?"))
+    ids = encode_chat(messages, _tok(smollm2_dir))
+    assert _hf(smollm2_dir).decode(ids) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+        "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    # a system message replaces the template's default one
+    ids = encode_chat(msgs(("system", "Be brief."), ("user", "Hi")), _tok(smollm2_dir))
+    assert _hf(smollm2_dir).decode(ids) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(messages=conversation)
+def test_smollm2_chat_equals_apply_chat_template(
+    smollm2_dir: str, messages: list[ChatMessage]
+) -> None:
+    assume(messages and messages[-1].role != "assistant")
+    expected = _hf(smollm2_dir).apply_chat_template(
+        [m.model_dump() for m in messages], add_generation_prompt=True, tokenize=True
+    )
+    if not isinstance(expected, list):  # transformers 5: a BatchEncoding
+        expected = expected["input_ids"]
+    assert encode_chat(messages, _tok(smollm2_dir)) == expected
+
+
+@pytest.mark.parametrize(
+    ("pairs", "match"),
+    [
+        ((), "at least one message"),
+        ((("user", "u"), ("assistant", "a")), "last message"),
+    ],
+)
+def test_template_chat_refusals(
+    smollm2_dir: str, pairs: tuple[tuple[str, str], ...], match: str
+) -> None:
+    with pytest.raises(ChatFormatError, match=match):
+        encode_chat(msgs(*pairs), _tok(smollm2_dir))
+
+
+def test_a_template_that_refuses_is_a_chat_format_error(smollm2_dir: str, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    for f in Path(smollm2_dir).iterdir():
+        shutil.copyfile(f, tmp_path / f.name)
+    (tmp_path / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('System role not supported') }}{% endif %}"
+        "{{ m['content'] }}{% endfor %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(tmp_path)
+    assert encode_chat(msgs(("user", "hi")), tok) == tok.encode("hi")
+    with pytest.raises(ChatFormatError, match="System role not supported"):
+        encode_chat(msgs(("system", "s"), ("user", "hi")), tok)
+
+
+def test_no_chat_template_means_no_chat(smollm2_dir: str, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(Path(smollm2_dir) / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tok = load_tokenizer(tmp_path)
+    assert tok.chat_format == "none"
+    with pytest.raises(ChatFormatError, match="no chat template"):
+        encode_chat(msgs(("user", "hi")), tok)

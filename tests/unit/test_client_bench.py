@@ -273,3 +273,127 @@ def test_cli_bench_reports_unreachable_server(capsys: pytest.CaptureFixture[str]
     )
     assert code == 1
     assert "cannot reach" in capsys.readouterr().err
+
+
+# -- the raw transport (the GPU benchmark's fast path) ----------------------------------
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_raw_transport_counts_and_times_like_httpx(procs: int) -> None:
+    with FakeServer(FakeServerState(chunked=True)) as fake:
+        cfg = BenchConfig(
+            url=fake.url,
+            backend="openai",
+            transport="raw",
+            client_procs=procs,
+            prompt_ids=True,
+            num_prompts=6,
+            concurrency=[2],
+            input_len=12,
+            output_len=5,
+            warmup=1,
+            progress=False,
+        )
+        results = run(cfg)
+        bodies = fake.state.requests
+    (run_,) = results["runs"]
+    m = run_["metrics"]
+    assert m["completed"] == 6 and m["failed"] == 0
+    assert m["total_output_tokens"] == 30
+    assert sorted(r["index"] for r in run_["requests"]) == list(range(6))
+    for r in run_["requests"]:
+        assert r["output_tokens"] == 5 and r["output_tokens_source"] == "usage"
+        assert r["finish_reason"] == "length"
+        assert 1 <= r["chunks"] <= 5 and len(r["itl"]) == r["chunks"] - 1
+        assert 0 < r["ttft"] <= r["latency"]
+        assert len(r["prompt"]) == 12  # exact-length token-id prompts
+    sent = [b for b in bodies if b.get("stream")]
+    assert all(b["stream_options"] == {"include_usage": True} for b in sent)
+    assert all(b["temperature"] == 0.0 and b["max_tokens"] == 5 for b in sent)
+    assert all(len(b["prompt"]) == 12 and b["prompt"][0] == 1 for b in sent)
+
+
+def test_raw_transport_records_errors_and_broken_streams() -> None:
+    with FakeServer(FakeServerState(chunked=True, truncate_after=2)) as fake:
+        cfg = BenchConfig(
+            url=fake.url,
+            backend="openai",
+            transport="raw",
+            prompt_ids=True,
+            num_prompts=2,
+            input_len=4,
+            output_len=5,
+            warmup=0,
+            progress=False,
+        )
+        (run_,) = run(cfg)["runs"]
+    assert run_["metrics"]["failed"] == 2
+    assert all("broke off" in r["error"] for r in run_["requests"])
+    with FakeServer(FakeServerState(chunked=True)) as fake:
+        cfg.url, cfg.temperature = fake.url, -1.0  # the fake answers 400
+        (run_,) = run(cfg)["runs"]
+    assert all("temperature must be >= 0" in r["error"] for r in run_["requests"])
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"transport": "raw"}, "use --backend openai"),
+        ({"backend": "openai", "client_procs": 2}, "needs --transport raw"),
+        ({"prompt_ids": True}, "--prompt-ids"),
+        ({"backend": "openai", "prompt_ids": True, "chat": True}, "--prompt-ids"),
+        ({"burstiness": 0}, "burstiness"),
+        ({"concurrency": [0]}, "at least 1"),
+    ],
+)
+def test_impossible_configs_are_refused_before_any_request(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BenchConfig(**change).validate()
+
+
+def test_results_record_the_host_and_warn_when_busy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from client import hostinfo
+
+    monkeypatch.setattr(hostinfo, "load_average", lambda: 64.0 * hostinfo.cpu_count())
+    with FakeServer() as fake:
+        code = main(["--url", fake.url, "--num-prompts", "2", "--input-len", "8",
+                     "--output-len", "2", "--warmup", "0", "--no-progress",
+                     "--out", str(tmp_path)])  # fmt: skip
+    assert code == 0
+    host = json.loads((tmp_path / "results.json").read_text())["host"]
+    assert host["load_before"] == host["load_after"] == 64.0 * host["cpus"]
+    assert {"python", "versions", "git_commit", "benchmark_cpu_s"} <= set(host)
+    err = capsys.readouterr().err
+    assert "WARNING: the machine was busy" in err
+    assert f"wrote {tmp_path / 'results.json'}" in err
+
+
+def test_results_go_under_bench_by_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with FakeServer() as fake:
+        code = main(["--url", fake.url, "--num-prompts", "1", "--input-len", "8",
+                     "--output-len", "2", "--warmup", "0", "--no-progress",
+                     "--label", "mine"])  # fmt: skip
+    assert code == 0
+    (written,) = list((tmp_path / "bench").glob("*/results.json"))
+    data = json.loads(written.read_text())
+    assert data["label"] == "mine"
+    assert str(Path("bench") / written.parent.name / "results.json") in capsys.readouterr().err
+
+
+def test_bench_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    for shown in ("(default: 50)", "(default: httpx)", "(default: http://127.0.0.1:8080)"):
+        assert shown in out
+
+
+def test_bad_lists_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--concurrency", "1,x"])
+    assert info.value.code == 2 and "bad list" in capsys.readouterr().err

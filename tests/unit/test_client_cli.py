@@ -14,7 +14,7 @@ import pytest
 
 from client.errors import ClientError
 from client.protocol import build_request, parse_completion
-from client.testing import DEFAULT_TOKENS, FakeServer
+from client.testing import DEFAULT_TOKENS, FakeServer, FakeServerState
 from client.types import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -185,3 +185,99 @@ def test_parse_completion_shapes() -> None:
     assert (done.output, done.finish_reason, done.usage.total_tokens) == ("A", "stop", 3)
     with pytest.raises(ClientError, match="output"):
         parse_completion(build_request("predict", prompt="q"), {"echo": {}})
+
+
+# -- defaults and --json --stream on every route (in-process: main() as the CLI runs it) --
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict | str, str]:
+    from client.cli import main
+
+    code = main(list(args))
+    captured = capsys.readouterr()
+    try:
+        return code, json.loads(captured.out), captured.err
+    except ValueError:
+        return code, captured.out, captured.err
+
+
+def test_default_length_is_short(fake: FakeServer, capsys: pytest.CaptureFixture[str]) -> None:
+    from client.cli import DEFAULT_MAX_NEW_TOKENS
+
+    code, out, _ = run_main(capsys, "hi", "--url", fake.url, "--json")
+    assert code == 0 and DEFAULT_MAX_NEW_TOKENS == 256
+    assert fake.state.requests[-1]["max_new_tokens"] == 256
+    assert out["usage"]["completion_tokens"] == 256
+
+
+def test_help_shows_every_default(capsys: pytest.CaptureFixture[str]) -> None:
+    from client.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    for shown in ("(default: 256)", "(default: predict)", "(default: 600.0)", "(default: 3)"):
+        assert shown in out
+
+
+def test_predict_stream_json_reports_how_it_ended(
+    fake: FakeServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run_main(
+        capsys, "hi", "--url", fake.url, "--stream", "--json", "--max-new-tokens", "4"
+    )
+    assert code == 0
+    assert out["output"] == expected(4) and out["finish_reason"] == "complete"
+    assert out["usage"] is None and "--tokenizer" in out["usage_note"]
+
+
+def test_predict_stream_json_counts_tokens_with_a_local_tokenizer(
+    fake: FakeServer, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    code, out, _ = run_main(
+        capsys, "hi", "--url", fake.url, "--stream", "--json", "--max-new-tokens", "6",
+        "--tokenizer", str(tmp_path),
+    )  # fmt: skip
+    assert code == 0
+    assert out["usage"] == {
+        "prompt_tokens": None,
+        "completion_tokens": len(expected(6).split()),
+        "total_tokens": None,
+        "counted_by": "client tokenizer",
+    }
+    code, _, err = run_main(
+        capsys, "hi", "--url", fake.url, "--stream", "--json", "--tokenizer", str(tmp_path / "no")
+    )
+    assert code == 1 and "cannot load tokenizer" in err
+
+
+@pytest.mark.parametrize("api", ["predict", "openai"])
+def test_stream_json_reports_a_broken_stream_as_truncated(
+    api: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with FakeServer(FakeServerState(chunked=True, truncate_after=2)) as cut:
+        code, out, _ = run_main(
+            capsys, "hi", "--url", cut.url, "--api", api, "--stream", "--json",
+            "--max-new-tokens", "5", "--streaming-interval", "1",
+        )  # fmt: skip
+    assert code == 1
+    assert out["finish_reason"] == "truncated" and out["output"] == expected(2)
+    assert "broke off" in out["error"] or "DONE" in out["error"]
+
+
+def test_openai_stream_json_has_the_servers_finish_reason_and_usage(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with FakeServer(FakeServerState(chunked=True)) as fake:
+        for chat in ([], ["--chat"]):
+            code, out, _ = run_main(
+                capsys, "hi", "--url", fake.url, "--api", "openai", "--stream", "--json",
+                "--max-new-tokens", "3", *chat,
+            )  # fmt: skip
+            assert code == 0 and out["finish_reason"] == "length"
+            assert out["usage"]["completion_tokens"] == 3 and "usage_note" not in out

@@ -223,3 +223,19 @@ def test_agrees_with_vllm_calculate_metrics(
             assert expected == 0
             continue
         assert math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9), key
+
+
+def test_from_times_and_summary_row_use_the_one_definition() -> None:
+    from client.metrics import summary_row
+
+    r = RequestRecord.from_times(3, 10.0, [10.5, 10.7, 11.0], 11.2, 4, run_start=9.0)
+    assert (r.index, r.start, r.ttft, r.latency) == (3, 1.0, 0.5, pytest.approx(1.2))
+    assert r.itl == pytest.approx([0.2, 0.3]) and r.chunks == 3
+    assert r.tpot == pytest.approx((1.2 - 0.5) / 3)
+    none = RequestRecord.from_times(0, 0.0, [0.1, 0.2], 0.3, None)
+    assert none.output_tokens == 2 and none.output_tokens_source == "chunks"
+    m = compute_metrics([r, none], 2.0)
+    row = summary_row(m)
+    assert row["requests"] == 2 and row["output_tokens"] == 6 and row["output_tok_s"] == 3.0
+    assert row["ttft_ms_p50"] == pytest.approx(percentile([0.5, 0.1], 50) * 1000)
+    assert row["itl_ms_p99"] == pytest.approx(round(percentile([0.2, 0.3, 0.1], 99) * 1000, 1))

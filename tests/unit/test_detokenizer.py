@@ -1,5 +1,6 @@
 """IncrementalDetokenizer: chunks joined equal the Hugging Face whole-sequence decode,
-whole characters only, one leading space stripped, linear work."""
+whole characters only, one leading space stripped, linear work; for Mistral's
+SentencePiece tokenizer and for SmolLM2's byte-level BPE."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from mistral_serving.detokenizer import IncrementalDetokenizer
 from mistral_serving.tokenizer import Tokenizer, TokenTable, load_tokenizer
+from tests.smollm2_files import smollm2_tokenizer_dir
 
 SETTINGS = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -239,3 +241,52 @@ def test_byte_level_split_multibyte_char_waits() -> None:
     assert "".join(out) == " 😀中"
     assert all("\ufffd" not in c for c in out)
     assert [c for c in out if c] == [" ", "😀", "中"]
+
+
+# -- SmolLM2: a real byte-level BPE vocabulary (49152 tokens, 17 special) -----------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return smollm2_tokenizer_dir(tmp_path_factory)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_smollm2_random_ids_stream_like_hf_decode(smollm2_dir: str, data: st.DataObject) -> None:
+    tok = _tok(smollm2_dir)
+    assert tok.table.kind == "byte_level"
+    ids = data.draw(
+        st.lists(
+            st.one_of(
+                st.integers(0, 20),  # the special tokens and their neighbours
+                st.sampled_from(_piece_ids(smollm2_dir)),  # pieces of emoji / CJK text
+                st.integers(0, tok.vocab_size - 1),
+            ),
+            max_size=40,
+        ),
+        label="ids",
+    )
+    cuts = data.draw(st.lists(st.integers(0, 1000), max_size=10), label="cuts")
+    expected = _hf(smollm2_dir).decode(ids, skip_special_tokens=True)
+    assert tok.decode(ids) == expected
+    assert "".join(_stream(tok.table, _split(ids, cuts))) == expected
+    assert "".join(_stream(tok.table, [[i] for i in ids])) == expected
+
+
+@SETTINGS
+@given(text=valid_text)
+def test_smollm2_streaming_never_emits_partial_characters(smollm2_dir: str, text: str) -> None:
+    tok = _tok(smollm2_dir)
+    ids = tok.encode(text)
+    expected = _hf(smollm2_dir).decode(ids, skip_special_tokens=True)
+    detok = IncrementalDetokenizer(tok.table)
+    so_far = ""
+    # (expected is not always `text`: bytes missing from this vocabulary, such as 0x1D,
+    # are dropped by the encoder, and what is left of their character decodes as U+FFFD)
+    for i in [2, *ids, 2]:  # <|im_end|> around the text: skipped
+        so_far += detok.push([i])
+        # a character is emitted only once complete: a partial one would be a U+FFFD
+        # where the whole decode has the character
+        assert expected.startswith(so_far), (so_far, expected)
+    assert so_far + detok.flush() == expected

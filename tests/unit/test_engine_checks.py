@@ -1,4 +1,5 @@
-"""Engine directory checks on crafted engine directories (no GPU, no tensorrt_llm)."""
+"""Engine checks on crafted engine configs and directories (no GPU, no tensorrt_llm); the
+config checks are fuzzed: any JSON as config.json is an EngineCheckError line or passes."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import types
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mistral_serving import engine_checks as ec
 from mistral_serving.engine_checks import EngineCheckError, GpuInfo
 from mistral_serving.engines.base import EngineLimits
-from mistral_serving.manifest import BuildManifest, GpuRecord, write_manifest
+from mistral_serving.manifest import ArtifactError, BuildManifest, GpuRecord, write_manifest
 
 A100 = GpuInfo(name="NVIDIA A100-SXM4-40GB", capability="8.0", count=1)
 H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", capability="9.0", count=1)
@@ -90,15 +93,13 @@ def test_missing_config_json(tmp_path):
     with pytest.raises(EngineCheckError) as exc:
         ec.read_engine_config(tmp_path)
     assert "config.json: missing" in one_line(exc)
-    assert not ec.is_engine_dir(tmp_path)
 
 
 def test_unparseable_config_json(tmp_path):
     d = make_dir(tmp_path, config='{"version": "1.2.1", ')
-    with pytest.raises(EngineCheckError) as exc:
+    with pytest.raises(ArtifactError) as exc:
         ec.read_engine_config(d)
     assert "not valid JSON" in one_line(exc)
-    assert not ec.is_engine_dir(d)
 
 
 def test_checkpoint_config_is_not_an_engine(tmp_path):
@@ -107,15 +108,12 @@ def test_checkpoint_config_is_not_an_engine(tmp_path):
     with pytest.raises(EngineCheckError) as exc:
         ec.read_engine_config(d)
     assert "pretrained_config" in one_line(exc)
-    assert not ec.is_engine_dir(d)
+    assert not ec.is_engine_config(hf_config)
 
 
-def test_is_engine_dir(tmp_path):
-    d = make_dir(tmp_path)
-    assert ec.is_engine_dir(d)
-    assert not ec.is_engine_dir(d / "config.json")  # a file, not a directory
-    (d / "rank0.engine").unlink()
-    assert not ec.is_engine_dir(d)  # config alone: no engine
+def test_is_engine_config():
+    assert ec.is_engine_config(engine_config())
+    assert not ec.is_engine_config({"pretrained_config": {}, "build_config": []})
 
 
 # -- rank files ------------------------------------------------------------------------
@@ -214,25 +212,33 @@ def test_enough_gpus():
 # -- limits --------------------------------------------------------------------------------
 
 
-def test_read_engine_limits(tmp_path):
-    assert ec.read_engine_limits(make_dir(tmp_path)) == EngineLimits(4096, 8192, 64)
+def test_limits_from_config():
+    assert ec.limits_from_config(engine_config()) == EngineLimits(4096, 8192, 64)
 
 
-def test_limits_without_max_input_len_use_max_seq_len(tmp_path):
+def test_limits_without_max_input_len_use_max_seq_len():
     config = engine_config(build={"max_batch_size": 8, "max_seq_len": 2048})
-    assert ec.read_engine_limits(make_dir(tmp_path, config=config)) == EngineLimits(2048, 2048, 8)
+    assert ec.limits_from_config(config) == EngineLimits(2048, 2048, 8)
 
 
-def test_limits_clip_input_to_sequence(tmp_path):
+def test_limits_clip_input_to_sequence():
     config = engine_config(build={"max_batch_size": 8, "max_input_len": 9000, "max_seq_len": 4096})
-    assert ec.read_engine_limits(make_dir(tmp_path, config=config)).max_input_len == 4096
+    assert ec.limits_from_config(config).max_input_len == 4096
 
 
-def test_limits_missing_field(tmp_path):
-    config = engine_config(build={"max_input_len": 1024, "max_seq_len": 2048})
+@pytest.mark.parametrize(
+    ("build", "named"),
+    [
+        ({"max_input_len": 1024, "max_seq_len": 2048}, "max_batch_size"),
+        ({"max_batch_size": "8", "max_seq_len": 2048}, "max_batch_size"),  # no coercion
+        ({"max_batch_size": 8, "max_seq_len": -1}, "max_seq_len"),
+        ({"max_batch_size": True, "max_seq_len": 2048}, "max_batch_size"),
+    ],
+)
+def test_limits_invalid_field(build, named):
     with pytest.raises(EngineCheckError) as exc:
-        ec.read_engine_limits(make_dir(tmp_path, config=config))
-    assert "max_batch_size" in one_line(exc)
+        ec.limits_from_config(engine_config(build=build))
+    assert named in one_line(exc)
 
 
 @pytest.mark.parametrize(
@@ -261,21 +267,29 @@ def test_tokenizer_larger_than_engine_vocab():
 # -- everything together -------------------------------------------------------------------
 
 
-def test_check_engine_dir_passes_and_returns_limits(tmp_path):
-    d = make_dir(tmp_path, capability="8.0")
-    limits = ec.check_engine_dir(d, installed_version="1.2.1", gpu=A100, max_seq_len=4096)
+def check(d, config=None, capability="8.0", **kwargs):
+    """check_engine as the TensorRT-LLM engine runs it: config.json as load_artifact parsed it."""
+    config = engine_config() if config is None else config
+    return ec.check_engine(d, config, capability, **kwargs)
+
+
+def test_check_engine_passes_and_returns_limits(tmp_path):
+    d = make_dir(tmp_path)
+    limits = check(d, installed_version="1.2.1", gpu=A100, max_seq_len=4096)
     assert limits == EngineLimits(4096, 8192, 64)
 
 
-def test_check_engine_dir_reads_arch_from_the_manifest(tmp_path):
+def test_check_engine_dir_reads_config_and_arch_from_the_directory(tmp_path):
     d = make_dir(tmp_path, capability="8.0")
+    assert ec.check_engine_dir(d, installed_version="1.2.1", gpu=A100) == EngineLimits(
+        4096, 8192, 64
+    )
     with pytest.raises(EngineCheckError, match="compute capability 8.0"):
         ec.check_engine_dir(d, installed_version="1.2.1", gpu=H100)
 
 
-def test_check_engine_dir_without_manifest_skips_arch(tmp_path):
-    d = make_dir(tmp_path)
-    ec.check_engine_dir(d, installed_version="1.2.1", gpu=H100)
+def test_check_engine_without_manifest_skips_arch(tmp_path):
+    check(make_dir(tmp_path), capability=None, installed_version="1.2.1", gpu=H100)
 
 
 @pytest.mark.parametrize(
@@ -283,22 +297,68 @@ def test_check_engine_dir_without_manifest_skips_arch(tmp_path):
     [
         ({"installed_version": "1.1.0", "gpu": A100}, "TensorRT-LLM 1.2.1"),
         ({"installed_version": "1.2.1", "gpu": None}, "no CUDA GPU"),
+        ({"installed_version": "1.2.1", "gpu": H100}, "compute capability 8.0"),
         ({"installed_version": "1.2.1", "gpu": A100, "max_input_len": 5000}, "max_input_len"),
         ({"installed_version": "1.2.1", "gpu": A100, "tokenizer_vocab_size": 40000}, "vocab"),
     ],
 )
-def test_check_engine_dir_runs_each_check(tmp_path, kwargs, expected):
-    d = make_dir(tmp_path, capability="8.0")
+def test_check_engine_runs_each_check(tmp_path, kwargs, expected):
+    d = make_dir(tmp_path)
     with pytest.raises(EngineCheckError, match=expected):
-        ec.check_engine_dir(d, **kwargs)
+        check(d, **kwargs)
 
 
-def test_check_engine_dir_counts_gpus(tmp_path):
-    d = make_dir(tmp_path, config=engine_config(tp=2), capability="8.0")
+def test_check_engine_counts_gpus(tmp_path):
+    config = engine_config(tp=2)
+    d = make_dir(tmp_path, config=config)
     with pytest.raises(EngineCheckError, match="2 GPUs"):
-        ec.check_engine_dir(d, installed_version="1.2.1", gpu=A100)
+        check(d, config, installed_version="1.2.1", gpu=A100)
     two = GpuInfo(A100.name, A100.capability, 2)
-    ec.check_engine_dir(d, installed_version="1.2.1", gpu=two)
+    check(d, config, installed_version="1.2.1", gpu=two)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=20), inner, max_size=4)
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["pretrained_config", "build_config", "version"]),
+    st.sampled_from(["mapping", "vocab_size", "max_batch_size", "max_seq_len", "max_input_len"]),
+    json_values,
+)
+def test_fuzz_config_values(tmp_path_factory, section, key, value):
+    """Any JSON value anywhere in config.json: the checks pass or raise one EngineCheckError
+    line, never a TypeError/KeyError/OverflowError from deep inside."""
+    config = engine_config()
+    if section == "version" or not isinstance(config.get(section), dict):
+        config[section] = value
+    else:
+        config[section][key] = value
+    d = tmp_path_factory.mktemp("fuzz")
+    (d / "rank0.engine").write_bytes(b"e")
+    try:
+        check(d, config, installed_version="1.2.1", gpu=A100, tokenizer_vocab_size=32000)
+    except EngineCheckError as exc:
+        assert str(exc) and "\n" not in str(exc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(json_values)
+def test_fuzz_whole_config(value):
+    config = value if isinstance(value, dict) else {"pretrained_config": value}
+    try:
+        ec.check_engine_config(config, "config.json")
+        ec.world_size(config)
+        ec.limits_from_config(config)
+        ec.check_vocab(config, 32000)
+    except EngineCheckError as exc:
+        assert str(exc) and "\n" not in str(exc)
 
 
 # -- GPU detection -------------------------------------------------------------------------

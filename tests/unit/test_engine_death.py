@@ -144,3 +144,24 @@ def test_a_failing_forward_step_kills_the_engine_and_every_stream(dev_model: Pat
         assert not eng.is_healthy()
     finally:
         eng.shutdown()
+
+
+def test_tokens_queued_before_an_error_reach_a_consumer_that_fell_behind():
+    from mistral_serving.engines.base import TokenDelta, TokenLogprob, read_stream
+
+    async def main():
+        queue: asyncio.Queue = asyncio.Queue()
+        lp = TokenLogprob(5, -0.5)
+        for item in (
+            TokenDelta([5], None, [lp]),
+            TokenDelta([6], None, [lp]),
+            RuntimeError("row failed"),
+        ):
+            queue.put_nowait(item)  # all queued before the consumer reads: one merge
+        seen = []
+        with pytest.raises(EngineError, match="row failed"):
+            async for delta in read_stream(queue, "test engine"):
+                seen.append(delta)
+        return seen
+
+    assert asyncio.run(main()) == [TokenDelta([5, 6], None, [TokenLogprob(5, -0.5)] * 2)]

@@ -2,7 +2,9 @@
 
 Checks the Dockerfile's base image (NVIDIA's TensorRT-LLM release container of the version
 our engines are built with) and Python, what it installs, the copied model code and
-packages, the non-root user, and what `build.py` does with and without a Docker engine.
+packages, its entry point (our launcher of the real Truss server), the config.yaml it
+carries (from the deploy settings), the non-root user, and what `build.py` does with and
+without a Docker engine.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
-from mistral_build import image, manifests, paths
+from mistral_build import image, k8s, paths
 from mistral_build.cli import main as build_main
-from mistral_build.deploy_settings import DeploySettings
+from mistral_build.deploy_settings import APP_HOME_DIR, DeploySettings
 from mistral_build.paths import TRUSS_DIR
+from mistral_build.truss_config import truss_config
+
+REGISTRY = "registry.example/llm/mtt"
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +48,8 @@ def instructions(dockerfile: str) -> list[str]:
 def test_base_image_is_the_tensorrt_llm_release_our_engines_are_built_with(dockerfile: str) -> None:
     froms = [i for i in instructions(dockerfile) if i.startswith("FROM ")]
     assert froms == [f"FROM {image.BASE_IMAGE} AS truss_server"]
-    assert image.TRTLLM_VERSION == "1.2.1"
-    assert froms[0].split()[1] == "nvcr.io/nvidia/tensorrt-llm/release:1.2.1"
-    cfg = image.truss_config()
+    assert image.BASE_IMAGE.endswith(f"/tensorrt-llm/release:{image.TRTLLM_VERSION}")
+    cfg = truss_config()
     assert cfg["base_image"]["image"] == image.BASE_IMAGE
     assert cfg["base_image"]["python_executable_path"] == image.BASE_IMAGE_PYTHON
     assert cfg["python_version"] == "py" + image.BASE_IMAGE_PYTHON_VERSION.replace(".", "")
@@ -56,8 +61,49 @@ def test_installs_with_and_runs_the_base_images_python(dockerfile: str) -> None:
     for cmd in installs:
         assert f"--python {image.BASE_IMAGE_PYTHON} " in cmd
     assert any("-r requirements.txt -c constraints.txt" in cmd for cmd in installs)
-    assert f'ENTRYPOINT ["{image.BASE_IMAGE_PYTHON}", "/app/main.py"]' in dockerfile
     assert 'ENV INFERENCE_SERVER_PORT="8080"' in dockerfile
+
+
+def test_the_container_runs_our_launcher_of_the_truss_server(
+    context: Path, dockerfile: str
+) -> None:
+    lines = instructions(dockerfile)
+    entry = [i for i in lines if i.startswith(("ENTRYPOINT", "CMD"))]
+    assert entry == [f'ENTRYPOINT ["{image.BASE_IMAGE_PYTHON}", "-m", "mistral_serving.server"]']
+    assert "/app/main.py" not in entry[0]
+    # Run from /app (the Truss server's modules: `-m` puts the working dir on sys.path)...
+    workdirs = [i for i in lines[: lines.index(entry[0])] if i.startswith("WORKDIR")]
+    assert workdirs[-1] == "WORKDIR $APP_HOME" and "ENV APP_HOME=/app" in lines
+    assert "COPY --chown=root:root ./server ${APP_HOME}" in lines
+    # ...with the bundled packages importable before truss adds them itself.
+    assert 'ENV PYTHONPATH="/packages${PYTHONPATH:+:${PYTHONPATH}}"' in lines
+    assert lines.index('ENV PYTHONPATH="/packages${PYTHONPATH:+:${PYTHONPATH}}"') < lines.index(
+        entry[0]
+    )
+    assert "COPY --chown=root:root ./packages /packages" in lines
+    assert (context / "packages" / "mistral_serving" / "server.py").is_file()
+    assert (context / "server" / "truss_server.py").is_file()
+
+
+def test_a_changed_truss_template_is_refused_not_silently_kept() -> None:
+    with pytest.raises(RuntimeError, match="truss changed"):
+        image._set_entrypoint(
+            'ENTRYPOINT ["/usr/bin/python3", "/app/server.py"]\n', "/usr/bin/python3"
+        )
+
+
+def test_the_image_carries_the_config_its_settings_render(tmp_path: Path) -> None:
+    s = DeploySettings(
+        image=REGISTRY, gpu_type="h100", gpu_count=2, serving={"max_inflight": "128"}
+    )
+    cfg = yaml.safe_load(
+        (image.render_image_context(tmp_path / "c", s) / "config.yaml").read_text()
+    )
+    assert cfg["resources"]["accelerator"] == "H100:2"
+    assert cfg["model_metadata"] == {"max_inflight": 128}
+    assert cfg["base_image"]["image"] == image.BASE_IMAGE
+    # The repository's Truss is left as it is.
+    assert truss_config()["resources"]["accelerator"] == "A100"
 
 
 def test_installed_requirements_are_the_servers_and_ours(context: Path) -> None:
@@ -97,7 +143,7 @@ def test_model_code_and_packages_are_copied(context: Path, dockerfile: str) -> N
 
 
 def test_image_runs_as_the_non_root_user_the_manifests_expect(dockerfile: str) -> None:
-    uid = manifests.NON_ROOT_UID
+    uid = k8s.NON_ROOT_UID
     lines = instructions(dockerfile)
     assert f"RUN useradd -u {uid} -ms /bin/bash app" in lines
     users = [i for i in lines if i.startswith("USER ")]
@@ -105,8 +151,7 @@ def test_image_runs_as_the_non_root_user_the_manifests_expect(dockerfile: str) -
     chown = next(i for i in lines if i.startswith("RUN chown -R"))
     assert "${APP_HOME}" in chown and "/packages" in chown and "${HOME}" in chown
     assert lines.index(chown) < lines.index(users[-1]) < len(lines) - 1
-    assert "ENV HOME=${HOME:-/home/app}" in lines
-    assert manifests.APP_HOME_DIR == "/home/app"
+    assert f"ENV HOME=${{HOME:-{APP_HOME_DIR}}}" in lines
 
 
 def test_rendering_without_the_flag_would_run_as_root(
@@ -144,7 +189,7 @@ def test_without_a_docker_engine_it_renders_and_prints_the_exact_commands(
     tmp_path: Path, docker_client: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     docker = FakeDocker(info_rc=1)
-    s = DeploySettings(image="registry.example/llm/mtt", image_tag="t1")
+    s = DeploySettings(image=REGISTRY, image_tag="t1")
     assert image.build_image(s, tmp_path / "ctx", runner=docker) == 0
     assert [c[1] for c in docker.calls] == ["info"]
     assert (tmp_path / "ctx" / "Dockerfile").is_file()
@@ -160,7 +205,7 @@ def test_with_a_docker_engine_it_builds_tags_and_pushes(
     tmp_path: Path, docker_client: None
 ) -> None:
     docker = FakeDocker()
-    s = DeploySettings(image="registry.example/llm/mtt", image_tag="t2")
+    s = DeploySettings(image=REGISTRY, image_tag="t2")
     assert image.build_image(s, tmp_path / "ctx", runner=docker) == 0
     assert docker.calls[1:] == [
         [
@@ -189,27 +234,39 @@ def test_conflicting_requirements_stop_the_build(
 ) -> None:
     monkeypatch.setattr(image, "TRTLLM_PINS", (*image.TRTLLM_PINS, "pydantic<2"))
     docker = FakeDocker()
-    assert image.build_image(DeploySettings(), tmp_path / "ctx", runner=docker) == 1
+    assert image.build_image(DeploySettings(image=REGISTRY), tmp_path / "ctx", runner=docker) == 1
     assert docker.calls == [] and not (tmp_path / "ctx").exists()
     assert "pydantic" in capsys.readouterr().err
 
 
-def test_build_py_without_arguments_renders_context_and_manifests(
+def test_no_image_repository_no_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    docker = FakeDocker()
+    assert build_main(["image", "--context-dir", str(tmp_path / "ctx")]) == 2
+    assert image.build_image(DeploySettings(), tmp_path / "ctx", runner=docker) == 2
+    assert docker.calls == [] and not (tmp_path / "ctx").exists()
+    assert "--image" in capsys.readouterr().err
+
+
+def test_build_py_with_values_renders_context_and_manifests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(image, "DEFAULT_CONTEXT_DIR", tmp_path / "ctx")
     monkeypatch.setattr(paths, "K8S_DIR", tmp_path / "k8s")
     monkeypatch.setattr(image, "docker_unavailable", lambda runner=None: "no engine here")
-    assert build_main([]) == 0
+    values = k8s.EXAMPLE_VALUES_FILE
+    assert build_main(["--values", str(values)]) == 0
     assert (tmp_path / "ctx" / "Dockerfile").is_file()
-    assert manifests.drift(DeploySettings(), tmp_path / "k8s") == []
+    s = DeploySettings(**yaml.safe_load(values.read_text()))
+    assert k8s.drift(s, tmp_path / "k8s", values) == []
     out = capsys.readouterr().out
     assert "Not building the image here: no engine here" in out
     assert "docker build" in out and "kubectl apply -f" in out
+    # Without values nothing is rendered.
+    assert build_main([]) == 2
+    assert not (tmp_path / "k8s2").exists()
 
 
-def test_engines_are_built_in_the_same_tensorrt_llm_release_the_image_runs() -> None:
+def test_engines_are_built_in_the_tensorrt_llm_line_the_image_runs() -> None:
     from mistral_build import engine
 
-    assert engine.TRTLLM_IMAGE == image.BASE_IMAGE
     assert image.TRTLLM_VERSION.startswith(engine.TRTLLM_SERIES)

@@ -146,14 +146,14 @@ def test_k8s_folder_equals_what_the_example_values_render(tmp_path: Path) -> Non
 
 def test_drift_is_detected_and_hand_written_files_are_kept(tmp_path: Path) -> None:
     s = deployable(gateway=True)
-    k8s.write_manifests(s, tmp_path)
+    values = tmp_path / "v.yaml"
+    values.write_text(yaml.safe_dump(s.model_dump(mode="json")))
+    k8s.write_manifests(s, tmp_path, values)
     (tmp_path / "service.yaml").write_text((tmp_path / "service.yaml").read_text() + "# edit\n")
     (tmp_path / "stale.yaml").write_text(k8s.HEADER_MARK + "\nkind: ConfigMap\n")
     (tmp_path / "mine.yaml").write_text("kind: ConfigMap\n")  # not ours: never touched
-    problems = k8s.drift(s, tmp_path)
+    problems = k8s.drift(s, tmp_path, values)
     assert len(problems) == 2
-    values = tmp_path / "v.yaml"
-    values.write_text(yaml.safe_dump(s.model_dump(mode="json")))
     args = ["manifests", "--values", str(values), "--out", str(tmp_path)]
     assert build_main([*args, "--check"]) == 1
     assert build_main(args) == 0
@@ -364,7 +364,10 @@ def test_readme_docs_and_build_py_create_the_secret_the_pod_reads(
         "docs/deploy.md": (REPO_ROOT / "docs" / "deploy.md").read_text(),
         k8s.SECRET_TEMPLATE_FILE: (K8S_DIR / k8s.SECRET_TEMPLATE_FILE).read_text(),
     }
-    assert build_main(["manifests", "--values", str(k8s.EXAMPLE_VALUES_FILE), "--out", str(tmp_path)]) == 0
+    assert (
+        build_main(["manifests", "--values", str(k8s.EXAMPLE_VALUES_FILE), "--out", str(tmp_path)])
+        == 0
+    )
     texts["build.py manifests output"] = capsys.readouterr().out
     for where, text in texts.items():
         found = pattern.findall(text)
@@ -438,7 +441,11 @@ def test_pdb_selects_the_pods_and_allows_one_disruption() -> None:
 @pytest.mark.parametrize(
     "adapter,names,waiting",
     [
-        ("gke-managed-prometheus", "mtt", "prometheus.googleapis.com|mtt:num_requests_waiting|gauge"),
+        (
+            "gke-managed-prometheus",
+            "mtt",
+            "prometheus.googleapis.com|mtt:num_requests_waiting|gauge",
+        ),
         ("prometheus-adapter", "mtt", "mtt:num_requests_waiting"),
         ("prometheus-adapter", "vllm", "vllm:num_requests_waiting"),
     ],
@@ -475,7 +482,9 @@ def test_the_gauges_the_manifests_name_are_the_ones_the_server_exports(names: st
     Metrics(registry, prefix=f"{names}:")
     gauges = {m.name for m in registry.collect() if m.type == "gauge"}
     s = deployable(serving={"metrics_names": names})
-    wanted = {k8s.metric_name(s, g) for g in (k8s.GAUGE_WAITING, k8s.GAUGE_RUNNING, k8s.GAUGE_KV_CACHE)}
+    wanted = {
+        k8s.metric_name(s, g) for g in (k8s.GAUGE_WAITING, k8s.GAUGE_RUNNING, k8s.GAUGE_KV_CACHE)
+    }
     assert wanted <= gauges
 
 

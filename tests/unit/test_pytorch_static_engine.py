@@ -1,5 +1,7 @@
 """The static-KV fast path of the PyTorch engine (pytorch_kv_cache=static) on the dev
-model (CPU, so without CUDA graphs): same tokens as HF generate, slots reused."""
+model (CPU, so without CUDA graphs): same tokens as HF generate, slots reused. What it
+shares with the dynamic engine (options, logprobs, gauges, shutdown) is tested on both in
+test_pytorch_engine.py; failure isolation in test_engine_death.py."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pytest
 import torch
 
 from mistral_serving.engines.base import SamplingOptions
-from mistral_serving.engines.pytorch import TorchEngine
+from mistral_serving.engines.factory import start_torch_engine
 from mistral_serving.engines.pytorch_static import StaticTorchEngine
 from mistral_serving.settings import Settings
 
@@ -27,7 +29,7 @@ def hf_model(dev_model: Path):
 
 
 def make_engine(dev_model: Path, **settings) -> StaticTorchEngine:
-    eng = TorchEngine.from_pretrained(
+    eng = start_torch_engine(
         dev_model,
         Settings(artifact=str(dev_model), device="cpu", pytorch_kv_cache="static", **settings),
         EOS,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from packaging.utils import canonicalize_name
 
 from mistral_build import image
 from mistral_build.paths import REPO_ROOT
@@ -74,30 +75,38 @@ def compat_pins() -> list[str]:
     return [p.strip('"') for p in match.group(1).split()]
 
 
-# The one knowing deviation: the image's torch 2.9.x exists here only as a multi-GB CUDA
-# build; the CPU wheel on disk is 2.13.0, and the tokenizer/chat/streaming tests do not
-# depend on torch's version.
-KNOWN_DEVIATIONS = {"torch"}
-
-
-def test_compat_venv_pins_what_the_image_runs() -> None:
+def test_compat_venv_runs_on_the_images_pins() -> None:
+    """`make test-compat` installs COMPAT_PINS under the image's pins as constraints."""
+    constraints = image.compat_constraints()
+    assert "transformers==4.57.3" in constraints and "mistral-common==1.8.6" in constraints
+    assert set(constraints) == set(image.TRTLLM_PINS) - {
+        p
+        for p in image.TRTLLM_PINS
+        if image.parse_requirements([p])[0].name in image.COMPAT_DEVIATIONS
+    }
     pins = compat_pins()
-    assert "transformers==4.57.3" in pins
-    assert "mistral-common==1.8.6" in pins
-    conflicts = image.find_conflicts(
-        {"Makefile COMPAT_PINS": pins, "image": list(image.TRTLLM_PINS)}
-    )
-    assert {c.package for c in conflicts} == KNOWN_DEVIATIONS
-    # Every package the image pins exactly that the compat venv installs is pinned the same.
+    assert image.find_conflicts({"Makefile COMPAT_PINS": pins, "constraints": constraints}) == []
+    # Where the image pins a version exactly, the Makefile names the package only: one source.
     exact = {
-        r.name: str(r.specifier)
-        for r in image.parse_requirements(image.TRTLLM_PINS)
+        canonicalize_name(r.name)
+        for r in image.parse_requirements(constraints)
         if str(r.specifier).startswith("==")
     }
-    mine = {r.name: str(r.specifier) for r in image.parse_requirements(pins)}
-    for name, spec in exact.items():
-        if name in mine:
-            assert mine[name] == spec, name
+    for r in image.parse_requirements(pins):
+        if canonicalize_name(r.name) in exact:
+            assert not str(r.specifier), f"{r.name} is pinned by the image already"
+    # A deviation is a package the Makefile really pins apart, with its reason.
+    for name, reason in image.COMPAT_DEVIATIONS.items():
+        assert reason and name in {
+            canonicalize_name(r.name) for r in image.parse_requirements(pins)
+        }
+        assert image.find_conflicts({"Makefile": pins, "image": list(image.TRTLLM_PINS)}) != []
+
+
+def test_make_reads_the_constraints_from_image_py() -> None:
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert "from mistral_build.image import compat_constraints" in makefile
+    assert "-c $(COMPAT_CONSTRAINTS)" in makefile
 
 
 def test_ci_runs_the_compat_tests_after_make_test() -> None:

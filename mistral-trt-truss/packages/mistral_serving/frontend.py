@@ -242,19 +242,25 @@ class Frontend:
         headers: dict[str, str],
     ) -> StreamingResponse:
         started = []
+        telemetry = self.service.telemetry
 
         async def body() -> AsyncIterator[str]:
             started.append(True)
             try:
                 async for event in events:
                     yield event
-            except EngineError:
+            except (EngineError, RequestError):
+                # Past the status line a failure can only cut the body (the predict
+                # format has no in-band error; OpenAI's handles RequestError itself).
                 log.warning("request %s: generation failed mid-stream", record.request_id)
                 raise TruncatedStream("error") from None
             finally:
                 ticket.release()
-
-        telemetry = self.service.telemetry
+                if record.finish_reason is None:
+                    # Left before generation started (e.g. while the chat role chunk was
+                    # written): the service never saw it, so count it here.
+                    record.finish_reason = "client_gone"
+                    telemetry.finished(record)
 
         def gone() -> None:
             # If the body never started (client gone before the first byte), nothing

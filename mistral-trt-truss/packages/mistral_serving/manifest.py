@@ -91,6 +91,10 @@ def name_problem(name: str) -> str | None:
         return "empty name"
     if len(name) > MAX_NAME_CHARS:
         return f"longer than {MAX_NAME_CHARS} characters"
+    try:
+        name.encode()
+    except UnicodeEncodeError:  # a lone surrogate: os.fsdecode's stand-in for a bad byte
+        return "not valid UTF-8"
     if any(not c.isprintable() for c in name):
         return "control or non-printable character in the name"
     if "\\" in name:
@@ -100,11 +104,8 @@ def name_problem(name: str) -> str | None:
     for part in name.split("/"):
         if part in ("", ".", ".."):
             return f"{part or 'empty'!r} path component"
-        try:
-            if len(part.encode()) > MAX_COMPONENT_BYTES:
-                return f"a path component longer than {MAX_COMPONENT_BYTES} bytes"
-        except UnicodeEncodeError:
-            return "not valid UTF-8"
+        if len(part.encode()) > MAX_COMPONENT_BYTES:
+            return f"a path component longer than {MAX_COMPONENT_BYTES} bytes"
     return None
 
 
@@ -304,9 +305,13 @@ def parse_manifest(data: bytes | str, where: str) -> BuildManifest:
 def read_manifest(
     artifact_dir: Path, files: Mapping[str, FileStat] | None = None
 ) -> BuildManifest | None:
-    """The artifact's manifest, None if it has none. `files` is `scan_files`' listing when
-    the caller has it (else the directory is scanned, so the manifest file is confined)."""
-    files = scan_files(artifact_dir) if files is None else files
+    """The artifact's manifest, None if it has none (or is no directory yet). `files` is
+    `scan_files`' listing when the caller has it (else the directory is scanned, so the
+    manifest file is confined)."""
+    if files is None:
+        if not Path(artifact_dir).is_dir():
+            return None
+        files = scan_files(artifact_dir)
     if MANIFEST_NAME not in files:
         return None
     path = Path(artifact_dir) / MANIFEST_NAME

@@ -142,22 +142,23 @@ def refuse_unsupported(sampling: SamplingOptions) -> None:
 Item = TokenDelta | BaseException
 
 
-def merge_ready(first: TokenDelta, queue: asyncio.Queue) -> Item:
+def merge_ready(first: TokenDelta, queue: asyncio.Queue) -> tuple[TokenDelta, BaseException | None]:
     """`first` plus the deltas already queued behind it, as one delta: a consumer that
     fell behind the engine catches up in one pass (one chunk, one event) instead of one
-    pass per token. Stops at a finish reason; an error behind it is delivered first."""
+    pass per token. Stops at a finish reason, or at an error: that error comes back
+    second, to raise after the tokens that preceded it."""
     tokens = list(first.token_ids)
     logprobs = None if first.logprobs is None else list(first.logprobs)
     reason = first.finish_reason
     while reason is None and not queue.empty():
         item = queue.get_nowait()
         if isinstance(item, BaseException):
-            return item
+            return TokenDelta(tokens, None, logprobs), item
         tokens += item.token_ids
         if item.logprobs is not None:
             logprobs = (logprobs or []) + item.logprobs
         reason = item.finish_reason
-    return TokenDelta(tokens, reason, logprobs)
+    return TokenDelta(tokens, reason, logprobs), None
 
 
 def put_all(items: Iterable[tuple[asyncio.Queue, Item]]) -> None:
@@ -179,15 +180,21 @@ def deliver(items: Iterable[tuple[asyncio.AbstractEventLoop, asyncio.Queue, Item
 
 async def read_stream(queue: asyncio.Queue, what: str) -> AsyncIterator[TokenDelta]:
     """A stream's consumer side: yield its deltas (merged when it fell behind) until a
-    finish reason; an exception from the engine ends it as `EngineError`."""
+    finish reason; an exception from the engine ends it as `EngineError`, after the
+    tokens delivered before it."""
     while True:
         item = await queue.get()
-        if not queue.empty() and isinstance(item, TokenDelta):
-            item = merge_ready(item, queue)
-        if isinstance(item, EngineError):  # a fresh one per stream: one item may reach many
-            raise EngineError(str(item)) from item
-        if isinstance(item, BaseException):
-            raise EngineError(f"{what} failed: {item!r}") from item
-        yield item
-        if item.finish_reason is not None:
-            return
+        error = None
+        if isinstance(item, TokenDelta):
+            if not queue.empty():
+                item, error = merge_ready(item, queue)
+            if item.token_ids or item.finish_reason is not None:
+                yield item
+            if item.finish_reason is not None:
+                return
+        else:
+            error = item
+        if isinstance(error, EngineError):  # a fresh one per stream: one item may reach many
+            raise EngineError(str(error)) from error
+        if error is not None:
+            raise EngineError(f"{what} failed: {error!r}") from error

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 def engine_name_for(kind: ArtifactKind, setting: str) -> str:
     wanted = {"trtllm_engine": "tensorrt_llm", "hf_checkpoint": "pytorch"}[kind]
+    if kind == "hf_checkpoint" and setting == "trtllm_pytorch":  # TensorRT-LLM's PyTorch backend
+        return setting
     if setting not in ("auto", wanted):
         raise ArtifactError(
             f"engine={setting} but the artifact is a "
@@ -53,6 +55,12 @@ def start_engine(
             eos_token_id=tokenizer.eos_id,
             pad_token_id=tokenizer.eos_id,
             tokenizer_vocab_size=tokenizer.vocab_size,
+        )
+    if engine_name_for(kind, settings.engine) == "trtllm_pytorch":
+        from mistral_serving.engines.trtllm_pytorch import TrtLlmPytorchEngine
+
+        return TrtLlmPytorchEngine.load(
+            artifact_dir, settings, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id
         )
     return start_torch_engine(artifact_dir, settings, tokenizer.eos_id)
 

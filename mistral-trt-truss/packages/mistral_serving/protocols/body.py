@@ -9,17 +9,32 @@ tokenizer), and a JSON object at the top. Each refusal is one `RequestError` lin
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from mistral_serving.errors import RequestError
 
 MAX_DEPTH = 32  # our bodies nest 4 deep (messages -> message -> content -> part)
+MAX_INT_DIGITS = 4300  # int() refuses longer strings (a plain ValueError, not a JSON error)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _refuse_constant(name: str) -> Any:
     raise RequestError(f"request body is not valid JSON: {name} is not a JSON number")
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise RequestError(f"request body holds an integer of more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e999: as refused as Infinity itself
+        raise RequestError(f"request body holds a number out of range: {text[:32]}")
+    return value
 
 
 def decode_json_object(raw: bytes) -> dict[str, Any]:
@@ -30,7 +45,9 @@ def decode_json_object(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise RequestError(f"request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(
+            text, parse_constant=_refuse_constant, parse_int=_parse_int, parse_float=_parse_float
+        )
     except json.JSONDecodeError as exc:
         raise RequestError(
             f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"

@@ -43,6 +43,8 @@ MAX_TOP_LOGPROBS = 20
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
+    # vLLM's: with include_usage, every chunk carries the usage so far (guidellm asks).
+    continuous_usage_stats: bool = False
 
 
 class TextPart(StrictModel):
@@ -148,9 +150,11 @@ class OpenAICall:
     stream: bool
     include_usage: bool
     created: int
+    continuous_usage: bool = False  # usage so far in every chunk (needs include_usage)
 
 
-_UNSUPPORTED = ("echo", "best_of", "suffix", "n")
+# Fields we accept only at their default (None is accepted for each too).
+_UNSUPPORTED: dict[str, object] = {"echo": False, "best_of": 1, "suffix": None, "n": 1}
 
 
 class OpenAIFormat:
@@ -165,8 +169,10 @@ class OpenAIFormat:
     # ---- request ----
 
     def parse(self, body: dict[str, Any], ctx: ParseContext) -> OpenAICall:
-        for name in _UNSUPPORTED:  # a clearer word than "input should be 1"
-            if name in body and body[name] not in (None, False, 1):
+        for name, default in _UNSUPPORTED.items():  # a clearer word than "input should be 1"
+            value = body.get(name)
+            # By type too: `true == 1` in Python, but `n: true` is not OpenAI's default.
+            if value is not None and (type(value) is not type(default) or value != default):
                 raise RequestError(
                     f"unsupported field: {name} (only its default is supported)", param=name
                 )
@@ -205,7 +211,10 @@ class OpenAIFormat:
             param=param,
         )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return OpenAICall(self.chat, gen, req.stream, include_usage, int(time.time()))
+        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        return OpenAICall(
+            self.chat, gen, req.stream, include_usage, int(time.time()), continuous
+        )
 
     # ---- answer ----
 
@@ -281,6 +290,10 @@ class OpenAIFormat:
         base = {"id": rid, "object": obj, "created": call.created, "model": self._model_name}
         usage_field = {"usage": None} if call.include_usage else {}
 
+        def usage_so_far() -> dict[str, Any]:
+            # The role chunk keeps None: it is sent before the prompt is counted.
+            return {"usage": record.usage} if call.continuous_usage else usage_field
+
         def choice(content: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
             if self.chat:
                 delta: dict[str, Any] = (
@@ -302,18 +315,18 @@ class OpenAIFormat:
         offset = 0
         try:
             async for chunk in chunks:
-                if chunk.logprobs is None:
+                if chunk.logprobs is None and not call.continuous_usage:
                     yield f"{head}{json.dumps(chunk.text, ensure_ascii=False)}{tail}"
                 else:
                     event = choice(chunk.text, None)
                     event["logprobs"] = self._logprobs(chunk.logprobs, offset)
                     offset += len(chunk.text)
-                    yield _sse(base | {"choices": [event]} | usage_field)
+                    yield _sse(base | {"choices": [event]} | usage_so_far())
         except RequestError as exc:
             yield _sse(self.error_body(exc))
             yield "data: [DONE]\n\n"
             return
-        yield _sse(base | {"choices": [choice(None, record.finish_reason)]} | usage_field)
+        yield _sse(base | {"choices": [choice(None, record.finish_reason)]} | usage_so_far())
         if call.include_usage:
             yield _sse(base | {"choices": [], "usage": record.usage})
         yield "data: [DONE]\n\n"

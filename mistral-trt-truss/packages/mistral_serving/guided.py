@@ -1,0 +1,86 @@
+"""Structured output (OpenAI's `response_format`) for the PyTorch engines, with xgrammar.
+
+xgrammar is the grammar engine TensorRT-LLM and vLLM use. A `GuidedDecoder` holds one
+grammar compiler for the served tokenizer (compiled grammars are cached by xgrammar);
+each request gets a `GuidedMatcher` that, before every sampling step, masks the logits
+of every token the grammar does not allow next, and accepts the token that was chosen.
+Once the grammar is complete only EOS is allowed, so the output always parses. The
+TensorRT-LLM engine does the same inside the runtime (`GuidedDecodingParams`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from mistral_serving.engines.base import EngineRequestError, GuidedDecoding
+from mistral_serving.tokenizer import Tokenizer
+
+
+class GuidedDecoder:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int | None = None) -> None:
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        # The model's vocabulary can be larger than the tokenizer's (padded embeddings):
+        # those ids decode to nothing and are never allowed.
+        vocab = [b or b"" for b in tokenizer.table.token_bytes]
+        self.vocab_size = max(vocab_size or len(vocab), len(vocab))
+        info = xgr.TokenizerInfo(
+            vocab,
+            xgr.VocabType.RAW,
+            vocab_size=self.vocab_size,
+            stop_token_ids=sorted({tokenizer.eos_id, *getattr(tokenizer, "stop_token_ids", ())}),
+        )
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        self._lock = threading.Lock()  # compile calls come from request threads
+
+    def matcher(self, guided: GuidedDecoding) -> GuidedMatcher:
+        """A fresh matcher for one request; a schema xgrammar cannot compile is the
+        client's error."""
+        with self._lock:
+            try:
+                # json_object is OpenAI's "any JSON object"; no free whitespace, so a model
+                # cannot stall in a run of spaces.
+                schema = guided.json_schema if guided.kind == "json_schema" else None
+                compiled = self._compiler.compile_json_schema(
+                    schema or '{"type": "object"}', any_whitespace=False
+                )
+            except Exception as exc:  # xgrammar raises RuntimeError/ValueError on bad schemas
+                message = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                raise EngineRequestError(
+                    f"response_format: cannot use this schema: {message}"
+                ) from None
+        return GuidedMatcher(self._xgr, compiled, self.vocab_size)
+
+
+class GuidedMatcher:
+    """Per-request grammar state: `mask` before sampling, `accept` after."""
+
+    def __init__(self, xgr, compiled, vocab_size: int) -> None:
+        self._xgr = xgr
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._vocab_size = vocab_size
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """Set the logits of disallowed tokens to -inf, in place (one row, any device)."""
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        row = logits.view(1, -1)
+        if row.device.type == "cpu" and row.dtype == torch.float32:
+            self._xgr.apply_token_bitmask_inplace(row, self._bitmask, vocab_size=self._vocab_size)
+            return
+        work = row.float().cpu()
+        self._xgr.apply_token_bitmask_inplace(work, self._bitmask, vocab_size=self._vocab_size)
+        row.copy_(work.to(row.device, row.dtype))
+
+    def accept(self, token_id: int) -> None:
+        if not self._matcher.is_terminated() and not self._matcher.accept_token(token_id):
+            raise EngineRequestError(
+                f"token {token_id} is not allowed by the response_format grammar"
+            )
+
+    @property
+    def done(self) -> bool:
+        return self._matcher.is_terminated()

