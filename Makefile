@@ -48,14 +48,16 @@ $(SMOLLM2): $(STAMP) mistral_build/smollm2.py
 # `make serve` answers with SmolLM2 (a real model, its own chat template, on the CPU);
 # `make serve MODEL=dev-mistral` serves the tiny random-weight Mistral-tokenizer dev model.
 MODEL ?= smollm2
-serve: $(if $(filter dev-mistral,$(MODEL)),$(DEV_MODEL),$(SMOLLM2))
-ifeq ($(MODEL),dev-mistral)
-	$(PY) build.py serve --port $(PORT)
-else ifeq ($(MODEL),smollm2)
-	$(PY) build.py serve --port $(PORT) --artifact .cache/smollm2 --set engine=pytorch
-else
-	@echo "make serve: MODEL must be smollm2 or dev-mistral, not '$(MODEL)'"; exit 2
+SERVE_NEEDS_smollm2 := $(SMOLLM2)
+SERVE_ARGS_smollm2 := --artifact .cache/smollm2 --set engine=pytorch
+SERVE_NEEDS_dev-mistral := $(DEV_MODEL)
+ifneq ($(filter serve,$(MAKECMDGOALS)),)
+ifeq ($(SERVE_NEEDS_$(MODEL)),)
+$(error MODEL must be smollm2 or dev-mistral, not '$(MODEL)')
 endif
+endif
+serve: $(SERVE_NEEDS_$(MODEL))
+	$(PY) build.py serve --port $(PORT) $(SERVE_ARGS_$(MODEL))
 
 test: $(DEV_MODEL)
 	$(PY) -m ruff check .

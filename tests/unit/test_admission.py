@@ -229,3 +229,40 @@ def test_waiter_cancelled_after_hand_off_passes_the_slot_on() -> None:
         assert adm.inflight == 0
 
     asyncio.run(main())
+
+
+def test_full_means_acquire_would_refuse_at_once() -> None:
+    """`full` lets the frontend answer 429 before reading the body: it must agree with
+    what `acquire` would do."""
+    adm, _ = make(1, 1)
+
+    async def main() -> None:
+        assert not adm.full
+        held = await adm.acquire()
+        assert not adm.full  # a queue place is free
+        waiter = asyncio.ensure_future(adm.acquire(poll_s=POLL))
+        await settle()
+        assert adm.full
+        with pytest.raises(Overloaded):
+            await adm.acquire()
+        held.release()  # handed to the waiter: still one running, nobody waiting
+        ticket = await waiter
+        assert not adm.full
+        ticket.release()
+
+    asyncio.run(main())
+
+
+def test_full_with_no_queue() -> None:
+    adm, _ = make(2, 0)
+
+    async def main() -> None:
+        a = await adm.acquire()
+        assert not adm.full
+        b = await adm.acquire()
+        assert adm.full
+        a.release()
+        assert not adm.full
+        b.release()
+
+    asyncio.run(main())

@@ -72,7 +72,9 @@ def test_every_chunk_carries_the_usage_so_far(chat: bool, with_logprobs: bool) -
         assert role["usage"] is None  # sent before the prompt is counted
     *content, finish, last = events
     assert [e["usage"] for e in content] == [usage(n) for n in range(1, len(PARTS) + 1)]
-    text = [e["choices"][0]["delta"]["content"] if chat else e["choices"][0]["text"] for e in content]
+    text = [
+        e["choices"][0]["delta"]["content"] if chat else e["choices"][0]["text"] for e in content
+    ]
     assert text == PARTS
     assert finish["choices"][0]["finish_reason"] == "length"
     assert finish["usage"] == usage(len(PARTS))
@@ -82,6 +84,7 @@ def test_every_chunk_carries_the_usage_so_far(chat: bool, with_logprobs: bool) -
 def test_without_include_usage_it_changes_nothing() -> None:
     plain = stream(True, {}, [Chunk(t) for t in PARTS])
     continuous = stream(True, {"continuous_usage_stats": True}, [Chunk(t) for t in PARTS])
+
     def strip(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return [{k: v for k, v in e.items() if k != "created"} for e in events]
 

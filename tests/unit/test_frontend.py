@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
@@ -101,7 +103,9 @@ class Client:
 
     @property
     def scope(self) -> dict[str, Any]:
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        headers = [
+            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()
+        ]
         headers.append((b"content-length", str(len(self.body)).encode()))
         return {
             "type": "http",
@@ -206,7 +210,11 @@ def test_predict_stream_is_the_text(tok: Tokenizer) -> None:
 def test_chat_stream_is_openais_sse(tok: Tokenizer) -> None:
     served = serve(tok)
     client = Client(
-        body(messages=[{"role": "user", "content": "Hi"}], stream=True, stream_options={"include_usage": True}),
+        body(
+            messages=[{"role": "user", "content": "Hi"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        ),
         route="chat_completions",
     )
     run(served, client)
@@ -282,7 +290,9 @@ def test_request_id_from_logs_only_the_start_of_a_refused_id(
         (body(prompt="x", pad="y" * 70_000), "pad: unknown field"),  # decoded in a thread
     ],
 )
-def test_bad_predict_bodies_are_400s_counted_invalid(tok: Tokenizer, raw: bytes, needle: str) -> None:
+def test_bad_predict_bodies_are_400s_counted_invalid(
+    tok: Tokenizer, raw: bytes, needle: str
+) -> None:
     served = serve(tok)
     client = run(served, Client(raw, headers={REQUEST_ID_HEADER: "r-1"}))
     assert client.status == 400
@@ -435,7 +445,11 @@ def test_a_stream_whose_client_leaves_is_aborted_and_counted_once(
 ) -> None:
     engine = ScriptedEngine.from_ids(tok.encode(TEXT), finish_reason=None, limits=LIMITS)
     served = serve(tok, engine)
-    fields = {"prompt": "Hi"} if route == "predict" else {"messages": [{"role": "user", "content": "Hi"}]}
+    fields = (
+        {"prompt": "Hi"}
+        if route == "predict"
+        else {"messages": [{"role": "user", "content": "Hi"}]}
+    )
     client = Client(body(**fields, stream=True), route=route)
 
     async def main() -> None:
@@ -524,7 +538,9 @@ class FailsOnToken(ScriptedEngine):
 def test_an_engine_error_is_a_500_for_that_request_only(tok: Tokenizer) -> None:
     bad = tok.encode("zebra")[-1]
     ids = tok.encode(TEXT)
-    engine = FailsOnToken(bad, EngineError("GPU fell off"), script=[TokenDelta(ids, "stop")], limits=LIMITS)
+    engine = FailsOnToken(
+        bad, EngineError("GPU fell off"), script=[TokenDelta(ids, "stop")], limits=LIMITS
+    )
     served = serve(tok, engine)
     good, failing = Client(body(prompt="Hi")), Client(body(prompt="zebra"))
 
@@ -552,7 +568,9 @@ def test_an_engine_error_is_openai_shaped_on_openai_routes(tok: Tokenizer) -> No
 
 def test_an_engine_refusal_is_a_400_counted_invalid(tok: Tokenizer) -> None:
     bad = tok.encode("zebra")[-1]
-    engine = FailsOnToken(bad, EngineRequestError("response_format is not supported"), limits=LIMITS)
+    engine = FailsOnToken(
+        bad, EngineRequestError("response_format is not supported"), limits=LIMITS
+    )
     served = serve(tok, engine)
     client = run(served, Client(body(prompt="zebra")))
     assert client.status == 400
@@ -623,3 +641,46 @@ def test_shutdown_stops_the_engine(tok: Tokenizer) -> None:
     served = serve(tok)
     served.frontend.shutdown()
     assert not served.engine.is_healthy()
+
+
+# ---- any body, end to end through the frontend ----
+
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+FIELDS = ["prompt", "messages", "max_tokens", "stream", "temperature", "stop", "n", "logprobs"]
+BODIES = (
+    st.binary(max_size=40)
+    | st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=4).map(
+        lambda d: json.dumps(d).encode()
+    )
+    | st.fixed_dictionaries(
+        {"prompt": st.text(max_size=20), "stream": st.booleans()},
+        optional={"max_tokens": JSON, "stop": JSON, "temperature": JSON},
+    ).map(lambda d: json.dumps(d).encode())
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=BODIES, route=st.sampled_from(sorted(PATHS)))
+def test_any_body_is_answered_200_or_4xx_and_counted_once(
+    tok: Tokenizer, raw: bytes, route: str
+) -> None:
+    served = serve(tok)
+    client = run(served, Client(raw, route=route))
+    assert client.status in (200, 400), client.body_bytes
+    assert sum(served.counts(route).values()) == 1
+    assert served.frontend.admission.inflight == 0
+    if client.status == 400:
+        error = client.json()["error"]
+        assert isinstance(error if route == "predict" else error["message"], str)
+    else:
+        assert client.complete

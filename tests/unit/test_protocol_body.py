@@ -155,8 +155,33 @@ def test_any_bytes_give_an_object_or_a_request_error(raw: bytes) -> None:
 
 JSONISH = st.lists(
     st.sampled_from(
-        ['{', '}', '[', ']', '"', ':', ',', '"a"', "1", "-", "e9", ".5", "null", "true", "NaN",
-         "Infinity", "\\u", "d800", "\\", " ", "\xff", "é", "😀", "1e999", "0" * 5]
+        [
+            "{",
+            "}",
+            "[",
+            "]",
+            '"',
+            ":",
+            ",",
+            '"a"',
+            "1",
+            "-",
+            "e9",
+            ".5",
+            "null",
+            "true",
+            "NaN",
+            "Infinity",
+            "\\u",
+            "d800",
+            "\\",
+            " ",
+            "\xff",
+            "é",
+            "😀",
+            "1e999",
+            "0" * 5,
+        ]
     ),
     max_size=24,
 ).map("".join)

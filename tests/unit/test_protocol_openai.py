@@ -39,7 +39,9 @@ JSON = st.recursive(
     | st.integers(-(2**70), 2**70)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 
@@ -275,7 +277,10 @@ def test_chat_logprobs_options(chat_fmt: OpenAIFormat, body: dict, expected: int
                 "json_schema", '{"type": "object", "properties": {"a": {"type": "integer"}}}'
             ),
         ),
-        ({"type": "json_schema", "json_schema": {"name": "any"}}, GuidedDecoding("json_schema", "{}")),
+        (
+            {"type": "json_schema", "json_schema": {"name": "any"}},
+            GuidedDecoding("json_schema", "{}"),
+        ),
     ],
 )
 def test_response_format_becomes_guided_decoding(
@@ -420,7 +425,10 @@ def test_completion_response_body(comp_fmt: OpenAIFormat) -> None:
 def logprobs_for(tok: Tokenizer, text: str) -> tuple[list[int], list[TokenLogprob]]:
     ids = tok.encode(text)
     (alt,) = tok.encode("the")  # " the" (SentencePiece adds the space)
-    return ids, [TokenLogprob(t, -0.25 * (i + 1), ((t, -0.25 * (i + 1)), (alt, -2.5))) for i, t in enumerate(ids)]
+    return ids, [
+        TokenLogprob(t, -0.25 * (i + 1), ((t, -0.25 * (i + 1)), (alt, -2.5)))
+        for i, t in enumerate(ids)
+    ]
 
 
 def test_chat_logprobs_in_openais_shape(chat_fmt: OpenAIFormat, tok: Tokenizer) -> None:
@@ -570,7 +578,9 @@ def test_completion_sse_sequence(comp_fmt: OpenAIFormat) -> None:
     assert all(e["object"] == "text_completion" and e["id"] == "cmpl-abc" for e in events)
     assert [e["choices"][0]["text"] for e in events] == ["a", "b c", ""]
     assert [e["choices"][0]["finish_reason"] for e in events] == [None, None, "stop"]
-    assert all(list(e["choices"][0]) == ["index", "text", "logprobs", "finish_reason"] for e in events)
+    assert all(
+        list(e["choices"][0]) == ["index", "text", "logprobs", "finish_reason"] for e in events
+    )
 
 
 def test_a_cut_stream_says_abort_in_band(chat_fmt: OpenAIFormat) -> None:
@@ -698,7 +708,10 @@ CHAT_FIELDS = [
 COMPLETION_FIELDS = [f for f in CHAT_FIELDS if f not in ("messages", "max_completion_tokens")]
 COMPLETION_FIELDS += ["prompt", "echo", "best_of", "suffix"]
 VALID_CHAT = {
-    "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "u"}]}],
+    "messages": [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": [{"type": "text", "text": "u"}]},
+    ],
     "max_tokens": 8,
     "temperature": 0.3,
     "stream": True,

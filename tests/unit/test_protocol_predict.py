@@ -29,7 +29,9 @@ JSON = st.recursive(
     | st.integers(-(2**70), 2**70)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=12,
 )
 FIELDS = [
@@ -133,7 +135,9 @@ def test_top_p_zero_or_one_is_off(top_p: float, expected: float) -> None:
 
 
 def test_messages_body() -> None:
-    call = parse({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]})
+    call = parse(
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}
+    )
     assert call.gen.prompt is None
     assert call.gen.param == "messages"
     assert call.gen.messages == (
@@ -398,8 +402,6 @@ VALID = {
     drop=st.sets(st.sampled_from(sorted(VALID))),
     change=st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=2),
 )
-def test_mutated_valid_bodies_parse_or_are_refused(
-    drop: set[str], change: dict[str, Any]
-) -> None:
+def test_mutated_valid_bodies_parse_or_are_refused(drop: set[str], change: dict[str, Any]) -> None:
     body = {k: v for k, v in VALID.items() if k not in drop} | change
     check_outcome(body)

@@ -150,9 +150,7 @@ options = st.builds(
     prompt=st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6),
     generated=st.lists(st.integers(0, VOCAB - 1), max_size=6),
 )
-def test_sampling_never_yields_nan_or_raises_for_accepted_options(
-    opts, logits, prompt, generated
-):
+def test_sampling_never_yields_nan_or_raises_for_accepted_options(opts, logits, prompt, generated):
     r = Row(prompt, opts, generated, torch.Generator().manual_seed(opts.seed or 0))
     out = sample_next_tokens(torch.tensor([logits], dtype=torch.float32), [r])[0]
     finite = [i for i, v in enumerate(logits) if not math.isnan(v) and v != -math.inf]

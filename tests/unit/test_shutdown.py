@@ -159,3 +159,19 @@ def test_install_off_the_main_thread_does_nothing(restore_sigterm: None) -> None
     thread.join(5)
     assert errors == []
     assert signal.getsignal(signal.SIGTERM) is marker
+
+
+def test_engine_died_signals_the_process_and_drains_once(restore_sigterm: None) -> None:
+    received: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    calls = Calls()
+    drainer = Drainer(10, calls.stop, calls.abort)
+
+    async def main() -> None:
+        drainer.engine_died()
+        drainer.engine_died()  # already draining: not a second signal
+        await asyncio.sleep(0.01)
+
+    asyncio.run(main())
+    assert received == [signal.SIGTERM]  # the container is restarted through the drain
+    assert drainer.draining and calls.stop_admitting == 1

@@ -9,6 +9,7 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
+from mistral_serving.errors import RequestError
 from mistral_serving.metrics import Metrics
 from mistral_serving.telemetry import RequestRecord, Telemetry
 
@@ -140,3 +141,26 @@ def test_log_prompts_adds_prompt_and_output(caplog: pytest.LogCaptureFixture) ->
     (line,) = request_lines(caplog)
     assert line.prompt == "the prompt"
     assert line.output == "generated words"
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        (400, "invalid"),
+        (404, "invalid"),
+        (408, "invalid"),
+        (413, "invalid"),
+        (429, "rejected"),
+        (503, "rejected"),
+        (499, "client_gone"),
+        (500, "error"),
+    ],
+)
+def test_a_refusal_is_counted_under_its_reason(status: int, reason: str) -> None:
+    telemetry, registry = make()
+    record = RequestRecord("r", "completions")
+    record.finish_reason = RequestError("no", status=status).finish_reason
+    telemetry.finished(record)
+    labels = {"route": "completions", "finished_reason": reason}
+    assert value(registry, "mtt:request_finished_total", labels) == 1
+    assert value(registry, "mtt:time_to_first_token_seconds_count", {"route": "completions"}) == 0

@@ -38,7 +38,10 @@ def cgroup_cpu_quota(root: Path = CGROUP_ROOT) -> float | None:
             return _ratio(parts[0], parts[1])
         return None
     for sub in ("cpu", "cpu,cpuacct"):
-        quota, period = _read(root / sub / "cpu.cfs_quota_us"), _read(root / sub / "cpu.cfs_period_us")
+        quota, period = (
+            _read(root / sub / "cpu.cfs_quota_us"),
+            _read(root / sub / "cpu.cfs_period_us"),
+        )
         if quota is not None and period is not None:
             return _ratio(quota, period)
     return None

@@ -433,8 +433,10 @@ class TorchEngine:
                 item: TokenDelta | EngineError = self._record(seq, pick)
             except Exception as exc:  # noqa: BLE001 - this sequence's failure is its own
                 log.error("request %s failed in the engine: %r", seq.request_id, exc)
-                item = exc if isinstance(exc, EngineError) else EngineError(
-                    f"generation failed for this request: {exc!r}"
+                item = (
+                    exc
+                    if isinstance(exc, EngineError)
+                    else EngineError(f"generation failed for this request: {exc!r}")
                 )
             deliveries.append((seq.loop, seq.queue, item))
             if not isinstance(item, TokenDelta) or item.finish_reason is not None:

@@ -28,6 +28,7 @@ Rows that are plain greedy (no penalty, no logprobs, no mask) take one batched a
 
 from __future__ import annotations
 
+import collections
 import math
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -112,22 +113,37 @@ def _sanitize(row: torch.Tensor) -> torch.Tensor:
 
 
 def sample_row(row: torch.Tensor, seq: Row) -> Sampled:
-    """The next token for one sequence from its logits `row` [vocab] (modified)."""
+    """The next token for one sequence from its logits `row` [vocab] (modified).
+
+    No data-dependent branch until the end: on a GPU every host read waits for the
+    device, so one read per row carries the token, the verdict and the logprobs."""
     opts = seq.sampling
     row = _sanitize(row.float())
-    if not torch.isfinite(row.max()):
-        raise EngineError(_NO_FINITE)
     if _penalized(opts):
         _apply_penalties(row, seq)
         row = _sanitize(row)
-        if not torch.isfinite(row.max()):
-            raise EngineError(_NO_FINITE)
+    ok = torch.isfinite(row.max())
+    # Without a finite logit the request fails below; until then keep the math finite
+    # (a NaN reaching multinomial is a device-side assert on CUDA, fatal to the process).
+    row = torch.where(ok, row, torch.zeros_like(row))
     logp = torch.log_softmax(row, -1) if opts.logprobs is not None else None
     masked = _apply_masks(row, seq)
-    if not torch.isfinite(masked.max()):
-        masked = row  # the masks left nothing: the model's best beats no answer
+    if masked is not row:  # the masks left nothing: the model's best beats no answer
+        masked = torch.where(torch.isfinite(masked.max()), masked, row)
     token = _pick(masked, opts, seq.generator)
-    return Sampled(token, None if logp is None else _logprob(logp, token, opts.logprobs))
+    if logp is None:
+        picked, good = torch.stack([token, ok.long()]).tolist()
+        logprob = None
+    else:
+        k = max(0, min(opts.logprobs or 0, logp.numel()))
+        values, ids = torch.topk(logp, k)
+        picked, good, *top_ids = torch.cat([token.view(1), ok.long().view(1), ids]).tolist()
+        chosen, *top_values = torch.cat([logp[token].view(1), values]).tolist()
+        top = tuple((i, _finite_lp(v)) for i, v in zip(top_ids, top_values))
+        logprob = TokenLogprob(picked, _finite_lp(chosen), top)
+    if not good:
+        raise EngineError(_NO_FINITE)
+    return Sampled(picked, logprob)
 
 
 def _apply_penalties(row: torch.Tensor, seq: Row) -> None:
@@ -141,8 +157,10 @@ def _apply_penalties(row: torch.Tensor, seq: Row) -> None:
         # A finite score stays finite (10 x -3e38 would be -inf: a token lost for good).
         row[seen] = torch.where(scores.isfinite(), penalized.clamp(-_BIG, _BIG), scores)
     if seq.generated and (opts.presence_penalty or opts.frequency_penalty):  # OpenAI semantics
-        ids, counts = torch.tensor(seq.generated, device=row.device).unique(return_counts=True)
-        row[ids] -= opts.presence_penalty + opts.frequency_penalty * counts.to(row.dtype)
+        counts = collections.Counter(seq.generated)  # on the host: no device round trip
+        ids = torch.tensor(list(counts), device=row.device)
+        times = torch.tensor(list(counts.values()), dtype=row.dtype, device=row.device)
+        row[ids] -= opts.presence_penalty + opts.frequency_penalty * times
 
 
 def _apply_masks(row: torch.Tensor, seq: Row) -> torch.Tensor:
@@ -160,9 +178,10 @@ def _apply_masks(row: torch.Tensor, seq: Row) -> torch.Tensor:
     return masked
 
 
-def _pick(row: torch.Tensor, opts: SamplingOptions, generator: torch.Generator) -> int:
+def _pick(row: torch.Tensor, opts: SamplingOptions, generator: torch.Generator) -> torch.Tensor:
+    """The chosen token id as a 0-d tensor (still on the device)."""
     if opts.greedy:
-        return int(row.argmax())
+        return row.argmax()
     temperature = min(opts.temperature, 1e4)  # the schema stops at 2; inf/inf would be NaN
     row = (row - row.max()) / temperature  # max 0: nothing overflows, softmax sums >= 1
     if 0 < opts.top_k < row.numel():
@@ -174,18 +193,8 @@ def _pick(row: torch.Tensor, opts: SamplingOptions, generator: torch.Generator) 
         # Keep the smallest prefix reaching top_p; the first token's "mass before" is 0,
         # so it always stays, however small top_p is.
         drop = probs.cumsum(-1) - probs > opts.top_p
-        row = row.scatter(0, order[drop], -math.inf)
-    return int(torch.multinomial(row.softmax(-1), 1, generator=generator))
-
-
-def _logprob(logp: torch.Tensor, token: int, k: int | None) -> TokenLogprob:
-    k = max(0, min(k or 0, logp.numel()))
-    chosen = _finite_lp(float(logp[token]))
-    if not k:
-        return TokenLogprob(token, chosen)
-    values, ids = torch.topk(logp, k)
-    top = tuple((int(i), _finite_lp(float(v))) for i, v in zip(ids.tolist(), values.tolist()))
-    return TokenLogprob(token, chosen, top)
+        row = row.scatter(0, order, sorted_logits.masked_fill(drop, -math.inf))
+    return torch.multinomial(row.softmax(-1), 1, generator=generator)[0]
 
 
 def _finite_lp(value: float) -> float:

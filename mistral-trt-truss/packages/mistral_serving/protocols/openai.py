@@ -39,6 +39,7 @@ from mistral_serving.service import Chunk, GenerationRequest
 from mistral_serving.telemetry import RequestRecord
 
 MAX_TOP_LOGPROBS = 20
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default on /v1/completions
 
 
 class StreamOptions(StrictModel):
@@ -114,24 +115,12 @@ class _Common(StrictModel):
     ignore_eos: bool = False
     min_tokens: MinTokens = 0
 
-    @model_validator(mode="after")
-    def _stream_options_with_stream(self) -> _Common:
-        if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
-        return self
-
 
 class ChatCompletionRequest(_Common):
     messages: list[OpenAIMessage] = Field(min_length=1, max_length=4096)
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-
-    @model_validator(mode="after")
-    def _top_logprobs_with_logprobs(self) -> ChatCompletionRequest:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs requires logprobs: true")
-        return self
 
 
 class CompletionRequest(_Common):
@@ -140,7 +129,7 @@ class CompletionRequest(_Common):
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: Literal[1] | None = None
     suffix: None = None
-    max_tokens: MaxTokens | None = 16  # OpenAI's default for this route
+    max_tokens: MaxTokens | None = COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -182,11 +171,13 @@ class OpenAIFormat:
             messages = tuple(m.to_chat() for m in req.messages)
             prompt, prompt_ids, param = None, None, "messages"
             wanted = req.max_completion_tokens or req.max_tokens or ctx.default_max_tokens
+            if req.top_logprobs is not None and not req.logprobs:
+                raise RequestError("top_logprobs requires logprobs: true", param="top_logprobs")
             logprobs = (req.top_logprobs or 0) if req.logprobs else None
         else:
             messages, param = None, "prompt"
             prompt, prompt_ids = _completion_prompt(req.prompt)
-            wanted = req.max_tokens or ctx.default_max_tokens
+            wanted = req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
             logprobs = req.logprobs
         sampling = SamplingOptions(
             max_new_tokens=wanted,
@@ -210,11 +201,13 @@ class OpenAIFormat:
             stop=tuple(req.stop or ()),
             param=param,
         )
+        if req.stream_options is not None and not req.stream:
+            raise RequestError(
+                "stream_options is only allowed when stream is true", param="stream_options"
+            )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
-        return OpenAICall(
-            self.chat, gen, req.stream, include_usage, int(time.time()), continuous
-        )
+        return OpenAICall(self.chat, gen, req.stream, include_usage, int(time.time()), continuous)
 
     # ---- answer ----
 

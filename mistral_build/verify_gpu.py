@@ -1,0 +1,1086 @@
+"""`python build.py verify-gpu`: the whole serving path checked on this machine in one command.
+
+For each engine kind asked for it
+1. makes the artifact: a tiny Mistral-shaped checkpoint with random weights (the dev
+   model's code, two layers, head_dim 64, float16) and, for `tensorrt_llm`, an engine built
+   from it by the same code as `build.py engine` (checkpoint conversion + `trtllm-build`
+   subprocesses; minutes, no download);
+2. starts the real Truss server on it (`local_server.launch_server`, as `make serve` and the
+   end-to-end tests do);
+3. runs engine-agnostic end-to-end checks over HTTP, each a plain function returning
+   pass/fail and a detail line (streaming equals non-streaming, stop strings, penalties,
+   concurrency, abort on disconnect, 429 past the queue, /health and /v1/models), a short
+   benchmark (`client.bench.run_bench`), and last the drain on SIGTERM;
+4. writes one report (report.json and report.md: checks, figures, versions, GPU) and exits
+   1 if any check failed.
+
+Kinds: `tensorrt_llm` (TensorRT engine), `trtllm_pytorch` (TensorRT-LLM's PyTorch backend
+on the checkpoint; no build), `all` (both), and `pytorch` (the dev model on our own PyTorch
+engine, CPU: how CI runs this script without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+from urllib.parse import urlparse
+
+from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR
+
+Kind = Literal["tensorrt_llm", "trtllm_pytorch", "pytorch"]
+KIND_CHOICES = ("tensorrt_llm", "trtllm_pytorch", "all", "pytorch")
+GPU_KINDS: tuple[Kind, ...] = ("tensorrt_llm", "trtllm_pytorch")
+DEFAULT_OUT = CACHE_DIR / "verify-gpu"
+
+# The tiny checkpoint: the dev model's vocabulary and tokenizer (Mistral's own), with
+# shapes TensorRT-LLM's attention kernels take (head_dim 64; the dev model's 16 is not
+# among them) and Mistral-7B's context, so long streams last long enough on a fast GPU.
+TINY_SHAPE: dict[str, object] = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 32768,
+}
+TINY_DTYPE = "float16"
+# Engine limits: what the checks need, small enough to build in a couple of minutes.
+ENGINE_LIMITS = {
+    "max_batch_size": 16,
+    "max_input_len": 8192,
+    "max_seq_len": 32768,
+    "max_num_tokens": 8192,
+}
+
+# Server settings every kind gets (model_metadata keys): small admission limits so the
+# 429 check fills them with a handful of streams; a grace period the drain check can wait.
+MAX_INFLIGHT = 8
+MAX_WAITING = 2
+DRAIN_GRACE_S = 20.0
+COMMON_SETTINGS = {
+    "max_inflight": str(MAX_INFLIGHT),
+    "max_waiting": str(MAX_WAITING),
+    "drain_grace_seconds": str(DRAIN_GRACE_S),
+    "metrics_names": "mtt",
+}
+# The tiny model needs little KV cache; the default 0.9 of free GPU memory takes long to
+# allocate on a large GPU for nothing.
+GPU_SETTINGS = {"kv_cache_free_gpu_memory_fraction": "0.2"}
+
+PREDICT = "/v1/models/model:predict"
+# uvicorn re-raises the SIGTERM it handled after a graceful shutdown: -15 from Popen.
+EXITED_ON_SIGTERM = (0, -signal.SIGTERM)
+
+
+# ---------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str
+    seconds: float = 0.0
+
+
+@dataclass
+class KindReport:
+    kind: str
+    artifact: str | None = None
+    build: dict[str, Any] = field(default_factory=dict)
+    server: dict[str, Any] = field(default_factory=dict)
+    checks: list[CheckResult] = field(default_factory=list)
+    bench: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+
+class CheckFailed(Exception):
+    """A check's expectation did not hold; the message is the report's detail line."""
+
+
+def run_check(name: str, fn: Callable[[], str]) -> CheckResult:
+    """Run one check: it returns its detail line when it passes and raises otherwise."""
+    started = time.monotonic()
+    try:
+        detail, passed = fn(), True
+    except Exception as exc:  # any failure is this check's result, never a traceback
+        kind = "" if isinstance(exc, CheckFailed) else f"{type(exc).__name__}: "
+        detail, passed = f"{kind}{exc}", False
+    result = CheckResult(name, passed, detail, round(time.monotonic() - started, 2))
+    print(f"  [{'PASS' if passed else 'FAIL'}] {name}: {detail}", flush=True)
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# HTTP helpers (plain `requests`: the checks control connections themselves)
+
+
+def _requests():
+    import requests
+
+    return requests
+
+
+def post_json(url: str, path: str, body: dict[str, Any], timeout: float = 300) -> dict[str, Any]:
+    r = _requests().post(url + path, json=body, timeout=timeout)
+    if r.status_code != 200:
+        raise CheckFailed(f"POST {path} -> {r.status_code}: {r.text[:300]}")
+    return r.json()
+
+
+def predict(url: str, **body: Any) -> dict[str, Any]:
+    return post_json(url, PREDICT, body)
+
+
+def predict_stream(url: str, **body: Any) -> str:
+    with _requests().post(
+        url + PREDICT, json=body | {"streaming": True}, stream=True, timeout=300
+    ) as r:
+        if r.status_code != 200:
+            raise CheckFailed(f"streaming predict -> {r.status_code}: {r.text[:300]}")
+        return b"".join(c for c in r.iter_content(chunk_size=None) if c).decode()
+
+
+def chat_stream(url: str, body: dict[str, Any]) -> str:
+    """The content deltas of a streamed /v1/chat/completions, joined."""
+    parts: list[str] = []
+    with _requests().post(
+        url + "/v1/chat/completions", json=body | {"stream": True}, stream=True, timeout=300
+    ) as r:
+        if r.status_code != 200:
+            raise CheckFailed(f"streaming chat -> {r.status_code}: {r.text[:300]}")
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            for choice in json.loads(line[6:]).get("choices") or []:
+                parts.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(parts)
+
+
+def scrape(url: str) -> list[tuple[str, dict[str, str], float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = _requests().get(url + "/metrics", timeout=10).text
+    return [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def metric_sum(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples of `name` whose labels include `labels` (e.g. every route)."""
+    return sum(
+        v
+        for n, lab, v in scrape(url)
+        if n == name and all(lab.get(k) == val for k, val in labels.items())
+    )
+
+
+def running(url: str) -> float:
+    return metric_sum(url, "mtt:num_requests_running")
+
+
+def waiting(url: str) -> float:
+    return metric_sum(url, "mtt:num_requests_waiting")
+
+
+def aborted(url: str) -> float:
+    return metric_sum(url, "mtt:request_finished_total", finished_reason="abort")
+
+
+def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    """Poll `check` until it holds or `timeout` passes (server state changes asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if check():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+def raw_post(url: str, path: str, body: dict[str, Any]) -> socket.socket:
+    """A POST on a bare socket, left unread: the caller decides when the client goes away,
+    without waiting for response headers (a queued request gets none)."""
+    host = urlparse(url)
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host.hostname, host.port))
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return sock
+
+
+# ---------------------------------------------------------------------------------------
+# The checks. Each takes the context and returns its detail line, or raises CheckFailed.
+
+
+@dataclass
+class Context:
+    url: str
+    expected_engine: str
+    model: str = "model"  # served model name, from /v1/models
+    max_model_len: int = 0
+    concurrency: int = MAX_INFLIGHT
+    max_inflight: int = MAX_INFLIGHT
+    max_waiting: int = MAX_WAITING
+    long_tokens: int = 4000  # a stream that outlasts the checks that hold it
+    drain_tokens: int = 512
+
+
+GREEDY = {"top_k": 1, "temperature": 1.0}
+
+
+def check_health_and_models(ctx: Context) -> str:
+    requests = _requests()
+    health = requests.get(ctx.url + "/health", timeout=10)
+    if health.status_code != 200:
+        raise CheckFailed(f"/health -> {health.status_code}")
+    models = requests.get(ctx.url + "/v1/models", timeout=10)
+    if models.status_code != 200:
+        raise CheckFailed(f"/v1/models -> {models.status_code}: {models.text[:200]}")
+    data = models.json().get("data") or []
+    if len(data) != 1 or not data[0].get("id"):
+        raise CheckFailed(f"/v1/models lists {data!r}; expected one model")
+    ctx.model = data[0]["id"]
+    ctx.max_model_len = int(data[0].get("max_model_len") or 0)
+    engine = requests.get(ctx.url + "/version", timeout=10).json().get("engine")
+    if engine != ctx.expected_engine:
+        raise CheckFailed(f"/version says engine {engine!r}, expected {ctx.expected_engine!r}")
+    return (
+        f"/health 200; /v1/models: {ctx.model} (max_model_len {ctx.max_model_len}); engine {engine}"
+    )
+
+
+def check_streaming_equals_non_streaming(ctx: Context) -> str:
+    body = {"prompt": "Write about the sea", "max_new_tokens": 48, "streaming_interval": 1}
+    body |= GREEDY
+    full = predict(ctx.url, **body)
+    streamed = predict_stream(ctx.url, **body)
+    if streamed != full["output"]:
+        raise CheckFailed(
+            f"predict: streamed {streamed[:80]!r}... != non-streamed {full['output'][:80]!r}..."
+        )
+    chat = {
+        "model": ctx.model,
+        "messages": [{"role": "user", "content": "Tell me about lighthouses."}],
+        "max_tokens": 48,
+        "temperature": 0,
+    }
+    message = post_json(ctx.url, "/v1/chat/completions", chat)["choices"][0]["message"]
+    joined = chat_stream(ctx.url, chat)
+    if joined != (message.get("content") or ""):
+        raise CheckFailed(f"chat: streamed {joined[:80]!r} != non-streamed {message!r}")
+    return (
+        f"predict ({full['usage']['completion_tokens']} tokens) and chat streams join to "
+        "their non-streamed answers"
+    )
+
+
+def check_stop_strings(ctx: Context) -> str:
+    base = {"prompt": "Once upon a time", "max_new_tokens": 48} | GREEDY
+    full = predict(ctx.url, **base)["output"]
+    if len(full.strip()) < 6:
+        raise CheckFailed(f"the greedy answer {full!r} is too short to pick a stop string from")
+    mid = len(full) // 2
+    stop = full[mid : mid + 3]
+    cut = full[: full.index(stop)]
+    r = predict(ctx.url, **base, stop=[stop])
+    if r["output"] != cut or r["finish_reason"] != "stop":
+        raise CheckFailed(
+            f"stop={stop!r}: got {r['output']!r} ({r['finish_reason']}), expected {cut!r} (stop)"
+        )
+    streamed = predict_stream(ctx.url, **base, stop=[stop], streaming_interval=1)
+    if streamed != cut:
+        raise CheckFailed(f"stop={stop!r} streamed: got {streamed!r}, expected {cut!r}")
+    return (
+        f"stop={stop!r} ends the output before it ({len(cut)} of {len(full)} chars), streamed too"
+    )
+
+
+def check_penalties(ctx: Context) -> str:
+    base = {"prompt": "The the the the the", "max_new_tokens": 64} | GREEDY
+    plain = predict(ctx.url, **base)["output"]
+    changed = []
+    for name in ("presence_penalty", "frequency_penalty"):
+        out = predict(ctx.url, **base, **{name: 1.5})["output"]  # CheckFailed unless 200
+        changed.append((name, out != plain))
+    unchanged = [n for n, c in changed if not c]
+    if unchanged:
+        raise CheckFailed(
+            f"accepted, but {' and '.join(unchanged)}=1.5 left the greedy output unchanged "
+            "(the engine ignores it)"
+        )
+    return "presence_penalty=1.5 and frequency_penalty=1.5 each change the greedy output"
+
+
+def check_concurrency(ctx: Context) -> str:
+    n = ctx.concurrency
+    prompts = [f"Question number {i}: why is the sky blue?" for i in range(n)]
+    body = {"max_new_tokens": 32, "streaming_interval": 1} | GREEDY
+    sequential = [predict(ctx.url, prompt=p, **body)["output"] for p in prompts]
+    with ThreadPoolExecutor(n) as pool:
+        together = list(pool.map(lambda p: predict_stream(ctx.url, prompt=p, **body), prompts))
+    differ = [i for i in range(n) if together[i] != sequential[i]]
+    if differ:
+        i = differ[0]
+        common = len(os.path.commonprefix([together[i], sequential[i]]))
+        raise CheckFailed(
+            f"{len(differ)} of {n} concurrent greedy answers differ from their sequential "
+            f"answer (request {i}: same for the first {common} chars)"
+        )
+    return f"{n} concurrent greedy streams equal their sequential answers"
+
+
+def long_stream_body(ctx: Context, prompt: str) -> dict[str, Any]:
+    """A completions stream that runs to max_tokens whatever the model says (ignore_eos)."""
+    room = ctx.max_model_len - 64 if ctx.max_model_len else ctx.long_tokens
+    return {
+        "model": ctx.model,
+        "prompt": prompt,
+        "max_tokens": max(16, min(ctx.long_tokens, room)),
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+
+
+def open_long_stream(ctx: Context, prompt: str):
+    """A started stream (its first chunk read): the request is in the engine."""
+    r = _requests().post(
+        ctx.url + "/v1/completions", json=long_stream_body(ctx, prompt), stream=True, timeout=300
+    )
+    if r.status_code != 200:
+        raise CheckFailed(f"long stream -> {r.status_code}: {r.text[:200]}")
+    reader = r.iter_content(chunk_size=None)
+    if not next(reader, b""):
+        raise CheckFailed("a long stream ended before its first chunk")
+    return r
+
+
+def check_abort_on_disconnect(ctx: Context) -> str:
+    before = aborted(ctx.url)
+    stream = open_long_stream(ctx, "A very long story")
+    stream.close()
+    if not wait_until(lambda: aborted(ctx.url) >= before + 1, 30):
+        raise CheckFailed(
+            "the client left mid-stream but no request finished with 'abort' within 30 s "
+            "(did the stream run to its end first?)"
+        )
+    if not wait_until(lambda: running(ctx.url) == 0, 30):
+        raise CheckFailed(f"running gauge stuck at {running(ctx.url)} after the abort")
+    after = predict(ctx.url, prompt="after", max_new_tokens=2)
+    return f"disconnect -> finish 'abort', running gauge back to 0, next request {after['finish_reason']}"
+
+
+def check_overload_429(ctx: Context) -> str:
+    held: list[Any] = []
+    waiters: list[socket.socket] = []
+    try:
+        for i in range(ctx.max_inflight):
+            held.append(open_long_stream(ctx, f"Hold slot {i}"))
+        if not wait_until(lambda: running(ctx.url) == ctx.max_inflight, 30):
+            raise CheckFailed(f"{running(ctx.url)} running, expected {ctx.max_inflight}")
+        for _ in range(ctx.max_waiting):
+            waiters.append(raw_post(ctx.url, PREDICT, {"prompt": "wait", "max_new_tokens": 4}))
+        if not wait_until(lambda: waiting(ctx.url) == ctx.max_waiting, 30):
+            raise CheckFailed(f"{waiting(ctx.url)} waiting, expected {ctx.max_waiting}")
+        r = _requests().post(
+            ctx.url + PREDICT, json={"prompt": "one too many", "max_new_tokens": 4}, timeout=30
+        )
+        still = running(ctx.url)
+        if r.status_code != 429:
+            raise CheckFailed(f"request past max_inflight+max_waiting got {r.status_code}")
+        if still != ctx.max_inflight:
+            raise CheckFailed(
+                f"the held streams ended before the check finished ({still} running): "
+                "raise --long-tokens"
+            )
+        retry = r.headers.get("retry-after")
+        if not retry:
+            raise CheckFailed("429 without a Retry-After header")
+    finally:
+        for sock in waiters:
+            sock.close()
+        for stream in held:
+            stream.close()
+    if not wait_until(lambda: running(ctx.url) == 0 and waiting(ctx.url) == 0, 60):
+        raise CheckFailed("running/waiting gauges did not return to 0 after the streams closed")
+    return (
+        f"{ctx.max_inflight} running + {ctx.max_waiting} waiting: the next request got 429 "
+        f"(Retry-After {retry}); gauges back to 0"
+    )
+
+
+def check_drain_on_sigterm(ctx: Context, process: subprocess.Popen, grace: float) -> str:
+    """Last: SIGTERM with streams in flight; each stream completes (equal to its
+    non-streamed answer) or is visibly cut (no closing chunk); the process exits."""
+    requests = _requests()
+    body = {"prompt": "Drain me", "max_new_tokens": ctx.drain_tokens, "streaming_interval": 1}
+    body |= GREEDY
+    reference = predict(ctx.url, **body)["output"]
+    streams = [
+        requests.post(ctx.url + PREDICT, json=body | {"streaming": True}, stream=True, timeout=300)
+        for _ in range(2)
+    ]
+    readers = [s.iter_content(chunk_size=None) for s in streams]
+    firsts = [next(reader, b"") for reader in readers]
+    in_flight = running(ctx.url)
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    outcomes: list[str] = []
+    expected = reference.encode()
+    for first, reader in zip(firsts, readers, strict=True):
+        got = bytearray(first)
+        try:
+            for chunk in reader:
+                got += chunk
+            outcomes.append("completed" if got == expected else "differs")
+        except requests.exceptions.ChunkedEncodingError:  # no closing chunk: visibly cut
+            outcomes.append("cut" if expected.startswith(got) else "differs")
+    closed = wait_until(lambda: not _accepts(ctx.url), 10)
+    try:
+        code = process.wait(grace + 30)
+    except subprocess.TimeoutExpired:
+        raise CheckFailed(f"still running {grace + 30:.0f} s after SIGTERM") from None
+    took = time.monotonic() - started
+    summary = (
+        f"{in_flight:.0f} in flight at SIGTERM; streams: {', '.join(outcomes)}; "
+        f"exit {code} after {took:.1f} s (grace {grace:.0f} s)"
+    )
+    if in_flight < 2:
+        raise CheckFailed(f"{summary}: the streams ended before SIGTERM: raise --drain-tokens")
+    if "differs" in outcomes or code not in EXITED_ON_SIGTERM or not closed:
+        raise CheckFailed(summary + ("" if closed else "; still accepting connections"))
+    return summary
+
+
+def _accepts(url: str) -> bool:
+    try:
+        _requests().get(url + "/v1/models/model", timeout=2)
+        return True
+    except Exception:
+        return False
+
+
+CHECKS: list[tuple[str, Callable[[Context], str]]] = [
+    ("health_and_models", check_health_and_models),
+    ("streaming_equals_non_streaming", check_streaming_equals_non_streaming),
+    ("stop_strings", check_stop_strings),
+    ("penalties", check_penalties),
+    ("concurrency", check_concurrency),
+    ("abort_on_disconnect", check_abort_on_disconnect),
+    ("overload_429", check_overload_429),
+]
+
+
+# ---------------------------------------------------------------------------------------
+# Benchmark
+
+
+def run_benchmark(ctx: Context, prompts: int) -> dict[str, Any]:
+    """`client.bench.run_bench` (OpenAI completions, greedy, 128 in / 64 out) at
+    concurrency 1 and `ctx.concurrency`; a minimal timed loop if the client is missing."""
+    levels = sorted({1, ctx.concurrency})
+    try:
+        from client.bench import BenchConfig, run_bench
+    except ImportError as exc:
+        return minimal_bench(ctx, prompts, levels) | {"note": f"client.bench unavailable: {exc}"}
+    cfg = BenchConfig(
+        url=ctx.url,
+        backend="openai",
+        model=ctx.model,
+        num_prompts=prompts,
+        input_len=128,
+        output_len=64,
+        concurrency=levels,
+        warmup=1,
+        timeout=300,
+        progress=False,
+        report=False,
+    )
+    result = asyncio.run(run_bench(cfg))
+    keys = [
+        "completed",
+        "failed",
+        "duration_s",
+        "request_throughput",
+        "output_throughput",
+        "mean_ttft_ms",
+        "median_ttft_ms",
+        "p99_ttft_ms",
+        "mean_tpot_ms",
+        "median_tpot_ms",
+        "p99_itl_ms",
+        "mean_e2el_ms",
+    ]
+    return {
+        "tool": "client.bench.run_bench (openai completions, greedy, 128 in / 64 out)",
+        "points": [
+            {"concurrency": run["concurrency"]} | {k: run["metrics"].get(k) for k in keys}
+            for run in result["runs"]
+        ],
+    }
+
+
+def minimal_bench(ctx: Context, prompts: int, levels: list[int]) -> dict[str, Any]:
+    """Fallback: non-streamed completions timed end to end (no TTFT/ITL)."""
+    points = []
+    for level in levels:
+        body = {"model": ctx.model, "max_tokens": 64, "temperature": 0, "prompt": "Tell a story"}
+
+        def one(_: int, body: dict[str, Any] = body) -> int:
+            return post_json(ctx.url, "/v1/completions", body)["usage"]["completion_tokens"]
+
+        started = time.monotonic()
+        with ThreadPoolExecutor(level) as pool:
+            tokens = sum(pool.map(one, range(prompts)))
+        took = time.monotonic() - started
+        points.append(
+            {
+                "concurrency": level,
+                "completed": prompts,
+                "duration_s": took,
+                "request_throughput": prompts / took,
+                "output_throughput": tokens / took,
+            }
+        )
+    return {"tool": "minimal timed loop (non-streamed completions, 64 tokens)", "points": points}
+
+
+# ---------------------------------------------------------------------------------------
+# Artifacts
+
+
+def build_checkpoint(out_dir: Path) -> Path:
+    """The tiny Mistral-shaped checkpoint, by the dev model's code (rebuilt only when its
+    shape changed)."""
+    from mistral_build.dev_model import build_dev_model
+
+    return build_dev_model(out_dir / "checkpoint", shape=TINY_SHAPE, dtype=TINY_DTYPE)
+
+
+def pick_gpu_target(gpu_option: str | None) -> str:
+    """The build target matching this machine's GPU (an engine runs only there)."""
+    from mistral_build.gpu import TARGETS, detect_gpus, matches_target
+
+    if gpu_option:
+        return gpu_option
+    gpus = detect_gpus()
+    if not gpus:
+        raise RuntimeError("no NVIDIA GPU found (nvidia-smi lists none)")
+    for name in TARGETS:
+        if matches_target(gpus[0], name):
+            return name
+    raise RuntimeError(
+        f"{gpus[0].name} (sm {gpus[0].compute_capability}) is none of the build targets "
+        f"({', '.join(TARGETS)}): pass --gpu, or --engine-dir, or use --kind trtllm_pytorch"
+    )
+
+
+def installed_trtllm_version() -> str | None:
+    """The package's version; for a tree without metadata (a test double), its
+    `__version__`, read in a subprocess so this process does not import it."""
+    from mistral_build.engine import package_version
+
+    version = package_version("tensorrt_llm", "tensorrt-llm")
+    if version:
+        return version
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tensorrt_llm; print(tensorrt_llm.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if probe.returncode != 0:
+        return None
+    return probe.stdout.strip() or None
+
+
+def build_engine(checkpoint: Path, out_dir: Path, gpu: str | None, examples_dir: str) -> dict:
+    """`build.py engine --checkpoint-dir <tiny checkpoint>`, through the same functions."""
+    from mistral_build import engine
+
+    opts = engine.EngineOptions(
+        checkpoint_dir=checkpoint,
+        output_dir=out_dir / "engine",
+        workdir=out_dir / "engine.work",
+        dtype="float16",
+        gpu=pick_gpu_target(gpu),
+        examples_dir=examples_dir,
+        **ENGINE_LIMITS,
+    )
+    for path in (opts.output_dir, opts.workdir):
+        shutil.rmtree(path, ignore_errors=True)  # ours: a previous verify-gpu run
+    model = engine.read_model_facts(opts, None)
+    facts = engine.gather_facts(opts)
+    if facts.trtllm_version == "unknown":
+        facts.trtllm_version = installed_trtllm_version() or "unknown"
+    problems = engine.check_options(opts, model) + engine.check_environment(
+        opts, facts, model, download=False
+    )
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    paths = engine.build_paths(opts)
+    commands = [shlex.join(s.argv) for s in engine.plan_steps(opts, paths, sys.executable)]
+    started = time.monotonic()
+    artifact = engine.build_trtllm_engine(opts, facts, token=None)
+    return {
+        "status": "built",
+        "artifact": str(artifact),
+        "seconds": round(time.monotonic() - started, 1),
+        "gpu_target": opts.gpu,
+        "commands": commands,
+        "logs": str(paths.logs_dir),
+    }
+
+
+def prepare_artifact(kind: Kind, opts: VerifyOptions) -> tuple[str, dict[str, Any]]:
+    """(artifact path, build record). Prints one line saying what is built or skipped."""
+    if kind == "pytorch":
+        from mistral_build.dev_model import build_dev_model
+
+        path = build_dev_model(DEV_MODEL_DIR)
+        return str(path), {"status": "skipped", "reason": "the dev model serves as is"}
+    checkpoint = build_checkpoint(opts.out)
+    if kind == "trtllm_pytorch":
+        reason = "trtllm_pytorch serves the checkpoint directly: no engine build"
+        print(f"[{kind}] engine build skipped: {reason}", flush=True)
+        return str(checkpoint), {"status": "skipped", "reason": reason}
+    if opts.engine_dir is not None:
+        reason = f"--engine-dir {opts.engine_dir} given"
+        print(f"[{kind}] engine build skipped: {reason}", flush=True)
+        return str(opts.engine_dir), {"status": "skipped", "reason": reason}
+    print(f"[{kind}] building a tiny engine from {checkpoint} (minutes)", flush=True)
+    record = build_engine(checkpoint, opts.out, opts.gpu, opts.examples_dir)
+    return record["artifact"], record
+
+
+def server_settings(kind: Kind, artifact: str, overrides: dict[str, str]) -> dict[str, str]:
+    from mistral_build.local_server import dev_settings
+
+    if kind == "pytorch":
+        base = dev_settings(Path(artifact))
+    else:
+        base = {"artifact": artifact, "engine": kind, "cache_dir": str(CACHE_DIR / "artifacts")}
+        base |= GPU_SETTINGS
+    return base | COMMON_SETTINGS | overrides
+
+
+# ---------------------------------------------------------------------------------------
+# Server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def wait_ready(url: str, process: subprocess.Popen, timeout: float) -> float:
+    """Seconds until GET /v1/models/model answers 200; raises if the server exits first."""
+    requests = _requests()
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode} while loading")
+        try:
+            if requests.get(url + "/v1/models/model", timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"not ready after {timeout:.0f} s")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def context_dir(out: Path) -> Path:
+    """The Truss build context rendered by truss's own code, laid out as the image does."""
+    from mistral_build.local_server import prepare_app_dir, render_build_context
+
+    context = render_build_context(out / "truss-context")
+    prepare_app_dir(context)
+    return context
+
+
+# ---------------------------------------------------------------------------------------
+# One kind, all kinds
+
+
+@dataclass
+class VerifyOptions:
+    kinds: list[Kind]
+    out: Path = DEFAULT_OUT
+    engine_dir: Path | None = None
+    gpu: str | None = None
+    examples_dir: str = "/app/tensorrt_llm/examples"
+    overrides: dict[str, str] = field(default_factory=dict)
+    ready_timeout: float = 900.0
+    bench_prompts: int = 32
+    long_tokens: int = 4000
+    drain_tokens: int = 512
+
+
+def verify_kind(kind: Kind, opts: VerifyOptions, context: Callable[[], Path]) -> KindReport:
+    report = KindReport(kind)
+    print(f"[{kind}] artifact", flush=True)
+    started = time.monotonic()
+    try:
+        artifact, report.build = prepare_artifact(kind, opts)
+        report.artifact = artifact
+    except Exception as exc:  # a failed build is this kind's result
+        report.build = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        report.checks.append(
+            CheckResult("build", False, report.build["error"], time.monotonic() - started)
+        )
+        print(f"  [FAIL] build: {report.build['error']}", flush=True)
+        return report
+    if report.build["status"] == "built":
+        report.checks.append(
+            CheckResult("build", True, f"engine built in {report.build['seconds']} s")
+        )
+
+    settings = server_settings(kind, artifact, opts.overrides)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = opts.out / f"server-{kind}.log"
+    report.server = {"url": url, "settings": settings, "log": str(log_path)}
+    from mistral_build.local_server import launch_server
+
+    print(f"[{kind}] starting the Truss server on {url} (log: {log_path})", flush=True)
+    with log_path.open("w") as log:
+        process = launch_server(context(), port, settings, log)
+    try:
+        load = run_check("server_ready", lambda: _ready(url, process, opts.ready_timeout, log_path))
+        report.checks.append(load)
+        if not load.passed:
+            return report
+        ctx = Context(
+            url=url,
+            expected_engine=kind,
+            long_tokens=opts.long_tokens,
+            drain_tokens=opts.drain_tokens,
+        )
+        for name, fn in CHECKS:
+            report.checks.append(run_check(name, lambda fn=fn: fn(ctx)))
+        if opts.bench_prompts > 0:
+            report.checks.append(
+                run_check("benchmark", lambda: _bench(ctx, opts.bench_prompts, report))
+            )
+        grace = float(settings.get("drain_grace_seconds", DRAIN_GRACE_S))
+        report.checks.append(
+            run_check("drain_on_sigterm", lambda: check_drain_on_sigterm(ctx, process, grace))
+        )
+    finally:
+        stop_server(process)
+    return report
+
+
+def _ready(url: str, process: subprocess.Popen, timeout: float, log_path: Path) -> str:
+    try:
+        return f"ready in {wait_ready(url, process, timeout):.1f} s"
+    except RuntimeError as exc:
+        raise CheckFailed(f"{exc}; last log lines:\n{log_tail(log_path)}") from None
+
+
+def _bench(ctx: Context, prompts: int, report: KindReport) -> str:
+    report.bench = run_benchmark(ctx, prompts)
+    points = report.bench["points"]
+    failed = sum(p.get("failed") or 0 for p in points)
+    if failed:
+        raise CheckFailed(f"{failed} benchmark requests failed")
+    return (
+        "; ".join(f"c={p['concurrency']}: {p['output_throughput']:.0f} tok/s" for p in points)
+        + f" ({report.bench['tool']})"
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Facts for the report
+
+
+def parse_gpu_query(text: str) -> list[dict[str, str]]:
+    """`nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total
+    --format=csv,noheader` -> one dict per GPU; lines that do not fit are skipped."""
+    keys = ("name", "driver_version", "compute_cap", "memory_total")
+    gpus = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == len(keys) and parts[0]:
+            gpus.append(dict(zip(keys, parts, strict=True)))
+    return gpus
+
+
+def gpu_facts() -> list[dict[str, str]] | str:
+    if shutil.which("nvidia-smi") is None:
+        return "no nvidia-smi on PATH"
+    try:
+        out = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,compute_cap,memory.total",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"nvidia-smi failed: {exc}"
+    return parse_gpu_query(out.stdout) or f"nvidia-smi printed nothing usable: {out.stderr[:200]}"
+
+
+def versions() -> dict[str, str | None]:
+    from mistral_build.engine import package_version
+
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("tensorrt_llm", "tensorrt", "torch", "transformers", "truss", "mistral_common"):
+        found[name] = package_version(name, name.replace("_", "-"))
+    if found["tensorrt_llm"] is None:
+        # No package metadata: maybe a tree on PYTHONPATH (the test double in CI).
+        found["tensorrt_llm"] = installed_trtllm_version()
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def report_dict(reports: list[KindReport], opts: VerifyOptions) -> dict[str, Any]:
+    return {
+        "passed": bool(reports) and all(r.passed for r in reports),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": shlex.join(sys.argv),
+        "kinds": [
+            {"kind": r.kind, "passed": r.passed}
+            | asdict(r)
+            | {"checks": [asdict(c) for c in r.checks]}
+            for r in reports
+        ],
+        "versions": versions(),
+        "gpu": gpu_facts(),
+        "options": {k: str(v) for k, v in asdict(opts).items()},
+    }
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    lines = [
+        f"# verify-gpu: {'PASSED' if data['passed'] else 'FAILED'}",
+        "",
+        f"`{data['command']}` at {data['created']}",
+        "",
+    ]
+    gpu = data["gpu"]
+    if isinstance(gpu, list):
+        for g in gpu:
+            lines.append(
+                f"- GPU: {g['name']}, driver {g['driver_version']}, sm {g['compute_cap']}, "
+                f"{g['memory_total']}"
+            )
+    else:
+        lines.append(f"- GPU: {gpu}")
+    lines.append(
+        "- versions: " + ", ".join(f"{k} {v or 'absent'}" for k, v in data["versions"].items())
+    )
+    for kind in data["kinds"]:
+        lines += ["", f"## {kind['kind']}: {'PASSED' if kind['passed'] else 'FAILED'}", ""]
+        build = kind["build"]
+        lines.append(
+            f"- artifact: {kind['artifact']} ({build.get('status')}"
+            + (f": {build['reason']}" if build.get("reason") else "")
+            + ")"
+        )
+        if kind["server"]:
+            lines.append(f"- server log: {kind['server']['log']}")
+        lines += ["", "| check | result | seconds | detail |", "| --- | --- | --- | --- |"]
+        for c in kind["checks"]:
+            detail = c["detail"].replace("|", "\\|").replace("\n", " / ")
+            verdict = "pass" if c["passed"] else "**FAIL**"
+            lines.append(f"| {c['name']} | {verdict} | {c['seconds']} | {detail} |")
+        points = (kind.get("bench") or {}).get("points") or []
+        if points:
+            lines += ["", f"Benchmark: {kind['bench']['tool']}", ""]
+            cols = [k for k in points[0] if points[0][k] is not None]
+            lines += ["| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
+            for p in points:
+                lines.append("| " + " | ".join(_fmt(p.get(c)) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+
+def write_report(data: dict[str, Any], out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "report.json", out / "report.md"
+    json_path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    md_path.write_text(render_markdown(data))
+    return json_path, md_path
+
+
+# ---------------------------------------------------------------------------------------
+# CLI
+
+
+def parse_set(items: list[str] | None) -> dict[str, str]:
+    """`--set KEY=VALUE` pairs; ValueError names a malformed one."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not key.replace("_", "").isalnum() or not key.isascii():
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY a setting name")
+        out[key.lower()] = value
+    return out
+
+
+def kinds_for(option: str) -> list[Kind]:
+    return list(GPU_KINDS) if option == "all" else [option]  # type: ignore[list-item]
+
+
+def run(opts: VerifyOptions, stdout: IO[str] = sys.stdout) -> int:
+    opts.out.mkdir(parents=True, exist_ok=True)
+    rendered: list[Path] = []
+
+    def context() -> Path:
+        if not rendered:
+            rendered.append(context_dir(opts.out))
+        return rendered[0]
+
+    reports = [verify_kind(kind, opts, context) for kind in opts.kinds]
+    data = report_dict(reports, opts)
+    json_path, md_path = write_report(data, opts.out)
+    print("", render_markdown(data), f"report: {json_path} and {md_path}", sep="\n", file=stdout)
+    return 0 if data["passed"] else 1
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        overrides = parse_set(args.set)
+    except ValueError as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    if args.engine_dir is not None and not (args.engine_dir / "config.json").is_file():
+        print(f"refused: --engine-dir {args.engine_dir}: no config.json there", file=sys.stderr)
+        return 2
+    opts = VerifyOptions(
+        kinds=kinds_for(args.kind),
+        out=args.out,
+        engine_dir=args.engine_dir,
+        gpu=args.gpu,
+        examples_dir=args.examples_dir,
+        overrides=overrides,
+        ready_timeout=args.ready_timeout,
+        bench_prompts=args.bench_prompts,
+        long_tokens=args.long_tokens,
+        drain_tokens=args.drain_tokens,
+    )
+    return run(opts)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from mistral_build.engine import DEFAULT_EXAMPLES_DIR
+    from mistral_build.gpu import TARGETS
+
+    p = subparsers.add_parser(
+        "verify-gpu",
+        help="Check the whole serving path on this GPU: tiny engine, real server, checks, report.",
+        description=(
+            "Build a tiny random-weight Mistral-shaped engine (no download), serve it with the "
+            "real Truss server, run the end-to-end checks and a short benchmark, and write "
+            "report.json + report.md. Run inside the TensorRT-LLM release image on a GPU. "
+            "Exit 1 if any check failed."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument(
+        "--kind",
+        choices=KIND_CHOICES,
+        default="all",
+        help="tensorrt_llm: TensorRT engine; trtllm_pytorch: TensorRT-LLM's PyTorch backend "
+        "(no build); all: both; pytorch: the dev model on our PyTorch engine (CPU).",
+    )
+    p.add_argument(
+        "--engine-dir", type=Path, help="Serve this engine instead of building the tiny one."
+    )
+    p.add_argument(
+        "--gpu", choices=sorted(TARGETS), help="Build target (default: this machine's GPU)."
+    )
+    p.add_argument(
+        "--examples-dir", default=DEFAULT_EXAMPLES_DIR, help="TensorRT-LLM's example scripts."
+    )
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Report, logs, artifacts.")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="Override a server setting, e.g. --set kv_cache_free_gpu_memory_fraction=0.5.",
+    )
+    p.add_argument("--ready-timeout", type=float, default=900.0, help="Seconds to load.")
+    p.add_argument(
+        "--bench-prompts",
+        type=_positive,
+        default=32,
+        help="Requests per benchmark point (0: none).",
+    )
+    p.add_argument(
+        "--long-tokens",
+        type=_positive,
+        default=4000,
+        help="Length of the streams the abort and 429 checks hold open.",
+    )
+    p.add_argument(
+        "--drain-tokens", type=_positive, default=512, help="Length of the drained streams."
+    )
+    p.set_defaults(func=main)
+
+
+def iter_checks() -> Iterator[str]:
+    """The check names, in the order they run (for docs and tests)."""
+    yield "build"
+    yield "server_ready"
+    yield from (name for name, _ in CHECKS)
+    yield "benchmark"
+    yield "drain_on_sigterm"

@@ -1,0 +1,33 @@
+"""The README's "Works with" table: tool -> (pinned requirement, command). Tests run each
+command as written there, with the port and paths made local, so the table stays true."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+README_URL = "http://127.0.0.1:8080"  # what the commands name: `make serve`'s port
+
+
+@dataclass(frozen=True)
+class Row:
+    package: str
+    version: str
+    command: str
+
+    def local(self, url: str) -> str:
+        """The command aimed at a test server instead of `make serve`."""
+        return self.command.replace(README_URL, url)
+
+
+def rows() -> dict[str, Row]:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("### Works with", 1)[1].split("\n#", 1)[0]
+    out = {}
+    for line in section.splitlines():
+        m = re.fullmatch(r"\| ([^|`]+) \| `([\w.-]+)==([\w.]+)` \| `([^`]+)` \|", line)
+        if m:
+            out[m.group(1)] = Row(m.group(2), m.group(3), m.group(4))
+    return out
