@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 DEV_MODEL := .cache/dev-model/build_manifest.json
 
-.PHONY: venv dev-model serve test test-unit test-e2e test-compat lint bench soak test-stress clean
+.PHONY: venv dev-model serve test test-unit test-e2e test-compat test-tools lint bench soak test-stress clean
 
 venv: $(STAMP)
 
@@ -91,6 +91,23 @@ test-compat: $(COMPAT_STAMP) $(DEV_MODEL)
 	$(COMPAT_PY) -c "import transformers, mistral_common; print('transformers', transformers.__version__, 'mistral-common', mistral_common.__version__)"
 	$(COMPAT_PY) -m pytest -p no:cacheprovider $(COMPAT_TESTS)
 
+# Third-party tools whose dependencies clash with the dev venv (guidellm needs numpy>=2;
+# the Truss server's constraints keep numpy<2) get a venv of their own, every package
+# pinned (tests/tools/requirements.txt); the tests drive them from the dev venv against
+# the real server, as a user would.
+TOOLS_VENV := .venv-tools
+TOOLS_PY := $(TOOLS_VENV)/bin/python
+TOOLS_STAMP := $(TOOLS_VENV)/.installed
+
+$(TOOLS_STAMP): tests/tools/requirements.txt
+	rm -rf $(TOOLS_VENV)
+	$(PYTHON) -m venv $(TOOLS_VENV)
+	$(TOOLS_PY) -m pip install -q -r tests/tools/requirements.txt
+	touch $(TOOLS_STAMP)
+
+test-tools: $(TOOLS_STAMP) $(DEV_MODEL)
+	GUIDELLM=$(CURDIR)/$(TOOLS_VENV)/bin/guidellm $(PY) -m pytest -p no:cacheprovider tests/tools
+
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
@@ -107,4 +124,4 @@ test-stress: $(DEV_MODEL)
 	$(PY) tests/bench/stress.py --runs 3
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) .cache
+	rm -rf $(VENV) $(COMPAT_VENV) $(TOOLS_VENV) .cache

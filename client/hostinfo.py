@@ -45,6 +45,28 @@ def process_cpu_seconds(pid: int) -> float | None:
         return None
 
 
+def tree_cpu_seconds(pid: int) -> float | None:
+    """CPU time of a process and all its live descendants (a server may run its work in
+    child processes)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, ppid in parents.items():
+            if ppid == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    if process_cpu_seconds(pid) is None:
+        return None
+    return sum(process_cpu_seconds(p) or 0.0 for p in tree)
+
+
 def own_cpu_seconds() -> float:
     """CPU time of this process and its reaped children."""
     t = os.times()
@@ -116,7 +138,7 @@ class HostMonitor:
     def _cpu(self) -> float:
         total = own_cpu_seconds()
         if self.server_pid is not None:
-            total += process_cpu_seconds(self.server_pid) or 0.0
+            total += tree_cpu_seconds(self.server_pid) or 0.0
         return total
 
     def finish(self) -> HostInfo:

@@ -130,8 +130,10 @@ def figure(runs: Sequence[dict[str, Any]], slos: dict[str, float] | None = None)
                 xytext=(2, 2), textcoords="offset points", color="red", fontsize=8,
             )  # fmt: skip
     for ax in axes:
-        ax.set_xlim(left=0)
-        ax.set_ylim(bottom=0)  # after the SLO lines, so they stay in view
+        # From 0, with room past the highest point for its marker and label; after the
+        # SLO lines, so they stay in view.
+        ax.set_xlim(0, ax.get_xlim()[1] * 1.08)
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.08)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=7, loc="best")
     fig.suptitle("\n".join(describe(r) for r in runs), fontsize=9)

@@ -321,19 +321,20 @@ def check_stop_strings(ctx: Context) -> str:
 
 
 def check_penalties(ctx: Context) -> str:
-    base = {"prompt": "The the the the the", "max_new_tokens": 64} | GREEDY
+    # A random model repeats itself within ~100 tokens; penalties only count output tokens.
+    base = {"prompt": "The the the the the", "max_new_tokens": 160} | GREEDY
     plain = predict(ctx.url, **base)["output"]
     changed = []
     for name in ("presence_penalty", "frequency_penalty"):
-        out = predict(ctx.url, **base, **{name: 1.5})["output"]  # CheckFailed unless 200
+        out = predict(ctx.url, **base, **{name: 2.0})["output"]  # CheckFailed unless 200
         changed.append((name, out != plain))
     unchanged = [n for n, c in changed if not c]
     if unchanged:
         raise CheckFailed(
-            f"accepted, but {' and '.join(unchanged)}=1.5 left the greedy output unchanged "
+            f"accepted, but {' and '.join(unchanged)}=2.0 left the greedy output unchanged "
             "(the engine ignores it)"
         )
-    return "presence_penalty=1.5 and frequency_penalty=1.5 each change the greedy output"
+    return "presence_penalty=2.0 and frequency_penalty=2.0 each change the greedy output"
 
 
 def check_concurrency(ctx: Context) -> str:
@@ -367,8 +368,9 @@ def long_stream_body(ctx: Context, prompt: str) -> dict[str, Any]:
     }
 
 
-def open_long_stream(ctx: Context, prompt: str):
-    """A started stream (its first chunk read): the request is in the engine."""
+def open_long_stream(ctx: Context, prompt: str) -> tuple[Any, Iterator[bytes]]:
+    """A started stream (its first chunk read): the request is in the engine. The reader
+    is returned too: dropping it closes the connection, which aborts the request."""
     r = _requests().post(
         ctx.url + "/v1/completions", json=long_stream_body(ctx, prompt), stream=True, timeout=300
     )
@@ -377,12 +379,12 @@ def open_long_stream(ctx: Context, prompt: str):
     reader = r.iter_content(chunk_size=None)
     if not next(reader, b""):
         raise CheckFailed("a long stream ended before its first chunk")
-    return r
+    return r, reader
 
 
 def check_abort_on_disconnect(ctx: Context) -> str:
     before = aborted(ctx.url)
-    stream = open_long_stream(ctx, "A very long story")
+    stream, _reader = open_long_stream(ctx, "A very long story")
     stream.close()
     if not wait_until(lambda: aborted(ctx.url) >= before + 1, 30):
         raise CheckFailed(
@@ -424,7 +426,7 @@ def check_overload_429(ctx: Context) -> str:
     finally:
         for sock in waiters:
             sock.close()
-        for stream in held:
+        for stream, _reader in held:
             stream.close()
     if not wait_until(lambda: running(ctx.url) == 0 and waiting(ctx.url) == 0, 60):
         raise CheckFailed("running/waiting gauges did not return to 0 after the streams closed")
@@ -771,7 +773,7 @@ def verify_kind(kind: Kind, opts: VerifyOptions, context: Callable[[], Path]) ->
         return report
     if report.build["status"] == "built":
         report.checks.append(
-            CheckResult("build", True, f"engine built in {report.build['seconds']} s")
+            CheckResult("build", True, "engine built", report.build["seconds"])
         )
 
     settings = server_settings(kind, artifact, opts.overrides)
@@ -870,10 +872,17 @@ def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in ("tensorrt_llm", "tensorrt", "torch", "transformers", "truss", "mistral_common"):
         found[name] = package_version(name, name.replace("_", "-"))
-    if found["tensorrt_llm"] is None:
-        # No package metadata: maybe a tree on PYTHONPATH (the test double in CI).
-        found["tensorrt_llm"] = installed_trtllm_version()
+    if found["tensorrt_llm"] is None and (version := installed_trtllm_version()):
+        # No package metadata but importable: a tree on PYTHONPATH (the test double in CI).
+        found["tensorrt_llm"] = f"{version} (no package metadata: {trtllm_location()})"
     return found
+
+
+def trtllm_location() -> str | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("tensorrt_llm")
+    return spec.origin if spec else None
 
 
 # ---------------------------------------------------------------------------------------

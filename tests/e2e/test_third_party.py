@@ -41,7 +41,10 @@ def test_langchain_chatopenai_streams_the_whole_answer(server_url: str) -> None:
     # The same request through the openai SDK, not streamed (greedy: the same text).
     client = openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0)
     same = client.chat.completions.create(
-        model=SERVED, messages=[{"role": "user", "content": "What is a mistral?"}], max_tokens=16
+        model=SERVED,
+        messages=[{"role": "user", "content": "What is a mistral?"}],
+        max_tokens=16,
+        temperature=0,
     )
     assert merged.content == same.choices[0].message.content
     assert same.usage.completion_tokens == 16

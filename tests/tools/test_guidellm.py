@@ -39,7 +39,13 @@ def test_guidellm_benchmark_completes_every_request(server_url: str, tmp_path: P
     argv = shlex.split(row.local(server_url))
     assert argv[0] == "guidellm"
     report = tmp_path / "report.json"
-    argv = [GUIDELLM, *argv[1:], "--output", f"kind=json,path={report}", "--disable-progress"]
+    argv = [
+        GUIDELLM,
+        *argv[1:],
+        "--output",
+        f"kind=json,path={report}",
+        "--disable-console-interactive",
+    ]
     finished = (
         "mtt:request_finished_total",
         {"route": "chat_completions", "finished_reason": "length"},

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -56,3 +59,19 @@ def test_git_commit_outside_a_repository_is_none(tmp_path) -> None:
 def test_process_cpu_seconds() -> None:
     assert (process_cpu_seconds(os.getpid()) or 0) > 0
     assert process_cpu_seconds(2**22 + 12345) is None  # no such process
+
+
+def test_tree_cpu_seconds_counts_child_processes() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "sum(i * i for i in range(3_000_000)); input()"],
+                             stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while (process_cpu_seconds(child.pid) or 0) < 0.05 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        own = process_cpu_seconds(os.getpid()) or 0
+        tree = hostinfo.tree_cpu_seconds(os.getpid()) or 0
+        assert tree >= own + (process_cpu_seconds(child.pid) or 0) - 0.02
+        assert tree > own
+    finally:
+        child.communicate(b"\n", timeout=30)
+    assert hostinfo.tree_cpu_seconds(2**22 + 12345) is None

@@ -319,3 +319,56 @@ def test_shutdown_stops_the_engine_frees_the_model_and_is_idempotent(dev_model, 
     eng.shutdown()  # again: nothing to do, no error
     with pytest.raises(EngineError, match="not running"):
         asyncio.run(collect(eng, "late", PROMPTS[0], SamplingOptions(max_new_tokens=2)))
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        dict(temperature=5e-324, top_k=0),
+        dict(temperature=1e-300, top_p=1e-300, top_k=0, seed=3),
+        dict(temperature=2.0, top_k=1 << 20, top_p=1e-300, seed=4),
+        dict(temperature=2.0, repetition_penalty=5e-324, presence_penalty=-2.0, seed=5),
+        dict(temperature=1e-5, repetition_penalty=10.0, frequency_penalty=2.0, seed=6),
+        dict(temperature=0.7, frequency_penalty=-2.0, min_tokens=8, logprobs=20, seed=7),
+    ],
+)
+def test_extreme_sampling_options_complete_and_leave_the_engine_healthy(any_engine, opts):
+    tokens, reasons = asyncio.run(
+        collect(any_engine, "x", PROMPTS[2], SamplingOptions(max_new_tokens=8, **opts))
+    )
+    assert reasons[-1] in ("length", "stop") and all(0 <= t < 32000 for t in tokens)
+    assert any_engine.is_healthy()
+
+
+def test_nan_logits_fail_only_the_request_that_got_them(any_engine, hf_model, monkeypatch):
+    """A model output with NaN/inf in one row: that row still gets its best finite token;
+    an all-NaN row fails that request alone."""
+    from mistral_serving.engines import pytorch
+
+    real = pytorch.sample_next_tokens
+
+    def corrupt(logits, seqs):
+        for i, seq in enumerate(seqs):
+            if seq.request_id == "partly-nan":
+                logits[i, 1000:] = float("nan")
+                logits[i, 5] = float("inf")  # +inf: the largest float, so 5 wins
+            elif seq.request_id == "all-nan":
+                logits[i] = float("nan")
+        return real(logits, seqs)
+
+    monkeypatch.setattr(pytorch, "sample_next_tokens", corrupt)
+
+    async def main():
+        greedy = SamplingOptions(max_new_tokens=4, top_k=1)
+        sampled = SamplingOptions(max_new_tokens=4, temperature=0.9, seed=1, logprobs=1)
+        return await asyncio.gather(
+            collect(any_engine, "partly-nan", PROMPTS[0], sampled),
+            collect(any_engine, "all-nan", PROMPTS[1], greedy),
+            collect(any_engine, "fine", PROMPTS[2], greedy),
+            return_exceptions=True,
+        )
+
+    partly, all_nan, fine = asyncio.run(main())
+    assert partly[0] == [5] * 4 and partly[1][-1] == "length"
+    assert isinstance(all_nan, EngineError) and "no finite logits" in str(all_nan)
+    assert fine[0] == greedy_reference(hf_model, PROMPTS[2], 4) and any_engine.is_healthy()

@@ -324,9 +324,9 @@ class TorchEngine:
                     if self._running:
                         self._decode()
                     elif not admitted:
+                        self._update_gauges()
                         self._wake.wait(0.1)
                         self._wake.clear()
-                    self._update_gauges()
             self._fail_all(EngineError("the engine shut down"))
         except BaseException as exc:  # noqa: BLE001 - any failure here ends the engine
             log.exception("PyTorch engine loop died")
@@ -445,6 +445,7 @@ class TorchEngine:
         if leaving:
             gone = set(leaving)
             self._select([i for i in range(len(self._running)) if i not in gone])
+        self._update_gauges()
 
     @staticmethod
     def _record(seq: _Sequence, pick: Sampled) -> TokenDelta:

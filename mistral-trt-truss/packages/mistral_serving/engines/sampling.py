@@ -11,8 +11,10 @@ request's options. For one row (float32):
    presence and frequency (OpenAI semantics: over output, additive), clamped so that a
    finite logit stays finite (a repetition penalty near 0 divides by almost nothing).
 3. Log-probabilities, when asked: the log-softmax of this row, i.e. of the logits after
-   penalties and BEFORE the masks below, temperature, top-k and top-p (vLLM's default:
-   they describe the model's distribution, not the sampler's truncated one).
+   penalties and BEFORE the masks below, temperature, top-k and top-p: they describe the
+   model's distribution, not the sampler's truncated one. Without penalties this is
+   vLLM's default (`raw_logprobs`, the model's own log-softmax); with penalties, vLLM's
+   default ignores them and ours includes them.
 4. Masks: stop tokens (EOS unless ignore_eos, and stop_token_ids) are -inf until
    `min_tokens` tokens exist; then the sequence's `mask_fn` (structured output: a
    per-row allowed-token mask) edits the row in place. If the masks leave no finite
@@ -79,7 +81,7 @@ def sample_next_tokens(logits: torch.Tensor, seqs: Sequence[Row]) -> list[Sample
         if i in done:
             continue
         try:
-            out[i] = sample_row(logits[i].clone(), seq)
+            out[i] = sample_row(logits[i], seq)
         except Exception as exc:  # noqa: BLE001 - this row's failure is this row's alone
             out[i] = exc
     return out
@@ -113,7 +115,7 @@ def _sanitize(row: torch.Tensor) -> torch.Tensor:
 
 
 def sample_row(row: torch.Tensor, seq: Row) -> Sampled:
-    """The next token for one sequence from its logits `row` [vocab] (modified).
+    """The next token for one sequence from its logits `row` [vocab] (left unchanged).
 
     No data-dependent branch until the end: on a GPU every host read waits for the
     device, so one read per row carries the token, the verdict and the logprobs."""

@@ -1,0 +1,198 @@
+"""`python build.py verify-gpu` itself, end to end, without a GPU:
+
+- `--kind pytorch`: the dev model on our PyTorch engine, on the real Truss server: every
+  check and the report must pass;
+- `--kind all` through the TensorRT-LLM test double (tests/doubles/fake_tensorrt_llm) on
+  the server's PYTHONPATH: the engine build runs `build.py engine`'s real commands against
+  stand-in `convert_checkpoint.py` and `trtllm-build` scripts (they check our flags with
+  argparse, as the real ones do, and write an engine directory), a stand-in `nvidia-smi`
+  reports an H100, and a `sitecustomize` shows the server process the same GPU through
+  torch.cuda and slows the double's steps so streams stay in flight while checks hold
+  them. The double records penalties without applying them, so the penalties check must
+  fail there, and the command must exit 1: that shows the check and the exit code can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_TRTLLM = REPO / "tests" / "doubles" / "fake_tensorrt_llm"
+CHECKS = [
+    "server_ready",
+    "health_and_models",
+    "streaming_equals_non_streaming",
+    "stop_strings",
+    "penalties",
+    "concurrency",
+    "abort_on_disconnect",
+    "overload_429",
+    "benchmark",
+    "drain_on_sigterm",
+]
+# Small enough for 2 CPU cores: the figures are not the point here.
+CHEAP = ["--bench-prompts", "3", "--drain-tokens", "24", "--ready-timeout", "180"]
+
+FAKE_NVIDIA_SMI = """\
+import sys
+values = {"name": "NVIDIA H100 80GB HBM3", "compute_cap": "9.0", "memory.total": "81559",
+          "driver_version": "570.00"}
+query = next(a for a in sys.argv if a.startswith("--query-gpu="))[len("--query-gpu="):]
+print(", ".join(values[k] for k in query.split(",")))
+"""
+FAKE_CONVERT = """\
+import argparse, json, pathlib
+p = argparse.ArgumentParser()
+for flag in ("--model_dir", "--output_dir", "--dtype"):
+    p.add_argument(flag, required=True)
+p.add_argument("--tp_size", type=int, default=1)
+a = p.parse_args()  # an unknown flag exits 2, as the real script's argparse does
+hf = json.loads((pathlib.Path(a.model_dir) / "config.json").read_text())
+out = pathlib.Path(a.output_dir); out.mkdir(parents=True, exist_ok=True)
+config = {"architecture": "LlamaForCausalLM", "dtype": a.dtype, "vocab_size": hf["vocab_size"],
+          "max_position_embeddings": hf["max_position_embeddings"],
+          "mapping": {"world_size": a.tp_size, "tp_size": a.tp_size, "pp_size": 1}}
+(out / "config.json").write_text(json.dumps(config))
+(out / "rank0.safetensors").write_bytes(b"weights")
+print("converted")
+"""
+FAKE_TRTLLM_BUILD = """\
+import argparse, json, pathlib
+import tensorrt_llm  # the double: the engine records the version that built it
+p = argparse.ArgumentParser()
+for flag in ("--checkpoint_dir", "--output_dir", "--gemm_plugin", "--gpt_attention_plugin",
+             "--kv_cache_type", "--remove_input_padding", "--context_fmha",
+             "--use_paged_context_fmha", "--log_level"):
+    p.add_argument(flag)
+for flag in ("--max_batch_size", "--max_input_len", "--max_seq_len", "--max_num_tokens",
+             "--max_beam_width", "--workers"):
+    p.add_argument(flag, type=int)
+a = p.parse_args()
+pretrained = json.loads((pathlib.Path(a.checkpoint_dir) / "config.json").read_text())
+build = {k: getattr(a, k) for k in ("max_batch_size", "max_input_len", "max_seq_len",
+                                    "max_num_tokens", "max_beam_width")}
+build["plugin_config"] = {"use_paged_context_fmha": a.use_paged_context_fmha == "enable"}
+out = pathlib.Path(a.output_dir); out.mkdir(parents=True, exist_ok=True)
+(out / "config.json").write_text(json.dumps(
+    {"version": tensorrt_llm.__version__, "pretrained_config": pretrained, "build_config": build}))
+(out / "rank0.engine").write_bytes(b"engine" * 100)
+print("Total time of building all engines: 00:00:01")
+"""
+# Only in the server process (the one with INFERENCE_SERVER_PORT): torch.cuda shows the
+# same H100 as the stand-in nvidia-smi, and each step of the double takes 10 ms.
+SITECUSTOMIZE = """\
+import os
+if os.environ.get("INFERENCE_SERVER_PORT"):
+    import torch
+    torch.cuda.is_available = lambda: True
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    torch.cuda.get_device_name = lambda device=None: "NVIDIA H100 80GB HBM3"
+    import tensorrt_llm.llmapi.llm as fake
+    _init = fake.BaseLLM.__init__
+    def _slow_init(self, *args, **kwargs):
+        _init(self, *args, **kwargs)
+        self.step_delay = 0.01
+    fake.BaseLLM.__init__ = _slow_init
+"""
+
+
+def script(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return path
+
+
+def verify(args: list[str], env: dict[str, str], out: Path) -> tuple[int, str, dict]:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "build.py"), "verify-gpu", "--out", str(out), *CHEAP, *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    output = proc.stdout + proc.stderr
+    report = out / "report.json"
+    assert report.is_file(), output[-4000:]
+    return proc.returncode, output, json.loads(report.read_text())
+
+
+def checks_of(kind: dict) -> dict[str, dict]:
+    return {c["name"]: c for c in kind["checks"]}
+
+
+def test_pytorch_kind_passes_every_check_and_writes_the_report(dev_model, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code, output, report = verify(["--kind", "pytorch"], env, tmp_path / "out")
+    assert code == 0, output[-4000:]
+    assert report["passed"] is True
+    (kind,) = report["kinds"]
+    checks = checks_of(kind)
+    assert list(checks) == CHECKS
+    assert all(c["passed"] for c in checks.values()), checks
+    assert "engine pytorch" in checks["health_and_models"]["detail"]
+    points = kind["bench"]["points"]
+    assert [p["concurrency"] for p in points] == [1, 8]
+    assert all(p["completed"] == 3 and p["output_throughput"] > 0 for p in points)
+    assert report["versions"]["truss"] and report["versions"]["torch"]
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.startswith("# verify-gpu: PASSED") and "| drain_on_sigterm | pass |" in md
+    assert md in output  # the summary is printed too
+
+
+def test_tensorrt_llm_kinds_through_the_double(dev_model, tmp_path):
+    bin_dir, examples = tmp_path / "bin", tmp_path / "examples"
+    script(bin_dir / "nvidia-smi", FAKE_NVIDIA_SMI)
+    script(bin_dir / "trtllm-build", FAKE_TRTLLM_BUILD)
+    script(examples / "models" / "core" / "llama" / "convert_checkpoint.py", FAKE_CONVERT)
+    script(tmp_path / "site" / "sitecustomize.py", SITECUSTOMIZE)
+    env = dict(os.environ)
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env["PYTHONPATH"] = os.pathsep.join([str(FAKE_TRTLLM), str(tmp_path / "site")])
+    out = tmp_path / "out"
+
+    code, output, report = verify(["--kind", "all", "--examples-dir", str(examples)], env, out)
+
+    assert code == 1, output[-4000:]  # the penalties check fails on the double
+    assert report["passed"] is False
+    assert [k["kind"] for k in report["kinds"]] == ["tensorrt_llm", "trtllm_pytorch"]
+    engine_kind, pytorch_kind = report["kinds"]
+
+    # The engine was built by build.py engine's own commands, from the tiny checkpoint.
+    build = engine_kind["build"]
+    assert build["status"] == "built" and build["gpu_target"] == "h100"
+    assert "convert_checkpoint.py" in build["commands"][0]
+    assert build["commands"][1].startswith("trtllm-build ")
+    engine_config = json.loads((out / "engine" / "config.json").read_text())
+    assert engine_config["version"] == "1.2.1"
+    assert engine_config["build_config"]["max_seq_len"] == 32768
+    assert engine_config["pretrained_config"]["dtype"] == "float16"
+    assert (out / "engine" / "build_manifest.json").is_file()
+    checkpoint = json.loads((out / "checkpoint" / "config.json").read_text())
+    assert checkpoint["hidden_size"] // checkpoint["num_attention_heads"] == 64
+    assert "[trtllm_pytorch] engine build skipped: trtllm_pytorch serves the checkpoint" in output
+    assert pytorch_kind["build"]["status"] == "skipped"
+
+    for kind, name in ((engine_kind, "tensorrt_llm"), (pytorch_kind, "trtllm_pytorch")):
+        checks = checks_of(kind)
+        assert list(checks) == (["build"] if name == "tensorrt_llm" else []) + CHECKS
+        failed = {n for n, c in checks.items() if not c["passed"]}
+        assert failed == {"penalties"}, {n: checks[n]["detail"] for n in failed}
+        assert "left the greedy output unchanged" in checks["penalties"]["detail"]
+        assert f"engine {name}" in checks["health_and_models"]["detail"]
+        assert kind["server"]["settings"]["engine"] == name
+    assert report["versions"]["tensorrt_llm"].startswith("1.2.1 (no package metadata")
+    assert report["gpu"][0]["name"] == "NVIDIA H100 80GB HBM3"
+    md = (out / "report.md").read_text()
+    assert md.startswith("# verify-gpu: FAILED") and "| penalties | **FAIL** |" in md
