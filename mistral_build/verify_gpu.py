@@ -772,9 +772,7 @@ def verify_kind(kind: Kind, opts: VerifyOptions, context: Callable[[], Path]) ->
         print(f"  [FAIL] build: {report.build['error']}", flush=True)
         return report
     if report.build["status"] == "built":
-        report.checks.append(
-            CheckResult("build", True, "engine built", report.build["seconds"])
-        )
+        report.checks.append(CheckResult("build", True, "engine built", report.build["seconds"]))
 
     settings = server_settings(kind, artifact, opts.overrides)
     port = free_port()
@@ -1084,12 +1082,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--drain-tokens", type=_positive, default=512, help="Length of the drained streams."
     )
     p.set_defaults(func=main)
-
-
-def iter_checks() -> Iterator[str]:
-    """The check names, in the order they run (for docs and tests)."""
-    yield "build"
-    yield "server_ready"
-    yield from (name for name, _ in CHECKS)
-    yield "benchmark"
-    yield "drain_on_sigterm"

@@ -372,3 +372,33 @@ def test_nan_logits_fail_only_the_request_that_got_them(any_engine, hf_model, mo
     assert partly[0] == [5] * 4 and partly[1][-1] == "length"
     assert isinstance(all_nan, EngineError) and "no finite logits" in str(all_nan)
     assert fine[0] == greedy_reference(hf_model, PROMPTS[2], 4) and any_engine.is_healthy()
+
+
+class OnlyTokens:
+    """A stand-in structured-output decoder: allows only `allowed` tokens, records what
+    it was told."""
+
+    def __init__(self, allowed: list[int]) -> None:
+        self.allowed, self.accepted = allowed, []
+
+    def matcher(self, guided):
+        def mask(row: torch.Tensor) -> None:
+            keep = row[self.allowed].clone()
+            row.fill_(float("-inf"))
+            row[self.allowed] = keep
+
+        return type("M", (), {"mask": staticmethod(mask), "accept": self.accepted.append})
+
+
+def test_a_guided_decoder_masks_each_row_and_is_told_each_token(any_engine):
+    decoder = OnlyTokens([7, 8, 9])
+    any_engine.guided = decoder
+    try:
+        opts = SamplingOptions(
+            max_new_tokens=6, temperature=1.0, seed=2, guided=GuidedDecoding("json_object")
+        )
+        tokens, _ = asyncio.run(collect(any_engine, "gd", PROMPTS[1], opts))
+        assert len(tokens) == 6 and set(tokens) <= {7, 8, 9}
+        assert decoder.accepted == tokens
+    finally:
+        any_engine.guided = None

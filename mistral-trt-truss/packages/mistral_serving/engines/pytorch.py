@@ -19,7 +19,9 @@ Request options: `ignore_eos` (EOS is an ordinary token; only `max_new_tokens` a
 stop_token_ids end generation), `min_tokens` (EOS and stop_token_ids are masked until that
 many tokens exist), `logprobs` (each token's log-probability and the top k, from the
 logits after penalties and before temperature, top-k and top-p: see `sampling.py`).
-Structured output (`guided`) is refused with a 4xx.
+Structured output (`guided`) needs `engine.guided` set (a `mistral_serving.guided`
+decoder: its per-request matcher masks each row before sampling and is told each chosen
+token); without it such a request is refused with a 4xx.
 
 `pytorch_kv_cache: static` selects the fast path in `pytorch_static.py` (preallocated KV
 slots, our own Llama/Mistral forward pass, CUDA graphs): 6.4x this engine's throughput
@@ -75,8 +77,10 @@ class _Sequence:
     queue: asyncio.Queue
     stop_ids: frozenset[int] = frozenset()
     generated: list[int] = field(default_factory=list)
-    # Structured output: edits the row's logits in place (disallowed tokens to -inf).
+    # Structured output: `mask_fn` edits the row's logits in place before sampling
+    # (disallowed tokens to -inf); `accept_fn` is told every chosen token.
     mask_fn: Callable[[torch.Tensor], None] | None = None
+    accept_fn: Callable[[int], None] | None = None
 
     def emit(self, item: TokenDelta | BaseException) -> None:
         deliver([(self.loop, self.queue, item)])
@@ -204,6 +208,9 @@ class TorchEngine:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._fatal: BaseException | None = None
+        # Structured output, when set: `.matcher(GuidedDecoding)` gives a per-request
+        # object with `mask(row_logits)` and `accept(token_id)` (`mistral_serving.guided`).
+        self.guided = None
         # Read from other threads (gauges): plain values the engine thread replaces.
         self._kv_usage = 0.0
         self._n_running = 0
@@ -233,7 +240,8 @@ class TorchEngine:
     ) -> AsyncIterator[TokenDelta]:
         if self._fatal is not None or self._closing.is_set():
             raise EngineError("the PyTorch engine is not running")
-        refuse_unsupported(sampling)
+        if self.guided is None:
+            refuse_unsupported(sampling)
         if not prompt_ids or len(prompt_ids) > self.limits.max_input_len:
             raise EngineRequestError(
                 f"prompt has {len(prompt_ids)} tokens; this engine accepts 1 to "
@@ -257,6 +265,9 @@ class TorchEngine:
             queue,
             stop_ids=stop_ids_for(self.eos_token_id, sampling),
         )
+        if sampling.guided is not None and self.guided is not None:
+            matcher = self.guided.matcher(sampling.guided)  # a bad schema: EngineRequestError
+            seq.mask_fn, seq.accept_fn = matcher.mask, matcher.accept
         with self._lock:
             self._waiting.append(seq)
         self._wake.set()
@@ -452,6 +463,8 @@ class TorchEngine:
         """Add the sampled token to `seq`; the delta to send (with a finish reason if it
         ended: a stop token is not emitted)."""
         token = pick.token
+        if seq.accept_fn is not None:
+            seq.accept_fn(token)
         if token in seq.stop_ids and len(seq.generated) >= seq.sampling.min_tokens:
             return TokenDelta([], "stop")
         seq.generated.append(token)
