@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 DEV_MODEL := .cache/dev-model/build_manifest.json
 
-.PHONY: venv dev-model serve test test-unit test-e2e test-compat test-tools lint bench soak test-stress clean
+.PHONY: venv dev-model serve test test-unit test-e2e test-compat test-tools lint bench soak test-stress verify-gpu clean
 
 venv: $(STAMP)
 
@@ -122,6 +122,14 @@ soak: $(DEV_MODEL)
 # The end-to-end suite three times in a row with every core kept busy by CPU hogs.
 test-stress: $(DEV_MODEL)
 	$(PY) tests/bench/stress.py --runs 3
+
+# The whole serving path on this machine's GPU, inside the TensorRT-LLM release image (not
+# the venv: TensorRT-LLM lives in the image's python3): a tiny engine, the real server,
+# the end-to-end checks, a short benchmark and one report (docs/verify-on-gpu.md).
+# VERIFY_ARGS: e.g. --kind trtllm_pytorch, --engine-dir DIR.
+VERIFY_PY ?= python3
+verify-gpu:
+	$(VERIFY_PY) build.py verify-gpu $(VERIFY_ARGS)
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) $(TOOLS_VENV) .cache

@@ -279,15 +279,6 @@ def test_check_engine_passes_and_returns_limits(tmp_path):
     assert limits == EngineLimits(4096, 8192, 64)
 
 
-def test_check_engine_dir_reads_config_and_arch_from_the_directory(tmp_path):
-    d = make_dir(tmp_path, capability="8.0")
-    assert ec.check_engine_dir(d, installed_version="1.2.1", gpu=A100) == EngineLimits(
-        4096, 8192, 64
-    )
-    with pytest.raises(EngineCheckError, match="compute capability 8.0"):
-        ec.check_engine_dir(d, installed_version="1.2.1", gpu=H100)
-
-
 def test_check_engine_without_manifest_skips_arch(tmp_path):
     check(make_dir(tmp_path), capability=None, installed_version="1.2.1", gpu=H100)
 

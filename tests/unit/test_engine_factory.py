@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from mistral_serving.artifacts import open_artifact
 from mistral_serving.engines.factory import start_engine, start_torch_engine
 from mistral_serving.engines.pytorch import TorchEngine
 from mistral_serving.engines.pytorch_static import StaticTorchEngine
 from mistral_serving.engines.replay import ReplayEngine
+from mistral_serving.guided import GuidedDecoder
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import load_tokenizer
 
@@ -35,14 +37,15 @@ def test_the_kv_cache_setting_picks_the_pytorch_engine(dev_model, kv_cache, cls)
 
 def test_start_engine_for_a_checkpoint_and_for_replay(dev_model):
     tokenizer = load_tokenizer(dev_model)
-    eng = start_engine(dev_model, "hf_checkpoint", settings_for(dev_model), tokenizer)
+    settings = settings_for(dev_model)
+    eng = start_engine(open_artifact(dev_model, settings), settings, tokenizer)
     try:
         assert type(eng) is TorchEngine and eng.eos_token_id == tokenizer.eos_id
+        assert isinstance(eng.guided, GuidedDecoder)  # response_format on PyTorch engines
     finally:
         eng.shutdown()
-    replay = start_engine(
-        dev_model, "hf_checkpoint", settings_for(dev_model, engine="replay"), tokenizer
-    )
+    settings = settings_for(dev_model, engine="replay")
+    replay = start_engine(open_artifact(dev_model, settings), settings, tokenizer)
     try:
         assert isinstance(replay, ReplayEngine)
     finally:

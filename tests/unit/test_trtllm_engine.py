@@ -910,13 +910,13 @@ def test_pytorch_kind_without_tensorrt_llm_says_what_to_do(tmp_path, monkeypatch
 
 
 def test_the_engine_setting_starts_the_pytorch_kind_on_the_dev_model(fake_trtllm, dev_model):
-    from mistral_serving.artifacts import ArtifactError
+    from mistral_serving.artifacts import ArtifactError, open_artifact
     from mistral_serving.engines.factory import engine_name_for, start_engine
     from mistral_serving.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(dev_model)
     settings = Settings(artifact=str(dev_model), engine="trtllm_pytorch")
-    engine = start_engine(dev_model, "hf_checkpoint", settings, tokenizer)
+    engine = start_engine(open_artifact(dev_model, settings), settings, tokenizer)
     assert type(engine) is TrtLlmPytorchEngine and engine.eos_token_id == tokenizer.eos_id
     assert engine.llm.args.model == str(dev_model)
     assert engine_name_for("hf_checkpoint", "auto") == "pytorch"  # auto keeps today's choice

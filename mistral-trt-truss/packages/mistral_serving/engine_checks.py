@@ -25,7 +25,6 @@ from mistral_serving.manifest import (
     ArtifactError,
     parse_json_object,
     read_json_file,
-    read_manifest,
     shown,
 )
 
@@ -242,26 +241,3 @@ def check_engine(
     if tokenizer_vocab_size is not None:
         check_vocab(config, tokenizer_vocab_size)
     return limits
-
-
-def check_engine_dir(
-    engine_dir: Path,
-    *,
-    installed_version: str | None,
-    gpu: GpuInfo | None,
-    max_input_len: int | None = None,
-    max_seq_len: int | None = None,
-    tokenizer_vocab_size: int | None = None,
-) -> EngineLimits:
-    """`check_engine` on what `engine_dir` holds, for a caller without the `Artifact`."""
-    manifest = read_manifest(Path(engine_dir))
-    return check_engine(
-        engine_dir,
-        read_engine_config(engine_dir),
-        manifest.gpu.compute_capability if manifest and manifest.gpu else None,
-        installed_version=installed_version,
-        gpu=gpu,
-        max_input_len=max_input_len,
-        max_seq_len=max_seq_len,
-        tokenizer_vocab_size=tokenizer_vocab_size,
-    )

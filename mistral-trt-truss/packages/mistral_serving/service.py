@@ -110,7 +110,7 @@ class GenerationService:
         described = describe(manifest) if manifest is not None else "no build manifest"
         log.info("artifact %s: %s", artifact.path, described)
         tokenizer = load_tokenizer(artifact.path)
-        engine = start_engine(artifact.path, artifact.kind, settings, tokenizer)
+        engine = start_engine(artifact, settings, tokenizer)
         done = time.monotonic()
         log.info(
             "loaded %s (%s) with the %s engine in %.1fs (artifact %.1fs, start %.1fs); limits %s",

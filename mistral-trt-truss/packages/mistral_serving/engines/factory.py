@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mistral_serving.artifacts import ArtifactError, ArtifactKind
+from mistral_serving.artifacts import Artifact, ArtifactError, ArtifactKind
 from mistral_serving.engines.base import Engine
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer
@@ -32,9 +32,9 @@ def engine_name_for(kind: ArtifactKind, setting: str) -> str:
     return wanted
 
 
-def start_engine(
-    artifact_dir: Path, kind: ArtifactKind, settings: Settings, tokenizer: Tokenizer
-) -> Engine:
+def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -> Engine:
+    """The engine for this artifact (read once by `artifacts.load_artifact`)."""
+    artifact_dir, kind = artifact.path, artifact.kind
     # Engines import lazily: each pulls in its own heavy stack (torch, tensorrt_llm).
     if settings.engine == "replay":  # benchmarks only: see engines/replay.py
         from mistral_serving.engines.replay import ReplayEngine
@@ -49,12 +49,17 @@ def start_engine(
     if engine_name_for(kind, settings.engine) == "tensorrt_llm":
         from mistral_serving.engines.trtllm import TrtLlmEngine
 
+        manifest = artifact.manifest
         return TrtLlmEngine.load(
             artifact_dir,
             settings,
             eos_token_id=tokenizer.eos_id,
             pad_token_id=tokenizer.eos_id,
             tokenizer_vocab_size=tokenizer.vocab_size,
+            config=artifact.config,
+            built_capability=manifest.gpu.compute_capability
+            if manifest is not None and manifest.gpu is not None
+            else None,
         )
     if engine_name_for(kind, settings.engine) == "trtllm_pytorch":
         from mistral_serving.engines.trtllm_pytorch import TrtLlmPytorchEngine
@@ -62,7 +67,11 @@ def start_engine(
         return TrtLlmPytorchEngine.load(
             artifact_dir, settings, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id
         )
-    return start_torch_engine(artifact_dir, settings, tokenizer.eos_id)
+    from mistral_serving.guided import GuidedDecoder
+
+    engine = start_torch_engine(artifact_dir, settings, tokenizer.eos_id)
+    engine.guided = GuidedDecoder(tokenizer, engine.vocab_size)  # response_format, xgrammar
+    return engine
 
 
 def start_torch_engine(model_dir: Path, settings: Settings, eos_token_id: int) -> TorchEngine:

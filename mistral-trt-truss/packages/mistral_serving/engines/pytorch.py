@@ -291,6 +291,11 @@ class TorchEngine:
     def is_healthy(self) -> bool:
         return self._fatal is None and self._thread.is_alive()
 
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's embedding (may exceed the tokenizer's vocabulary)."""
+        return self._vocab
+
     def kv_cache_usage(self) -> float:
         return self._kv_usage
 

@@ -51,7 +51,7 @@ from typing import Any
 from mistral_serving.engine_checks import (
     EngineCheckError,
     GpuInfo,
-    check_engine_dir,
+    check_engine,
     detect_gpu,
     read_engine_config,
     world_size,
@@ -66,6 +66,7 @@ from mistral_serving.engines.base import (
     TokenDelta,
     TokenLogprob,
 )
+from mistral_serving.manifest import read_manifest
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -431,9 +432,13 @@ class TrtLlmEngine(LlmApiEngine):
         pad_token_id: int | None = None,
         gpu: GpuInfo | None = None,
         tokenizer_vocab_size: int | None = None,
+        config: dict[str, Any] | None = None,
+        built_capability: str | None = None,
     ) -> TrtLlmEngine:
         """Check the engine directory against this machine, then start the engine.
-        `gpu` None means detect it (torch.cuda)."""
+        `gpu` None means detect it (torch.cuda). `config` (config.json) and
+        `built_capability` (from the build manifest) come from the `Artifact` when the
+        caller has it; otherwise they are read from `engine_dir`."""
         # Imported here so the package imports (and its tests run) without tensorrt_llm.
         try:
             import tensorrt_llm
@@ -446,15 +451,22 @@ class TrtLlmEngine(LlmApiEngine):
             ) from exc
 
         engine_dir = Path(engine_dir)
-        built = check_engine_dir(
+        if config is None:
+            config = read_engine_config(engine_dir)
+            manifest = read_manifest(engine_dir)
+            built_capability = (
+                manifest.gpu.compute_capability if manifest and manifest.gpu else None
+            )
+        built = check_engine(
             engine_dir,
+            config,
+            built_capability,
             installed_version=tensorrt_llm.__version__,
             gpu=gpu or detect_gpu(),
             max_input_len=settings.max_input_len,
             max_seq_len=settings.max_seq_len,
             tokenizer_vocab_size=tokenizer_vocab_size,
         )
-        config = read_engine_config(engine_dir)
         build_config = config.get("build_config", {})
         # Prompts longer than the engine's max_num_tokens need chunked prefill
         # (llmapi/llm_args.py: enable_chunked_prefill, default False), which needs an
