@@ -49,7 +49,8 @@ $(SMOLLM2): $(STAMP) mistral_build/smollm2.py
 # `make serve MODEL=dev-mistral` serves the tiny random-weight Mistral-tokenizer dev model.
 MODEL ?= smollm2
 SERVE_NEEDS_smollm2 := $(SMOLLM2)
-SERVE_ARGS_smollm2 := --artifact .cache/smollm2 --set engine=pytorch
+SERVE_ARGS_smollm2 := --artifact $(CURDIR)/.cache/smollm2 --set engine=pytorch \
+  --set served_model_name=smollm2-135m-instruct
 SERVE_NEEDS_dev-mistral := $(DEV_MODEL)
 ifneq ($(filter serve,$(MAKECMDGOALS)),)
 ifeq ($(SERVE_NEEDS_$(MODEL)),)

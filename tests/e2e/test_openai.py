@@ -130,8 +130,9 @@ def test_async_client_streams_concurrently(aclient):
     [
         ({"n": 2}, "n"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
-        ({"logprobs": True}, "logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"logit_bias": {"1": 1}}, "logit_bias"),
         ({"temperature": 5}, "temperature"),
     ],
 )

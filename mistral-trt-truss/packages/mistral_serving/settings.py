@@ -75,6 +75,13 @@ class Settings(BaseModel):
         description="PyTorch engine on a GPU: the process's GIL switch interval "
         "(sys.setswitchinterval); the engine thread and the event loop share the GIL.",
     )
+    engine_process: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="PyTorch engines: run the model and its step loop in a process of their "
+        "own (tokens to the server over a socket), so the server's event loop and the step "
+        "loop do not share one GIL. `auto`: own process on a CUDA GPU, in the server's "
+        "process on CPU.",
+    )
     cuda_graphs: bool = Field(
         True,
         description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs.",

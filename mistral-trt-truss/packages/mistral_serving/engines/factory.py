@@ -67,10 +67,24 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
         return TrtLlmPytorchEngine.load(
             artifact_dir, settings, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id
         )
+    from mistral_serving.engines.process import wants_own_process
+
+    if wants_own_process(settings):  # engine_process: the step loop off the server's GIL
+        from mistral_serving.engines.process import ProcessEngine
+
+        return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id)
+    return start_guided_torch_engine(artifact_dir, settings, tokenizer)
+
+
+def start_guided_torch_engine(
+    model_dir: Path, settings: Settings, tokenizer: Tokenizer
+) -> TorchEngine:
+    """The PyTorch engine in this process, with structured output (response_format,
+    xgrammar). The engine process (`worker.py`) starts its engine with this too."""
     from mistral_serving.guided import GuidedDecoder
 
-    engine = start_torch_engine(artifact_dir, settings, tokenizer.eos_id)
-    engine.guided = GuidedDecoder(tokenizer, engine.vocab_size)  # response_format, xgrammar
+    engine = start_torch_engine(model_dir, settings, tokenizer.eos_id)
+    engine.guided = GuidedDecoder(tokenizer, engine.vocab_size)
     return engine
 
 

@@ -238,6 +238,33 @@ class TorchEngine:
     async def generate(
         self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
     ) -> AsyncIterator[TokenDelta]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
+        self.submit(request_id, prompt_ids, sampling, loop, queue)
+        finished = False
+        try:
+            async for delta in read_stream(queue, "PyTorch engine"):
+                finished = delta.finish_reason is not None
+                yield delta
+        except EngineError:
+            finished = True  # the engine already let go of it
+            raise
+        finally:
+            if not finished:  # the consumer went away (client disconnect): free the slot
+                self.abort(request_id)
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingOptions,
+        loop: asyncio.AbstractEventLoop,
+        queue: asyncio.Queue,
+    ) -> None:
+        """Check a request and queue it. Its deltas (or its error) go to `queue.put_nowait`
+        through `loop.call_soon_threadsafe`, one call per step for all of a loop's requests
+        (`base.deliver`). `generate` is this plus reading the queue; the engine process
+        (`worker.py`) passes a loop and queues of its own that send each step to the server."""
         if self._fatal is not None or self._closing.is_set():
             raise EngineError("the PyTorch engine is not running")
         if self.guided is None:
@@ -250,8 +277,6 @@ class TorchEngine:
         # An id outside the embedding table would fail the whole batch's forward pass.
         if min(prompt_ids) < 0 or max(prompt_ids) >= self._vocab:
             raise EngineRequestError(f"prompt token ids must be in 0..{self._vocab - 1}")
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[TokenDelta | BaseException] = asyncio.Queue()
         room = self.limits.max_seq_len - len(prompt_ids)
         gen = torch.Generator(device=self._device)
         gen.manual_seed(sampling.seed if sampling.seed is not None else random.getrandbits(63))
@@ -271,17 +296,6 @@ class TorchEngine:
         with self._lock:
             self._waiting.append(seq)
         self._wake.set()
-        finished = False
-        try:
-            async for delta in read_stream(queue, "PyTorch engine"):
-                finished = delta.finish_reason is not None
-                yield delta
-        except EngineError:
-            finished = True  # the engine already let go of it
-            raise
-        finally:
-            if not finished:  # the consumer went away (client disconnect): free the slot
-                self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
         with self._lock:
