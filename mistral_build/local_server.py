@@ -95,7 +95,10 @@ def serve(args: argparse.Namespace) -> int:
         build_dev_model()
         settings = dev_settings()
     else:
-        settings = {"artifact": args.artifact}
+        # The server runs from the app folder: a relative local path must be made absolute
+        # (a repo id has no such folder here and is passed on as given).
+        local = Path(args.artifact).expanduser()
+        settings = {"artifact": str(local.resolve()) if local.exists() else args.artifact}
     for item in args.set or []:
         key, _, value = item.partition("=")
         settings[key] = value

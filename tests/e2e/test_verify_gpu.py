@@ -40,7 +40,7 @@ CHECKS = [
     "drain_on_sigterm",
 ]
 # Small enough for 2 CPU cores: the figures are not the point here.
-CHEAP = ["--bench-prompts", "3", "--drain-tokens", "24", "--ready-timeout", "180"]
+CHEAP = ["--bench-prompts", "3", "--drain-tokens", "48", "--ready-timeout", "180"]
 
 FAKE_NVIDIA_SMI = """\
 import sys

@@ -31,7 +31,7 @@ class GuidedDecoder:
             vocab,
             xgr.VocabType.RAW,
             vocab_size=self.vocab_size,
-            stop_token_ids=sorted({tokenizer.eos_id, *getattr(tokenizer, "stop_token_ids", ())}),
+            stop_token_ids=sorted({tokenizer.eos_id, *tokenizer.stop_token_ids}),
         )
         self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         self._lock = threading.Lock()  # compile calls come from request threads

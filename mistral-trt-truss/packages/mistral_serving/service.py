@@ -184,6 +184,10 @@ class GenerationService:
         sampling = req.sampling
         if sampling.max_new_tokens > room:
             sampling = dataclasses.replace(sampling, max_new_tokens=room)
+        if not sampling.ignore_eos and self.tokenizer.stop_token_ids:
+            # The model's own end-of-turn tokens (generation_config eos_token_id list).
+            stops = tuple(dict.fromkeys((*self.tokenizer.stop_token_ids, *sampling.stop_token_ids)))
+            sampling = dataclasses.replace(sampling, stop_token_ids=stops)
         return PreparedRequest(ids, sampling, req.stop, req.interval)
 
     def _encode(self, req: GenerationRequest) -> list[int]:

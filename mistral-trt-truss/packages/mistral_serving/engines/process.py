@@ -74,9 +74,25 @@ def wants_own_process(settings: Settings) -> bool:
         return settings.engine_process == "on"
     if settings.device != "auto":
         return settings.device == "cuda"
-    import torch  # only here: `auto` needs to know whether the engine will get a GPU
+    return cuda_gpu_visible()
 
-    return torch.cuda.is_available()
+
+def cuda_gpu_visible() -> bool:
+    """Whether the CUDA driver sees a GPU (CUDA_VISIBLE_DEVICES applies), asked of libcuda
+    directly: importing torch here would put 1.5-2.5 s before the engine process starts,
+    and the server process needs no torch otherwise. Creates no CUDA context."""
+    import ctypes
+
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False  # no NVIDIA driver
+    count = ctypes.c_int(0)
+    return (
+        libcuda.cuInit(0) == 0
+        and libcuda.cuDeviceGetCount(ctypes.byref(count)) == 0
+        and count.value > 0
+    )
 
 
 def _child_env() -> dict[str, str]:

@@ -1,0 +1,112 @@
+"""The real Truss server with the PyTorch engine in its own process (`engine_process: on`):
+the same answers as the in-process server, streaming equal to non-streaming; a killed
+engine process stops the server; a stopped server leaves no engine process behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.e2e.util import wait_for
+
+pytestmark = pytest.mark.e2e
+
+BODY = {"prompt": "Write about the sea", "max_new_tokens": 40}
+
+
+def engine_processes(server_pid: int) -> list[int]:
+    """Engine worker processes in the server's process group (it has its own session)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        pgrp = int(stat.rsplit(")", 1)[1].split()[2])
+        if pgrp == server_pid and b"mistral_serving.engines.worker" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def predict(url: str, **body) -> dict:
+    r = requests.post(f"{url}/v1/models/model:predict", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def streamed(url: str, **body) -> str:
+    with requests.post(
+        f"{url}/v1/models/model:predict", json=body | {"streaming": True}, stream=True, timeout=120
+    ) as r:
+        assert r.status_code == 200, r.text
+        return b"".join(r.iter_content(chunk_size=None)).decode()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+
+
+def test_the_server_answers_the_same_with_the_engine_in_its_own_process(start_server, server_url):
+    server = start_server(engine_process="on")
+    try:
+        assert len(engine_processes(server.process.pid)) == 1
+        own = predict(server.url, **BODY)
+        assert own["output"] == predict(server_url, **BODY)["output"]  # the in-process server
+        assert streamed(server.url, **BODY) == own["output"]
+        schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+        chat = requests.post(
+            f"{server.url}/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "JSON please"}],
+                "max_tokens": 64,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": schema},
+                },
+            },
+            timeout=120,
+        )
+        assert chat.status_code == 200, chat.text
+        assert isinstance(json.loads(chat.json()["choices"][0]["message"]["content"])["ok"], bool)
+    finally:
+        server.stop()
+    assert server.process.returncode is not None
+
+
+def test_a_killed_engine_process_stops_the_server(start_server):
+    server = start_server(engine_process="on")
+    (child,) = engine_processes(server.process.pid)
+    os.kill(child, signal.SIGKILL)
+    # The health check sees the dead engine, the server drains and exits (Kubernetes
+    # restarts the pod); what clients get meanwhile is a refusal, never a hang.
+    wait_for(lambda: requests_fail_or_unready(server.url), 60, "the server to report unhealthy")
+    server.process.wait(120)
+    assert "the engine process was killed by SIGKILL" in server.log()
+
+
+def requests_fail_or_unready(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/v1/models/model", timeout=5).status_code != 200
+    except requests.ConnectionError:
+        return True
+
+
+def test_a_stopped_server_leaves_no_engine_process(start_server):
+    server = start_server(engine_process="on")
+    (child,) = engine_processes(server.process.pid)
+    assert predict(server.url, **BODY)["output"]
+    server.stop(signal.SIGTERM)
+    wait_for(lambda: not alive(child), 30, "the engine process to exit")
