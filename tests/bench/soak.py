@@ -157,8 +157,9 @@ def phase_overload(context: Path, seconds: float) -> dict:
     rss_before = server.rss_mb()
     # CPU per 429: hold every slot and queue place with long streams, then send refusals.
     holders = [stream(server.url, 100_000) for _ in range(inflight)]
-    for h in holders:
-        next(h.iter_content(chunk_size=None))
+    readers = [h.iter_content(chunk_size=None) for h in holders]  # kept: dropping one closes it
+    for reader in readers:
+        next(reader)
     waiters = []
     for _ in range(waiting):
         sock = socket.create_connection(("127.0.0.1", server.port))

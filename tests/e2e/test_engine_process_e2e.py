@@ -110,3 +110,6 @@ def test_a_stopped_server_leaves_no_engine_process(start_server):
     assert predict(server.url, **BODY)["output"]
     server.stop(signal.SIGTERM)
     wait_for(lambda: not alive(child), 30, "the engine process to exit")
+    # The engine process logs in the server's format (JSON lines), and it said goodbye.
+    lines = [line for line in server.log().splitlines() if "[engine process]" in line]
+    assert any("engine process exiting" in json.loads(line)["message"] for line in lines)

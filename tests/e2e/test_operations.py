@@ -65,27 +65,41 @@ def _stream(url: str, n_tokens: int) -> requests.Response:
 
 def test_overload_is_refused_at_once_with_429_and_retry_after(start_server):
     server = start_server(max_inflight=2, max_waiting=2)
-    results: list[int] = []
-    headers: list[dict] = []
-    lock = threading.Lock()
-
-    def call() -> None:
-        r = requests.post(
-            server.url + PREDICT, timeout=120, json={"prompt": "load", "max_new_tokens": 1500}
+    # Two long streams hold both slots; two short requests wait for them.
+    holders = [_stream(server.url, 100_000) for _ in range(2)]
+    # Keep the readers: dropping one closes its connection (urllib3), which aborts it.
+    readers = [h.iter_content(chunk_size=None) for h in holders]
+    for reader in readers:
+        assert next(reader)
+    waited: list[int] = []
+    waiters = [
+        threading.Thread(
+            target=lambda: waited.append(
+                requests.post(
+                    server.url + PREDICT, json={"prompt": "w", "max_new_tokens": 2}, timeout=600
+                ).status_code
+            )
         )
-        with lock:
-            results.append(r.status_code)
-            headers.append(dict(r.headers) | {"body": r.text})
-
-    threads = [threading.Thread(target=call) for _ in range(10)]
-    for t in threads:
+        for _ in range(2)
+    ]
+    for t in waiters:
         t.start()
-    for t in threads:
-        t.join(180)
-    assert sorted(results).count(200) == 4 and results.count(429) == 6, results
-    refused = [h for h in headers if "capacity" in h["body"]]
-    assert refused and all(h["retry-after"] == "1" for h in refused)
+    wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 2, 120, "two waiters")
+    # Everything beyond 2 running + 2 waiting is refused at once, whatever the body.
+    refused = [
+        requests.post(
+            server.url + PREDICT, json={"prompt": "x" * n, "max_new_tokens": 4}, timeout=120
+        )
+        for n in (1, 10, 1000, 100_000, 1, 1)
+    ]
+    assert [r.status_code for r in refused] == [429] * 6
+    assert all(r.headers["retry-after"] == "1" and "capacity" in r.json()["error"] for r in refused)
     assert value(server.url, "mtt:request_rejected_total", reason="queue_full") == 6
+    for h in holders:
+        h.close()  # the slots free up: the waiters are served
+    for t in waiters:
+        t.join(600)
+    assert waited == [200, 200]
     server.stop()
 
 

@@ -25,8 +25,8 @@ in a child process (`worker.py`) and the server keeps only this proxy:
 
 The child is a fresh interpreter (`python -m mistral_serving.engines.worker`), which is
 multiprocessing's `spawn` semantics (CUDA cannot be forked) without re-running the
-server's `__main__` in the child. Its log lines go to the server's stderr, prefixed
-`[engine process]`.
+server's `__main__` in the child. Its log lines go to the server's stderr, in its format
+(JSON lines under Truss), prefixed `[engine process]`.
 """
 
 from __future__ import annotations
@@ -103,6 +103,11 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def _logs_json() -> bool:
+    """Whether the server logs JSON lines (Truss does): the child then does too."""
+    return any("json" in type(h.formatter).__name__.lower() for h in logging.getLogger().handlers)
+
+
 def _exit_description(code: int | None) -> str:
     if code is None:
         return "has not exited"
@@ -152,6 +157,7 @@ class ProcessEngine:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "mistral_serving.engines.worker", str(theirs.fileno())],
                 pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
                 env=_child_env(),
             )
         finally:
@@ -163,6 +169,7 @@ class ProcessEngine:
                 "settings": settings.model_dump(),
                 "eos_token_id": eos_token_id,
                 "log_level": logging.getLogger().getEffectiveLevel(),
+                "log_json": _logs_json(),
             }
             conn.send_bytes(encode(spec))
             ready = cls._wait_ready(proc, conn)

@@ -29,6 +29,7 @@ server dies, the socket reads EOF and the engine process shuts down too.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import pickle
@@ -47,7 +48,7 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.settings import Settings
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("mistral_serving.engines.worker")  # not __main__ when run as -m
 
 GAUGE_POLL_S = 0.05  # how often the gauges (and the engine's health) are checked
 _SHUTDOWN_JOIN_S = 30.0
@@ -152,13 +153,35 @@ def _monitor(engine, outbox: Outbox, stopping: threading.Event) -> None:
         outbox.send_gauges_if_changed()
 
 
+class _JsonLines(logging.Formatter):
+    """One JSON object a line, with the keys of the server's own log lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "asctime": self.formatTime(record),
+            "levelname": record.levelname,
+            "message": f"[engine process] {record.getMessage()}",
+        }
+        if record.exc_info:
+            entry["exc_info"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def _configure_logging(level: int, as_json: bool) -> None:
+    """Log to stderr (the server's), in the server's format: JSON lines when it logs JSON."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        _JsonLines()
+        if as_json
+        else logging.Formatter("%(asctime)s %(levelname)s [engine process] %(name)s: %(message)s")
+    )
+    logging.basicConfig(level=level, handlers=[handler])
+
+
 def serve(conn: Connection) -> int:
     """Load the engine the spec asks for, then serve requests until shutdown or EOF."""
     spec = decode(conn.recv_bytes())
-    logging.basicConfig(
-        level=spec.get("log_level", logging.INFO),
-        format="%(asctime)s %(levelname)s [engine process] %(name)s: %(message)s",
-    )
+    _configure_logging(spec.get("log_level", logging.INFO), spec.get("log_json", False))
     outbox = Outbox(conn)
     try:
         from mistral_serving.engines.factory import start_guided_torch_engine
