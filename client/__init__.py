@@ -5,10 +5,10 @@ server."""
 from client.client import (
     DEFAULT_URL,
     AsyncClient,
-    AsyncTextStream,
+    AsyncStreamingText,
     Client,
     RetryPolicy,
-    TextStream,
+    StreamingText,
 )
 from client.errors import (
     BadRequestError,
@@ -25,7 +25,7 @@ from client.types import Completion, SamplingParams, Usage
 __all__ = [
     "DEFAULT_URL",
     "AsyncClient",
-    "AsyncTextStream",
+    "AsyncStreamingText",
     "BadRequestError",
     "Client",
     "ClientConnectionError",
@@ -38,6 +38,6 @@ __all__ = [
     "ServerError",
     "ServiceUnavailableError",
     "StreamError",
-    "TextStream",
+    "StreamingText",
     "Usage",
 ]

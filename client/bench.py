@@ -53,7 +53,7 @@ from client.datasets import (
 )
 from client.errors import ClientError
 from client.hostinfo import HostMonitor
-from client.metrics import RequestRecord, compute_metrics, parse_slos
+from client.metrics import RequestTiming, compute_metrics, parse_slos
 from client.protocol import build_request
 from client.rawhttp import RawPool
 from client.types import Api, SamplingParams
@@ -169,7 +169,7 @@ def _what_was_sent(item: PromptItem) -> Any:
     return item.prompt if item.prompt is not None else item.messages
 
 
-def _failed(record: RequestRecord, start: float, exc: Exception) -> RequestRecord:
+def _failed(record: RequestTiming, start: float, exc: Exception) -> RequestTiming:
     record.latency = time.perf_counter() - start
     record.error = f"{type(exc).__name__}: {exc}"
     return record
@@ -177,9 +177,9 @@ def _failed(record: RequestRecord, start: float, exc: Exception) -> RequestRecor
 
 async def timed_request(
     client: AsyncClient, cfg: BenchConfig, item: PromptItem, index: int, run_start: float
-) -> RequestRecord:
+) -> RequestTiming:
     """One streamed request over httpx, timed the way vLLM's request functions time it."""
-    record = RequestRecord(index=index, prompt=_what_was_sent(item))
+    record = RequestTiming(index=index, prompt=_what_was_sent(item))
     sampling = sampling_for(cfg, item)
     start = time.perf_counter()
     record.start = start - run_start
@@ -216,7 +216,7 @@ async def timed_request(
 
 async def timed_raw_request(
     pool: RawPool, cfg: BenchConfig, item: PromptItem, index: int, run_start: float, model: str
-) -> RequestRecord:
+) -> RequestTiming:
     """One streamed request over the raw transport: arrival times and usage, no text."""
     spec = build_request(
         "openai",
@@ -230,9 +230,9 @@ async def timed_raw_request(
     try:
         res = await pool.post_stream(spec.path, spec.body)
     except Exception as exc:  # noqa: BLE001 - recorded, as above
-        record = RequestRecord(index=index, prompt=_what_was_sent(item), start=start - run_start)
+        record = RequestTiming(index=index, prompt=_what_was_sent(item), start=start - run_start)
         return _failed(record, start, exc)
-    record = RequestRecord.from_times(
+    record = RequestTiming.from_times(
         index,
         res.start,
         res.arrivals,
@@ -246,7 +246,7 @@ async def timed_raw_request(
     return record
 
 
-Send = Callable[[PromptItem, int, float], Awaitable[RequestRecord]]
+Send = Callable[[PromptItem, int, float], Awaitable[RequestTiming]]
 
 
 async def run_point(
@@ -256,7 +256,7 @@ async def run_point(
     point: Point,
     indices: Sequence[int] | None = None,
     run_start: float | None = None,
-) -> tuple[list[RequestRecord], float]:
+) -> tuple[list[RequestTiming], float]:
     """Send every item under the point's load; return the records and the run's duration."""
     progress = tqdm(
         total=len(items),
@@ -270,7 +270,7 @@ async def run_point(
     sem = asyncio.Semaphore(limit) if limit else None
     numbers = list(indices) if indices is not None else list(range(len(items)))
 
-    async def one(i: int, item: PromptItem, start: float) -> RequestRecord:
+    async def one(i: int, item: PromptItem, start: float) -> RequestTiming:
         if sem is None:
             record = await send(item, i, start)
         else:
@@ -291,7 +291,7 @@ async def run_point(
                 if point.mode == "rate" and point.request_rate
                 else [0.0] * len(items)
             )
-            tasks: list[asyncio.Task[RequestRecord]] = []
+            tasks: list[asyncio.Task[RequestTiming]] = []
             for gap, i, item in zip(gaps, numbers, items, strict=True):
                 if gap > 0:
                     await asyncio.sleep(gap)
@@ -302,17 +302,17 @@ async def run_point(
     return records, time.perf_counter() - start
 
 
-def _raw_process(job: tuple[Any, ...]) -> list[RequestRecord]:
+def _raw_process(job: tuple[Any, ...]) -> list[RequestTiming]:
     """One client process of a multi-process raw run (runs after fork)."""
     cfg, model, point, pairs, run_start = job
     # perf_counter is CLOCK_MONOTONIC, shared by every process, so all share one start.
     time.sleep(max(0.0, run_start - time.perf_counter()))
 
-    async def go() -> list[RequestRecord]:
+    async def go() -> list[RequestTiming]:
         pool = RawPool(cfg.url)
         try:
 
-            async def send(item: PromptItem, i: int, start: float) -> RequestRecord:
+            async def send(item: PromptItem, i: int, start: float) -> RequestTiming:
                 return await timed_raw_request(pool, cfg, item, i, start, model)
 
             indices = [i for i, _ in pairs]
@@ -328,7 +328,7 @@ def _raw_process(job: tuple[Any, ...]) -> list[RequestRecord]:
 
 def run_point_in_processes(
     cfg: BenchConfig, model: str, items: Sequence[PromptItem], point: Point
-) -> tuple[list[RequestRecord], float]:
+) -> tuple[list[RequestTiming], float]:
     """The point's concurrency spread over ``cfg.client_procs`` raw-transport processes."""
     procs = max(1, min(cfg.client_procs, point.concurrency or 1, len(items)))
     total = point.concurrency or 1
@@ -351,13 +351,13 @@ async def replay_counts(
     client: AsyncClient,
     cfg: BenchConfig,
     items: Sequence[PromptItem],
-    records: list[RequestRecord],
+    records: list[RequestTiming],
     parallel: int,
 ) -> None:
     """Predict route: exact token counts from a non-streaming replay of each request."""
     sem = asyncio.Semaphore(max(1, parallel))
 
-    async def one(item: PromptItem, record: RequestRecord) -> None:
+    async def one(item: PromptItem, record: RequestTiming) -> None:
         if not record.success:
             return
         sampling = sampling_for(cfg, item)
@@ -483,7 +483,7 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         await client.resolve_model()
         model = client.model or "model"
 
-        async def send(item: PromptItem, i: int, start: float) -> RequestRecord:
+        async def send(item: PromptItem, i: int, start: float) -> RequestTiming:
             if raw is not None:
                 return await timed_raw_request(raw, cfg, item, i, start, model)
             return await timed_request(client, cfg, item, i, start)

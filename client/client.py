@@ -147,7 +147,7 @@ class _Base:
             return None
 
 
-class TextStream:
+class StreamingText:
     """Text pieces as they arrive; after iteration ``text``, ``usage``, ``finish_reason``.
 
     Use it as an iterator (the connection closes when it is exhausted) or in a ``with``
@@ -201,7 +201,7 @@ class TextStream:
     def close(self) -> None:
         self._response.close()
 
-    def __enter__(self) -> TextStream:
+    def __enter__(self) -> StreamingText:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -308,16 +308,16 @@ class Client(_Base):
         sampling: SamplingParams | None = None,
         extra: dict[str, Any] | None = None,
         **kw: Any,
-    ) -> TextStream:
+    ) -> StreamingText:
         """Start a streaming generation; iterate the result for text as it arrives.
 
         Errors before the stream starts (4xx, 5xx after retries) raise here.
         """
         self.resolve_model()
         spec = self._spec(prompt, messages, True, sampling, extra, kw)
-        return TextStream(self._send("POST", spec.path, spec.body), spec, self.decode_errors)
+        return StreamingText(self._send("POST", spec.path, spec.body), spec, self.decode_errors)
 
-    def chat_stream(self, messages: list[Message], **kw: Any) -> TextStream:
+    def chat_stream(self, messages: list[Message], **kw: Any) -> StreamingText:
         return self.stream(messages=messages, **kw)
 
     def wait_until_ready(self, timeout: float = 300.0, interval: float = 0.5) -> float:
@@ -342,8 +342,8 @@ class Client(_Base):
             time.sleep(interval)
 
 
-class AsyncTextStream:
-    """Async twin of :class:`TextStream`."""
+class AsyncStreamingText:
+    """Async twin of :class:`StreamingText`."""
 
     def __init__(self, response: httpx.Response, spec: RequestSpec, decode_errors: str) -> None:
         self._response = response
@@ -490,10 +490,10 @@ class AsyncClient(_Base):
         sampling: SamplingParams | None = None,
         extra: dict[str, Any] | None = None,
         **kw: Any,
-    ) -> AsyncTextStream:
+    ) -> AsyncStreamingText:
         await self.resolve_model()
         spec = self._spec(prompt, messages, True, sampling, extra, kw)
-        return AsyncTextStream(
+        return AsyncStreamingText(
             await self._send("POST", spec.path, spec.body), spec, self.decode_errors
         )
 

@@ -31,7 +31,7 @@ SLO_METRICS = ("ttft", "tpot", "e2el")
 
 
 @dataclass
-class RequestRecord:
+class RequestTiming:
     """One benchmark request, as written to the JSON results."""
 
     index: int
@@ -68,7 +68,7 @@ class RequestRecord:
         run_start: float = 0.0,
         prompt_tokens: int | None = None,
         source: str = "usage",
-    ) -> RequestRecord:
+    ) -> RequestTiming:
         """A successful request from its clock readings (``perf_counter`` seconds): the
         send time, the arrival of each chunk that carried text, and the end."""
         record = cls(index=index, success=True, start=start - run_start)
@@ -139,7 +139,7 @@ def parse_slos(items: Iterable[str]) -> dict[str, float]:
 
 
 def compute_metrics(
-    records: Sequence[RequestRecord],
+    records: Sequence[RequestTiming],
     duration_s: float,
     slos: dict[str, float] | None = None,
     percentiles: Iterable[float] = DEFAULT_PERCENTILES,
@@ -177,7 +177,7 @@ def compute_metrics(
     return result
 
 
-def meets_slos(record: RequestRecord, slos: dict[str, float]) -> bool:
+def meets_slos(record: RequestTiming, slos: dict[str, float]) -> bool:
     """vLLM's goodput test: every given SLO (ms) >= the request's value."""
     values = {"ttft": record.ttft, "tpot": record.tpot or 0.0, "e2el": record.latency}
     return all(slos[name] / 1000.0 >= values[name] for name in slos)

@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from mistral_build.gpu import TARGETS, GpuInfo, detect_gpus, matches_target, supports_fp8
+from mistral_build.gpu import TARGETS, BuildGpu, detect_gpus, matches_target, supports_fp8
 from mistral_build.image import BASE_IMAGE
 from mistral_build.paths import REPO_ROOT
 from mistral_build.publish import (
@@ -63,10 +63,6 @@ GpuTargetName = Literal["a100", "h100", "h200", "l4"]
 # the ignore pattern keeps the download (and the disk estimate) to one copy of the weights.
 SOURCE_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja"]
 SOURCE_IGNORE = ["consolidated*"]
-
-
-class RefusedError(ValueError):
-    """The request is refused before any work; each line of the message is one reason."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -142,7 +138,7 @@ class ModelFacts(BaseModel):
 class BuildFacts(BaseModel):
     """What the checks need to know about this machine."""
 
-    gpus: list[GpuInfo] = Field(default_factory=list)
+    gpus: list[BuildGpu] = Field(default_factory=list)
     free_disk_bytes: int
     trtllm_version: str | None = None  # None: tensorrt_llm is not importable
     tensorrt_version: str | None = None

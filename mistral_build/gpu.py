@@ -29,7 +29,7 @@ TARGETS: dict[str, GpuTarget] = {
 FP8_MIN_CAPABILITY = (8, 9)
 
 
-class GpuInfo(BaseModel):
+class BuildGpu(BaseModel):
     name: str  # "NVIDIA A100-SXM4-80GB"
     compute_capability: str  # "8.0"
     memory_mib: int = 0
@@ -44,24 +44,24 @@ def supports_fp8(cc: str) -> bool:
     return capability_tuple(cc) >= FP8_MIN_CAPABILITY
 
 
-def matches_target(gpu: GpuInfo, target: str) -> bool:
+def matches_target(gpu: BuildGpu, target: str) -> bool:
     """True when the GPU is of the target's kind: same name family and architecture."""
     t = TARGETS[target]
     return t.name.lower() in gpu.name.lower() and gpu.compute_capability == t.compute_capability
 
 
-def parse_nvidia_smi(text: str) -> list[GpuInfo]:
+def parse_nvidia_smi(text: str) -> list[BuildGpu]:
     """Parse `nvidia-smi --query-gpu=name,compute_cap,memory.total --format=csv,noheader,nounits`."""
     gpus = []
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) >= 2 and parts[0]:
             memory = int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else 0
-            gpus.append(GpuInfo(name=parts[0], compute_capability=parts[1], memory_mib=memory))
+            gpus.append(BuildGpu(name=parts[0], compute_capability=parts[1], memory_mib=memory))
     return gpus
 
 
-def detect_gpus() -> list[GpuInfo]:
+def detect_gpus() -> list[BuildGpu]:
     """GPUs on this machine, from nvidia-smi (no CUDA library needed); [] when there are none."""
     if shutil.which("nvidia-smi") is None:
         return []

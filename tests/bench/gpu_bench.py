@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
 # One benchmark client and one set of metric definitions for every figure.
 from client.bench import BenchConfig, run_bench  # noqa: E402
 from client.datasets import token_id_prompts  # noqa: E402
-from client.metrics import RequestRecord, compute_metrics, summary_row  # noqa: E402
+from client.metrics import RequestTiming, compute_metrics, summary_row  # noqa: E402
 
 OUT: Path | None = None
 DEADLINE = float("inf")
@@ -166,7 +166,7 @@ async def drive(
     from mistral_serving.engines.base import SamplingOptions
 
     todo = id_prompts(concurrency * per_worker, in_len, seed)
-    records: list[RequestRecord] = []
+    records: list[RequestTiming] = []
     counter = iter(range(10**9))
 
     async def worker():
@@ -180,7 +180,7 @@ async def drive(
                     arrivals.append(time.perf_counter())
                     n += len(delta.token_ids)
             records.append(
-                RequestRecord.from_times(
+                RequestTiming.from_times(
                     len(records),
                     start,
                     arrivals,

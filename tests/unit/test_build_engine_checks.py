@@ -22,7 +22,7 @@ from mistral_build.engine import (
     estimate_disk_bytes,
     model_facts_from_config,
 )
-from mistral_build.gpu import GpuInfo, matches_target, parse_nvidia_smi, supports_fp8
+from mistral_build.gpu import BuildGpu, matches_target, parse_nvidia_smi, supports_fp8
 
 REPO = Path(__file__).resolve().parents[2]
 MISTRAL = KNOWN_MODELS["mistralai/Mistral-7B-Instruct-v0.2"]
@@ -32,8 +32,8 @@ MISTRAL_CONFIG = {
     "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
     "max_position_embeddings": 32768, "tie_word_embeddings": False, "sliding_window": None,
 }  # fmt: skip
-A100 = GpuInfo(name="NVIDIA A100-SXM4-80GB", compute_capability="8.0", memory_mib=81920)
-H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", compute_capability="9.0", memory_mib=81559)
+A100 = BuildGpu(name="NVIDIA A100-SXM4-80GB", compute_capability="8.0", memory_mib=81920)
+H100 = BuildGpu(name="NVIDIA H100 80GB HBM3", compute_capability="9.0", memory_mib=81559)
 TB = 10**12
 
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from client.metrics import (
-    RequestRecord,
+    RequestTiming,
     compute_metrics,
     meets_slos,
     parse_slos,
@@ -26,8 +26,8 @@ def rec(
     itl: list[float] | None = None,
     prompt: int = 10,
     ok: bool = True,
-) -> RequestRecord:
-    return RequestRecord(
+) -> RequestTiming:
+    return RequestTiming(
         index=0,
         success=ok,
         ttft=ttft,
@@ -135,7 +135,7 @@ def test_summarize_matches_numpy() -> None:
     assert s["p99"] == pytest.approx(np.percentile(values, 99) * 1000)
 
 
-def vllm_calculate(records: list[RequestRecord], dur_s: float, goodput: dict[str, float]) -> dict:
+def vllm_calculate(records: list[RequestTiming], dur_s: float, goodput: dict[str, float]) -> dict:
     """vLLM benchmark_serving.calculate_metrics, transcribed (output_len from the server)."""
     itls, tpots, all_tpots, ttfts, e2els, out_lens = [], [], [], [], [], []
     total_input = completed = good = 0
@@ -181,7 +181,7 @@ def vllm_calculate(records: list[RequestRecord], dur_s: float, goodput: dict[str
 
 
 record_strategy = st.builds(
-    lambda ttft, extra, out, gaps, prompt, ok: RequestRecord(
+    lambda ttft, extra, out, gaps, prompt, ok: RequestTiming(
         index=0,
         success=ok,
         ttft=ttft,
@@ -210,7 +210,7 @@ record_strategy = st.builds(
     ),
 )
 def test_agrees_with_vllm_calculate_metrics(
-    records: list[RequestRecord], dur: float, slos: dict[str, float]
+    records: list[RequestTiming], dur: float, slos: dict[str, float]
 ) -> None:
     ours = compute_metrics(records, dur, slos)
     ref = vllm_calculate(records, dur, slos)
@@ -228,11 +228,11 @@ def test_agrees_with_vllm_calculate_metrics(
 def test_from_times_and_summary_row_use_the_one_definition() -> None:
     from client.metrics import summary_row
 
-    r = RequestRecord.from_times(3, 10.0, [10.5, 10.7, 11.0], 11.2, 4, run_start=9.0)
+    r = RequestTiming.from_times(3, 10.0, [10.5, 10.7, 11.0], 11.2, 4, run_start=9.0)
     assert (r.index, r.start, r.ttft, r.latency) == (3, 1.0, 0.5, pytest.approx(1.2))
     assert r.itl == pytest.approx([0.2, 0.3]) and r.chunks == 3
     assert r.tpot == pytest.approx((1.2 - 0.5) / 3)
-    none = RequestRecord.from_times(0, 0.0, [0.1, 0.2], 0.3, None)
+    none = RequestTiming.from_times(0, 0.0, [0.1, 0.2], 0.3, None)
     assert none.output_tokens == 2 and none.output_tokens_source == "chunks"
     m = compute_metrics([r, none], 2.0)
     row = summary_row(m)

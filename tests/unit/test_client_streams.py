@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.client import TextStream
+from client.client import StreamingText
 from client.errors import StreamError
 from client.protocol import build_request
 from client.streams import OpenAIStreamParser, PredictStreamParser, Utf8Decoder
@@ -80,7 +80,7 @@ def sse(*payloads: object, done: bool = True, eol: bytes = b"\n") -> bytes:
     return out
 
 
-def openai_stream(parts: list[bytes], chat: bool = False, **headers: str) -> TextStream:
+def openai_stream(parts: list[bytes], chat: bool = False, **headers: str) -> StreamingText:
     """A client stream over an answer that arrives in exactly these network reads."""
     spec = build_request(
         "openai", messages=[{"role": "user", "content": "x"}] if chat else None,
@@ -91,10 +91,10 @@ def openai_stream(parts: list[bytes], chat: bool = False, **headers: str) -> Tex
         headers={"content-type": "text/event-stream", **headers},
         content=iter(parts),
     )
-    return TextStream(response, spec, "strict")
+    return StreamingText(response, spec, "strict")
 
 
-def read_all(parts: list[bytes], chat: bool = False) -> tuple[list[str], TextStream]:
+def read_all(parts: list[bytes], chat: bool = False) -> tuple[list[str], StreamingText]:
     stream = openai_stream(parts, chat)
     return list(stream), stream
 

@@ -340,7 +340,11 @@ def test_health_and_version(registered: Frontend) -> None:
     add_routes(app)
     client = TestClient(app)
     assert client.get("/health").status_code == 200
-    assert client.get("/version").json() == {"version": __version__, "engine": "scripted"}
+    assert client.get("/version").json() == {
+        "version": __version__,
+        "engine": "scripted",
+        "details": registered.service.engine.info.details,
+    }
     registered.drainer.draining = True
     assert client.get("/health").status_code == 503
 

@@ -32,6 +32,7 @@ from mistral_serving.service import (
 from mistral_serving.settings import Settings
 from mistral_serving.telemetry import RequestRecord
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from tests.decoding import decode
 from tests.doubles.scripted_engine import ScriptedEngine
 
 TEXT = "Hello world, the quick brown fox jumps over the lazy dog."
@@ -106,6 +107,20 @@ def test_prepare_tokenizes_the_prompt_with_bos(tok: Tokenizer) -> None:
     assert req.prompt_ids == [tok.bos_id, *tok.encode("Hello world")]
     assert req.sampling == sampling  # within the room: passed through unchanged
     assert (req.stop, req.interval) == (("X",), 3)
+
+
+def test_prepare_adds_the_models_other_end_of_turn_tokens(tok: Tokenizer) -> None:
+    service, _ = make_service(tok, ScriptedEngine(limits=LIMITS))
+    service.tokenizer.stop_token_ids = (tok.eos_id, 7)  # as generation_config lists them
+    try:
+        plain = SamplingOptions(max_new_tokens=5)
+        req = asyncio.run(service.prepare(GenerationRequest(sampling=plain, prompt="Hi")))
+        assert req.sampling.stop_token_ids == (7,)
+        ignoring = SamplingOptions(max_new_tokens=5, ignore_eos=True)
+        req = asyncio.run(service.prepare(GenerationRequest(sampling=ignoring, prompt="Hi")))
+        assert req.sampling.stop_token_ids == ()
+    finally:
+        service.tokenizer.stop_token_ids = (tok.eos_id,)
 
 
 def test_prepare_clamps_max_new_tokens_to_the_sequence_room(tok: Tokenizer) -> None:
@@ -330,7 +345,7 @@ def test_engine_abort_finish_propagates(tok: Tokenizer) -> None:
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
     chunks = asyncio.run(collect(service, prepared([1]), record))
-    assert "".join(texts(chunks)) == tok.decode(ids[:5])
+    assert "".join(texts(chunks)) == decode(tok, ids[:5])
     assert record.finish_reason == "abort"
     assert finished(registry, "abort") == 1
 
@@ -348,7 +363,7 @@ def test_consumer_closing_early_aborts_and_records_abort(tok: Tokenizer) -> None
         return first
 
     first = asyncio.run(main())
-    assert first.text == tok.decode(ids[:1])
+    assert first.text == decode(tok, ids[:1])
     assert engine.aborted == [record.engine_id]
     assert engine.closed == [record.engine_id]
     assert record.finish_reason == "abort"

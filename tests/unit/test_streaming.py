@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from mistral_serving.detokenizer import IncrementalDetokenizer
 from mistral_serving.streaming import StopMatcher, TextStream
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from tests.decoding import decode
 
 SETTINGS = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -220,7 +221,7 @@ def test_text_stream_no_stop_joins_to_decode(
     last = stream.finish()
     chunks = [r for r in results if r is not None]
     assert all(chunks), "a returned chunk is never empty"
-    assert "".join(chunks) + last == stream.text == tok.decode(ids) == text
+    assert "".join(chunks) + last == stream.text == decode(tok, ids) == text
     assert not stream.stopped
     assert stream.num_tokens == fed == len(ids)
 

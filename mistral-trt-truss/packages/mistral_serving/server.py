@@ -245,12 +245,12 @@ def add_routes(app: FastAPI) -> None:
 
     async def version() -> Response:
         frontend = _current()
-        engine = (
-            frontend.service.engine.info.name
-            if frontend is not None and frontend.service is not None
-            else None
-        )
-        return JSONResponse({"version": __version__, "engine": engine})
+        if frontend is None or frontend.service is None:
+            return JSONResponse({"version": __version__, "engine": None})
+        info = frontend.service.engine.info
+        # The engine's own report (versions, dtype, limits, KV-cache kind, ...).
+        details = json.loads(json.dumps(info.details, default=str))
+        return JSONResponse({"version": __version__, "engine": info.name, "details": details})
 
     async def metrics() -> Response:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -184,9 +184,11 @@ class GenerationService:
         sampling = req.sampling
         if sampling.max_new_tokens > room:
             sampling = dataclasses.replace(sampling, max_new_tokens=room)
-        if not sampling.ignore_eos and self.tokenizer.stop_token_ids:
-            # The model's own end-of-turn tokens (generation_config eos_token_id list).
-            stops = tuple(dict.fromkeys((*self.tokenizer.stop_token_ids, *sampling.stop_token_ids)))
+        # The model's other end-of-turn tokens (generation_config's eos_token_id list);
+        # EOS itself always ends generation unless ignore_eos.
+        extra = tuple(t for t in self.tokenizer.stop_token_ids if t != self.engine.eos_token_id)
+        if extra and not sampling.ignore_eos:
+            stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *extra)))
             sampling = dataclasses.replace(sampling, stop_token_ids=stops)
         return PreparedRequest(ids, sampling, req.stop, req.interval)
 

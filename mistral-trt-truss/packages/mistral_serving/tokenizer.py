@@ -98,13 +98,6 @@ class Tokenizer:
             raise ValueError(f"this tokenizer's chat format is {self.chat_format!r}")
         return self._chat_template_fn(messages)
 
-    def decode(self, ids: list[int]) -> str:
-        """The whole text of `ids` (special tokens skipped), as streaming would join it."""
-        from mistral_serving.detokenizer import IncrementalDetokenizer
-
-        detok = IncrementalDetokenizer(self.table)
-        return detok.push(ids) + detok.flush()
-
 
 def load_tokenizer(artifact_dir: Path, prefer_sentencepiece: bool = True) -> Tokenizer:
     sp_model = artifact_dir / "tokenizer.model"

@@ -63,7 +63,7 @@ from mistral_serving.settings import Settings
 log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 30.0  # then the child is killed
-_START_POLL_S = 0.25
+_POLL_S = 0.25  # how often a silent socket is checked for the child having exited
 
 
 def wants_own_process(settings: Settings) -> bool:
@@ -186,18 +186,21 @@ class ProcessEngine:
     def _wait_ready(proc: subprocess.Popen, conn: Connection) -> tuple:
         while True:
             try:
-                if conn.poll(_START_POLL_S):
+                if conn.poll(_POLL_S):
                     message = decode(conn.recv_bytes())
                     if message[0] == "ready":
                         return message
                     raise EngineError(f"the engine process could not start: {message[1]}")
-            except (EOFError, OSError):
-                pass  # it exited: said below
-            if proc.poll() is not None:
-                raise EngineError(
-                    f"the engine process {_exit_description(proc.returncode)} while loading "
-                    "(its log above says why)"
-                )
+                if proc.poll() is not None:
+                    break  # it exited without a word (a descendant may hold its socket open)
+            except (EOFError, OSError):  # it closed the socket without a word: it is exiting
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(SHUTDOWN_TIMEOUT_S)
+                break
+        raise EngineError(
+            f"the engine process {_exit_description(proc.returncode)} while loading "
+            "(its log above says why)"
+        )
 
     # ---- the Engine interface (event loop side) ----
 
@@ -283,6 +286,10 @@ class ProcessEngine:
         why = None
         try:
             while True:
+                if not self._conn.poll(_POLL_S):
+                    if self._proc.poll() is not None:
+                        break  # exited, yet no EOF: a descendant holds its socket open
+                    continue
                 message = decode(self._conn.recv_bytes())
                 kind = message[0]
                 if kind == "step":

@@ -249,7 +249,9 @@ def main(argv: list[str]) -> int:
     # The server decides when this process ends (see the module docstring).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    conn = Connection(int(argv[0]))
+    fd = int(argv[0])
+    os.set_inheritable(fd, False)  # our own subprocesses must not hold the server's socket
+    conn = Connection(fd)
     started = time.monotonic()
     try:
         return serve(conn)
