@@ -313,6 +313,11 @@ def main() -> int:
     parser.add_argument("--overload-seconds", type=float, default=120.0)
     parser.add_argument("--fuzz", type=int, default=300, help="random bodies on top of the battery")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "soak.json")
+    parser.add_argument(
+        "--phases",
+        default="bad_input,disconnects,overload,sigterm,poison",
+        help="comma-separated subset of the phases to run",
+    )
     args = parser.parse_args()
     build_dev_model()
     context = render_build_context(Path(tempfile.mkdtemp()) / "context")
@@ -326,6 +331,8 @@ def main() -> int:
         ("sigterm", lambda: phase_sigterm(context)),
         ("poison", lambda: phase_poison(context)),
     ):
+        if name not in args.phases.split(","):
+            continue
         started = time.monotonic()
         results[name] = run()
         results[name]["phase_seconds"] = round(time.monotonic() - started, 1)

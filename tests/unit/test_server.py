@@ -229,6 +229,31 @@ def test_a_client_that_leaves_while_sending_gets_nothing() -> None:
     assert counted == [("chat_completions", "client_gone")]
 
 
+@pytest.mark.parametrize(
+    ("path", "shape"),
+    [("/v1/chat/completions", "openai"), ("/v1/models/model:predict", "predict")],
+)
+def test_an_early_refusal_is_answered_before_any_body_byte(path: str, shape: str) -> None:
+    app = FakeApp()
+    counted: list[tuple[str, str]] = []
+    refusal = (429, "server is at capacity", "rate_limit_exceeded", {"Retry-After": "1"})
+    middleware = BodyGuard(
+        app, MAX, TIMEOUT, lambda r, why: counted.append((r, why)), refuse=lambda: refusal
+    )
+    peer = Peer([chunk(b"x" * 100, more=True)], then="stall")
+    asyncio.run(middleware(scope_for(path, length=10**9), peer.receive, peer.send))
+    assert peer.receives == 0 and not app.calls  # not one byte of the body was read
+    assert peer.status == 429
+    headers = dict(peer.sent[0]["headers"])
+    assert headers[b"retry-after"] == b"1" and headers[b"x-request-id"]
+    error = peer.json()["error"]
+    if shape == "openai":
+        assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+    else:
+        assert error == "server is at capacity"
+    assert counted == [(route_of(path), "rejected")]
+
+
 @pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/messages", "/v1/responses", "/hot-reload"])
 def test_routes_not_served_are_404_unread(path: str) -> None:
     peer = Peer([chunk(b"x" * 5000)])

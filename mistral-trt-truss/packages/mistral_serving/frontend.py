@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-import uuid
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -40,28 +38,12 @@ from mistral_serving.protocols.predict import PredictFormat
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.shutdown import Drainer
-from mistral_serving.telemetry import RequestRecord
+from mistral_serving.telemetry import REQUEST_ID_HEADER, RequestRecord, request_id_from
 
 log = logging.getLogger(__name__)
 
-REQUEST_ID_HEADER = "X-Request-Id"
-_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 # Bodies larger than this are decoded in a worker thread.
 INLINE_DECODE_BYTES = 64 * 1024
-
-
-def request_id_from(header: str | None) -> str:
-    """The client's X-Request-Id when it is short and plain, else a fresh one (the
-    rejected value is never logged in full)."""
-    if header is None:
-        return uuid.uuid4().hex
-    if _REQUEST_ID.fullmatch(header):
-        return header
-    fresh = uuid.uuid4().hex
-    log.warning(
-        "X-Request-Id refused (%d characters, starts %r); using %s", len(header), header[:16], fresh
-    )
-    return fresh
 
 
 _current: Frontend | None = None
@@ -197,13 +179,21 @@ class Frontend:
             ticket.release()
         return JSONResponse(fmt.response_body(call, record, logprobs), headers=headers)
 
-    def _refuse_early(self) -> None:
+    def early_refusal(self) -> RequestError | None:
+        """503 while draining, 429 when no slot and no queue place is free: decided
+        before the body is read or decoded (the body guard asks too), so a refusal costs
+        the same for any body."""
         if self.admission.draining:
             self.metrics.rejected.labels("draining").inc()
-            raise _draining()
+            return _draining()
         if self.admission.full:
             self.metrics.rejected.labels("queue_full").inc()
-            raise self._overloaded()
+            return self._overloaded()
+        return None
+
+    def _refuse_early(self) -> None:
+        if (err := self.early_refusal()) is not None:
+            raise err
 
     async def _admit(self, request: Request) -> Any:
         try:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from mistral_serving import __version__
 from mistral_serving.settings import Settings, SettingsError
+from mistral_serving.telemetry import request_id_from
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -70,21 +71,25 @@ def route_of(path: str) -> str | None:
     return None
 
 
-def error_json(route: str | None, status: int, message: str) -> bytes:
+def error_json(route: str | None, status: int, message: str, code: str | None = None) -> bytes:
     """An error body in the route's shape (OpenAI's for its routes, else predict's)."""
     if route in ("chat_completions", "completions") or route is None:
-        kind = {404: "not_found_error", 408: "invalid_request_error", 413: "invalid_request_error"}
+        kind = {404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}
         body: dict[str, Any] = {
             "error": {
                 "message": message,
                 "type": kind.get(status, "invalid_request_error"),
                 "param": None,
-                "code": None,
+                "code": code,
             }
         }
     else:
         body = {"error": message}
     return json.dumps(body).encode()
+
+
+# (status, message, code, headers) of a refusal the frontend decides before any body.
+Refusal = tuple[int, str, str | None, dict[str, str]]
 
 
 class BodyGuard:
@@ -97,36 +102,43 @@ class BodyGuard:
         max_bytes: int,
         timeout_s: float,
         count: Callable[[str, str], None] = lambda route, reason: None,
+        refuse: Callable[[], Refusal | None] = lambda: None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.count = count  # (route, reason): every refusal here is counted
+        self.refuse = refuse  # 429/503 before the body is read: the same cost for any body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         path = scope["path"]
+        request_id = request_id_from(_header(scope, b"x-request-id"))
         if path in _NOT_SERVED:
-            return await _answer(
-                send, 404, error_json(None, 404, f"{path} is not served by this model")
-            )
+            body = error_json(None, 404, f"{path} is not served by this model")
+            return await _answer(send, 404, body, request_id)
         route = route_of(path)
         if route is None:
             return await self.app(scope, receive, send)
-        declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
+        if (refusal := self.refuse()) is not None:
+            status, message, code, headers = refusal
+            self.count(route, "rejected")
+            body = error_json(route, status, message, code)
+            return await _answer(send, status, body, request_id, headers)
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             self.count(route, "invalid")
-            return await _answer(send, 413, error_json(route, 413, self._too_large()))
+            return await _answer(send, 413, error_json(route, 413, self._too_large()), request_id)
         try:
             body = await asyncio.wait_for(self._read(receive), self.timeout_s)
         except TimeoutError:
             self.count(route, "invalid")
             message = f"request body did not arrive within {self.timeout_s:g}s"
-            return await _answer(send, 408, error_json(route, 408, message))
+            return await _answer(send, 408, error_json(route, 408, message), request_id)
         except _TooLarge:
             self.count(route, "invalid")
-            return await _answer(send, 413, error_json(route, 413, self._too_large()))
+            return await _answer(send, 413, error_json(route, 413, self._too_large()), request_id)
         except _Gone:
             self.count(route, "client_gone")
             return None
@@ -159,11 +171,10 @@ class _Gone(Exception):
     pass
 
 
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            with contextlib.suppress(ValueError):
-                return int(value)
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
     return None
 
 
@@ -181,7 +192,10 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-async def _answer(send: Send, status: int, body: bytes) -> None:
+async def _answer(
+    send: Send, status: int, body: bytes, request_id: str, headers: dict[str, str] | None = None
+) -> None:
+    extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send(
         {
             "type": "http.response.start",
@@ -189,7 +203,9 @@ async def _answer(send: Send, status: int, body: bytes) -> None:
             "headers": [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(body)).encode()),
+                (b"x-request-id", request_id.encode()),
                 (b"connection", b"close"),
+                *extra,
             ],
         }
     )
@@ -273,11 +289,17 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
         if frontend is not None:
             frontend.metrics.finished.labels(route, reason).inc()
 
+    def refuse() -> Refusal | None:
+        frontend = _current()
+        err = frontend.early_refusal() if frontend is not None else None
+        return None if err is None else (err.status, err.message, err.code, err.headers)
+
     app.add_middleware(
         BodyGuard,
         max_bytes=settings.max_body_bytes,
         timeout_s=settings.body_timeout_seconds,
         count=count,
+        refuse=refuse,
     )
     lifespan = app.router.lifespan_context
 

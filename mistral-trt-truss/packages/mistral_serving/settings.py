@@ -57,11 +57,13 @@ class Settings(BaseModel):
     max_num_tokens: int = Field(
         8192, ge=16, description="Prompt tokens prefilled per engine step (bounds step latency)."
     )
-    pytorch_kv_cache: Literal["dynamic", "static"] = Field(
-        "dynamic",
+    pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
+        "auto",
         description="`static`: preallocated KV slots, our own Llama/Mistral forward pass and "
         "CUDA graphs (engines/pytorch_static.py; the fast path on a GPU). `dynamic`: "
-        "transformers' forward over a growing, left-padded DynamicCache (any causal LM).",
+        "transformers' forward over a growing, left-padded DynamicCache (any causal LM). "
+        "`auto`: static on a CUDA GPU for the checkpoints it supports (Llama/Mistral "
+        "without sliding window or biases), else dynamic, logging why.",
     )
     load_prefetch_threads: int = Field(
         8,

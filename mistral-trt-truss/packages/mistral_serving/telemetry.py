@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -10,6 +11,23 @@ from dataclasses import dataclass, field
 from mistral_serving.metrics import Metrics
 
 log = logging.getLogger("mistral_serving.requests")
+
+REQUEST_ID_HEADER = "X-Request-Id"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+
+
+def request_id_from(header: str | None) -> str:
+    """The client's X-Request-Id when it is short and plain, else a fresh one (the
+    rejected value is never logged in full)."""
+    if header is None:
+        return uuid.uuid4().hex
+    if _REQUEST_ID.fullmatch(header):
+        return header
+    fresh = uuid.uuid4().hex
+    log.warning(
+        "X-Request-Id refused (%d characters, starts %r); using %s", len(header), header[:16], fresh
+    )
+    return fresh
 
 
 @dataclass

@@ -3,8 +3,10 @@ that chooses an engine, the PyTorch engine's KV-cache kind included."""
 
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mistral_serving.artifacts import Artifact, ArtifactError, ArtifactKind
 from mistral_serving.engines.base import Engine
@@ -13,6 +15,9 @@ from mistral_serving.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from mistral_serving.engines.pytorch import TorchEngine
+
+log = logging.getLogger(__name__)
+NO_CUDA = "no CUDA GPU"
 
 
 def engine_name_for(kind: ArtifactKind, setting: str) -> str:
@@ -88,12 +93,48 @@ def start_guided_torch_engine(
     return engine
 
 
+def runs_on_cuda(settings: Settings) -> bool:
+    """Whether the PyTorch engine will run on a CUDA GPU (`device`, else what torch sees)."""
+    from mistral_serving.engines.pytorch import pick_device
+
+    return pick_device(settings.device).type == "cuda"
+
+
+def kv_cache_choice(setting: str, on_cuda: bool, config: dict[str, Any]) -> tuple[str, str | None]:
+    """`pytorch_kv_cache` resolved: ("static" | "dynamic", why `auto` did not pick static).
+    `auto` is the fast path on a CUDA GPU for the checkpoints it runs: on a CPU its CUDA
+    graphs do not apply and the dynamic engine runs any causal LM."""
+    if setting != "auto":
+        return setting, None
+    if not on_cuda:
+        return "dynamic", NO_CUDA
+    from mistral_serving.engines.pytorch_static import static_path_problem
+
+    why = static_path_problem(config)
+    return ("dynamic", why) if why else ("static", None)
+
+
 def start_torch_engine(model_dir: Path, settings: Settings, eos_token_id: int) -> TorchEngine:
     """The PyTorch engine for a checkpoint: `pytorch_kv_cache` picks static or dynamic."""
-    if settings.pytorch_kv_cache == "static":
-        from mistral_serving.engines.pytorch_static import StaticTorchEngine
-
-        return StaticTorchEngine.from_pretrained(model_dir, settings, eos_token_id)
     from mistral_serving.engines.pytorch import TorchEngine
 
-    return TorchEngine.from_pretrained(model_dir, settings, eos_token_id)
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    kind, why = kv_cache_choice(settings.pytorch_kv_cache, runs_on_cuda(settings), config)
+    if why is not None:  # a GPU without the fast path is worth a warning; a CPU is not
+        level = logging.INFO if why == NO_CUDA else logging.WARNING
+        log.log(level, "pytorch_kv_cache=auto: the dynamic KV cache, because %s", why)
+    if kind == "dynamic":
+        return TorchEngine.from_pretrained(model_dir, settings, eos_token_id)
+    from mistral_serving.engines.pytorch_static import (
+        StaticTorchEngine,
+        load_static_model,
+        supports_static_path,
+    )
+
+    loaded = load_static_model(Path(model_dir), settings)
+    if settings.pytorch_kv_cache == "auto" and (why := supports_static_path(loaded.model)):
+        # config.json looked right but the modules do not: keep the loaded weights.
+        log.warning("pytorch_kv_cache=auto: the dynamic KV cache, because %s", why)
+        return TorchEngine.for_model(loaded, settings, eos_token_id)
+    log.info("pytorch_kv_cache=%s: the static KV cache", settings.pytorch_kv_cache)
+    return StaticTorchEngine.for_model(loaded, settings, eos_token_id)

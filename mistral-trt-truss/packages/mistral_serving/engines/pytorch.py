@@ -152,8 +152,14 @@ class LoadedModel:
     max_input_len: int
 
 
-def load_model(model_dir: Path, settings: Settings) -> LoadedModel:
-    """The checkpoint on its device, eval mode, with the sequence limits settings allow."""
+def load_model(
+    model_dir: Path,
+    settings: Settings,
+    loader: Callable[[Path, object, torch.dtype, torch.device], torch.nn.Module] | None = None,
+) -> LoadedModel:
+    """The checkpoint on its device, eval mode, with the sequence limits settings allow.
+    `loader(model_dir, config, dtype, device)` replaces transformers' `from_pretrained`
+    (the static engine's direct safetensors loader)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     # Threads for the CPUs we really have (a quota, an affinity mask), not the host's.
@@ -169,8 +175,11 @@ def load_model(model_dir: Path, settings: Settings) -> LoadedModel:
     if settings.load_prefetch_threads:
         prefetch_files(sorted(model_dir.glob("*.safetensors")), settings.load_prefetch_threads)
     # Straight to the GPU (no host copy of the weights) where transformers can.
-    placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
+    if loader is not None:
+        model = loader(model_dir, config, dtype, device)
+    else:
+        placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
     model = model.to(device).eval()
     if device.type == "cuda":
         # The engine thread and the server's event loop share the GIL. At Python's

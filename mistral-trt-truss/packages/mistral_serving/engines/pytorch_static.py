@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from mistral_serving.engines.base import EngineError, EngineLimits
-from mistral_serving.engines.pytorch import LoadedModel, TorchEngine, _Sequence
+from mistral_serving.engines.pytorch import LoadedModel, TorchEngine, _Sequence, load_model
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,115 @@ def supports_static_path(model) -> str | None:
     if rope not in ("default", "linear", "llama3"):
         return f"rope type {rope}"
     return None
+
+
+STATIC_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+
+
+def static_path_problem(config: dict[str, Any]) -> str | None:
+    """From config.json alone (before any weight is read): None if this checkpoint is
+    one the fast path runs (Llama/Mistral, no sliding window, no biases, a rope type it
+    implements), else why not. `supports_static_path` checks the loaded modules too."""
+    archs = config.get("architectures") or []
+    if not any(a in STATIC_ARCHITECTURES for a in archs):
+        return f"architecture {'/'.join(archs) or 'unknown'} is not Llama/Mistral"
+    if config.get("sliding_window"):
+        return "sliding-window attention"
+    if config.get("attention_bias") or config.get("mlp_bias"):
+        return "the projections have biases"
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
+    if kind not in ("default", "linear", "llama3"):
+        return f"rope type {kind}"
+    return None
+
+
+class _NotDirect(Exception):
+    """The direct loader cannot load this checkpoint; transformers' loader will."""
+
+
+def load_safetensors_direct(
+    model_dir: Path, config, dtype: torch.dtype, device: torch.device
+) -> torch.nn.Module:
+    """The model's modules made without memory (meta device), given uninitialised
+    tensors on `device`, and every safetensors tensor copied straight into its parameter
+    (one reader thread per shard). Skips transformers' loader (weight init, key
+    conversion, per-tensor dispatch), which took most of a 7B cold start. Falls back to
+    `from_pretrained`, logging why, for anything it does not recognise."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return _load_direct(model_dir, config, dtype, device)
+    except _NotDirect as exc:
+        log.info("loading with transformers' from_pretrained: %s", exc)
+    placement = {"device_map": device} if device.type == "cuda" else {}
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
+
+
+def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.device):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if not shards:
+        raise _NotDirect("no safetensors files")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    inner = getattr(model, "model", None)
+    rotary = getattr(inner, "rotary_emb", None)
+    # Buffers are computed at init, not stored: only the rotary tables are rebuilt here.
+    others = [n for n, _ in model.named_buffers() if not n.startswith("model.rotary_emb.")]
+    if rotary is None or others:
+        raise _NotDirect(f"buffers outside the rotary embedding: {others[:3]}")
+    targets = model.state_dict()  # names -> tensors sharing the parameters' storage
+    where: dict[str, Path] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - not a dict
+                where[name] = shard
+                shapes[name] = tuple(f.get_slice(name).get_shape())
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    missing = set(targets) - set(where) - ({"lm_head.weight"} if tied else set())
+    unexpected = set(where) - set(targets)
+    if missing or unexpected:
+        raise _NotDirect(
+            f"checkpoint names differ from the model's (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]})"
+        )
+    for name, shape in shapes.items():
+        if tuple(targets[name].shape) != shape:
+            raise _NotDirect(f"{name}: shape {shape} differs from the model's")
+    model.to_empty(device=device)
+    targets = model.state_dict()
+    model.model.rotary_emb = type(rotary)(model.config).to(device)
+    errors: list[BaseException] = []
+
+    def read(shard: Path) -> None:
+        try:
+            with torch.no_grad(), safe_open(str(shard), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - not a dict
+                    targets[name].copy_(f.get_tensor(name))
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            errors.append(exc)
+
+    readers = [threading.Thread(target=read, args=(s,), name="load-shard") for s in shards]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    if errors:
+        raise errors[0]
+    if tied:
+        model.tie_weights()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return model
+
+
+def load_static_model(model_dir: Path, settings: Settings) -> LoadedModel:
+    """The checkpoint for the fast path: `load_model` with the direct safetensors loader."""
+    return load_model(model_dir, settings, loader=load_safetensors_direct)
 
 
 class StaticTorchEngine(TorchEngine):
@@ -98,6 +210,12 @@ class StaticTorchEngine(TorchEngine):
         self.info.details.update(
             kv_cache="static", kv_columns=self._cols, cuda_graphs=self._use_graphs
         )
+
+    @classmethod
+    def from_pretrained(
+        cls, model_dir: Path, settings: Settings, eos_token_id: int
+    ) -> StaticTorchEngine:
+        return cls.for_model(load_static_model(Path(model_dir), settings), settings, eos_token_id)
 
     @classmethod
     def for_model(
