@@ -264,7 +264,7 @@ def test_a_bad_checkpoint_is_one_clear_error_at_load(dev_model, tmp_path):
         if (dev_model / name).is_file():
             shutil.copy(dev_model / name, tmp_path / name)
     (tmp_path / "config.json").write_text('{"model_type": "mistral", "max_position_embeddings"')
-    with pytest.raises(EngineError, match="could not start: .*config.json") as err:
+    with pytest.raises(EngineError, match=r"could not start: \w+Error: \S") as err:
         ProcessEngine.start(tmp_path, settings_for(tmp_path), 2)
     assert "\n" not in str(err.value)
 
