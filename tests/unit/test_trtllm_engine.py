@@ -922,3 +922,34 @@ def test_the_engine_setting_starts_the_pytorch_kind_on_the_dev_model(fake_trtllm
     assert engine_name_for("hf_checkpoint", "auto") == "pytorch"  # auto keeps today's choice
     with pytest.raises(ArtifactError):
         engine_name_for("trtllm_engine", "trtllm_pytorch")
+
+
+def test_the_servers_shutdown_stops_the_executor(fake_trtllm, tmp_path, dev_model):
+    """The drain's end: leaving the server app's lifespan shuts the engine down, which
+    shuts TensorRT-LLM's executor (and its MPI workers) down."""
+    from fastapi import FastAPI
+    from prometheus_client import CollectorRegistry
+    from starlette.testclient import TestClient
+
+    from mistral_serving import frontend as frontend_module
+    from mistral_serving.frontend import Frontend
+    from mistral_serving.metrics import Metrics
+    from mistral_serving.server import extend
+    from mistral_serving.service import GenerationService
+    from mistral_serving.tokenizer import load_tokenizer
+
+    engine = load(tmp_path)
+    executor = engine.llm._executor
+    settings = Settings()
+    metrics = Metrics(CollectorRegistry())
+    front = Frontend(settings, metrics)
+    front.attach(GenerationService(settings, load_tokenizer(dev_model), engine, metrics=metrics))
+    previous = frontend_module.current()
+    frontend_module.register(front)
+    try:
+        with TestClient(extend(FastAPI(), settings)) as client:
+            assert client.get("/health").status_code == 200
+            assert executor.shutdown_calls == 0
+        assert executor.shutdown_calls == 1 and executor.is_shutdown()
+    finally:
+        frontend_module.register(previous)
