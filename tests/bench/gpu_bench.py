@@ -4,10 +4,18 @@
 
   make-artifact DIR   a Mistral-7B-shaped bf16 checkpoint with random weights (no download),
                       saved as safetensors with the dev tokenizer files beside it
-  engine DIR          in-process: cold load, the article's way (HF generate, one request at
-                      a time), and the engine variants at several concurrency levels
+  prepare-verify DIR  a build manifest for DIR (sha256 of every file), then the artifact
+                      check twice with verify_hashes on: hashing (first start after a
+                      download) and the verified marker (every later start)
+  engine DIR          in-process: cold load (the direct safetensors loader, and with
+                      --compare-loaders transformers' loader first), the engine the factory
+                      picks by default at several concurrency levels, the GPU time of one
+                      captured step, and with --correctness the static engine's greedy
+                      tokens teacher-forced through an fp32 reference vs plain HF bf16
   service DIR APP     the real Truss server on DIR: start-to-ready, then the load of
                       `python -m client bench` (client/bench.py) at several concurrency levels
+  peer DIR            `transformers serve --continuous-batching` on DIR (tests/bench/
+                      peer_serve.py), the same client with text prompts
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,7 +41,8 @@ from client.metrics import RequestTiming, compute_metrics, summary_row  # noqa: 
 
 OUT: Path | None = None
 DEADLINE = float("inf")
-DROP_CACHE = False
+DROP_CACHE: bool | str = False  # True: the whole page cache; "artifact": its files only
+ARTIFACT = ""
 
 
 def id_prompts(n: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -101,6 +111,13 @@ def drop_page_cache() -> bool:
         return False
     try:
         os.sync()
+        if DROP_CACHE == "artifact":  # only the artifact's pages: libraries stay cached
+            for path in Path(ARTIFACT).iterdir():
+                if path.is_file():
+                    fd = os.open(path, os.O_RDONLY)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    os.close(fd)
+            return True
         Path("/proc/sys/vm/drop_caches").write_text("3\n")
         return True
     except OSError:
@@ -313,33 +330,74 @@ def graph_floor(engine) -> None:
         )
 
 
-def engine_bench(args) -> None:
+def timed_first_request(engine) -> None:
+    asyncio.run(drive(engine, 1, 8, 2, 1))  # first token out: the engine works
 
-    from mistral_serving.engines.base import EngineLimits
-    from mistral_serving.engines.pytorch import TorchEngine
-    from mistral_serving.engines.pytorch_static import StaticTorchEngine
+
+def engine_settings(artifact: Path, args):
     from mistral_serving.settings import Settings
 
-    artifact = Path(args.dir)
-    if args.disk_test:
-        disk_read_test(artifact)
-    cold = drop_page_cache()
-    settings = Settings(
+    # pytorch_kv_cache left at its default (auto): the static path on a GPU.
+    return Settings(
         artifact=str(artifact),
         engine="pytorch",
-        pytorch_kv_cache="static",
         max_batch_size=args.max_batch_size,
         max_seq_len=args.max_seq_len,
         verify_hashes=False,
     )
+
+
+def compare_loaders(artifact: Path, args) -> None:
+    """Cold load with transformers' `from_pretrained` (the previous loader), for the
+    side-by-side with the direct loader that follows."""
+    from mistral_serving.engines.pytorch import load_model
+    from mistral_serving.engines.pytorch_static import StaticTorchEngine
+
+    settings = engine_settings(artifact, args)
+    cold = drop_page_cache()
     t = time.perf_counter()
-    engine = StaticTorchEngine.from_pretrained(artifact, settings, eos_token_id=2)
-    asyncio.run(drive(engine, 1, 8, 2, 1))  # first token out: the engine works
+    loaded = load_model(artifact, settings)
+    load_s = time.perf_counter() - t
+    engine = StaticTorchEngine.for_model(loaded, settings, 2)
+    timed_first_request(engine)
     emit(
         figure="cold_load",
+        loader="transformers from_pretrained",
+        seconds=round(time.perf_counter() - t, 1),
+        load_s=round(load_s, 1),
+        page_cache_dropped=cold,
+        what="load_model + StaticTorchEngine + first 2-token request",
+    )
+    release(engine)
+    del engine, loaded
+
+
+def engine_bench(args) -> None:
+    from mistral_serving.engines.base import EngineLimits
+    from mistral_serving.engines.factory import start_torch_engine
+    from mistral_serving.engines.pytorch import TorchEngine
+    from mistral_serving.engines.pytorch_static import StaticTorchEngine
+
+    artifact = Path(args.dir)
+    if args.disk_test:
+        disk_read_test(artifact)
+    if args.compare_loaders:
+        compare_loaders(artifact, args)
+    settings = engine_settings(artifact, args)
+    cold = drop_page_cache()
+    t = time.perf_counter()
+    engine = start_torch_engine(artifact, settings, 2)  # the factory's default choice
+    timed_first_request(engine)
+    emit(
+        figure="cold_load",
+        loader="direct safetensors"
+        if isinstance(engine, StaticTorchEngine)
+        else "transformers from_pretrained",
         seconds=round(time.perf_counter() - t, 1),
         page_cache_dropped=cold,
-        what="StaticTorchEngine.from_pretrained + first 2-token request",
+        engine=type(engine).__name__,
+        pytorch_kv_cache=settings.pytorch_kv_cache,
+        what="start_torch_engine (default settings) + first 2-token request",
     )
     model = engine._model
 
@@ -351,26 +409,21 @@ def engine_bench(args) -> None:
     emit(figure="warmup", seconds=round(time.perf_counter() - t, 1), details=engine.info.details)
 
     levels = [c for c in (1, 16, 64, 256) if c <= args.max_batch_size]
-    sweep(engine, "static+graphs", levels, 128, 128, 2, 20)
-    if engine._graphs:
+    sweep(engine, "default (auto)", levels, 128, 128, 2, 20)
+    if getattr(engine, "_graphs", None):
         # The engine thread is idle now (no requests), so replaying here is safe.
         graph_floor(engine)
-    interval = sys.getswitchinterval()  # from_pretrained set gil_switch_interval_ms
-    sys.setswitchinterval(0.005)  # Python's default: does the GIL hand-off cost step time?
-    sweep(engine, "static+graphs, GIL switch 5 ms", [1, 256], 128, 128, 1, 20)
-    sys.setswitchinterval(interval)
+    if args.gil_ab:
+        interval = sys.getswitchinterval()  # from_pretrained set gil_switch_interval_ms
+        sys.setswitchinterval(0.005)  # Python's default: does the GIL hand-off cost step time?
+        sweep(engine, "default, GIL switch 5 ms", [1, 256], 128, 128, 1, 20)
+        sys.setswitchinterval(interval)
     if not args.skip_variants:
         article_way(model, args)
-    if not args.quick:
-        sweep(
-            engine,
-            "static+graphs",
-            [c for c in (1, 16, 64, 256) if c <= args.max_batch_size],
-            1024,
-            256,
-            1,
-            60,
-        )
+    if args.correctness:
+        correctness_check(engine, model, args)
+    if args.long:
+        sweep(engine, "default (auto)", levels, 1024, 256, 1, 60)
     release(engine)
     del engine
 
@@ -390,11 +443,189 @@ def engine_bench(args) -> None:
         del dynamic
 
 
+def greedy_sequences(engine, prompts: list[list[int]], out_len: int) -> list[list[int]]:
+    """Each prompt's greedy continuation from the engine, all submitted at once (so the
+    batched, graph-replayed decode path makes them)."""
+    from mistral_serving.engines.base import SamplingOptions
+
+    async def one(i: int, prompt: list[int]) -> list[int]:
+        tokens: list[int] = []
+        options = SamplingOptions(max_new_tokens=out_len, top_k=1)
+        async for delta in engine.generate(f"check{i}", prompt, options):
+            tokens += delta.token_ids
+        return tokens
+
+    async def every():
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    return asyncio.run(every())
+
+
+def fp32_copy(model):
+    """The same weights in float32 on the same device (bf16 -> fp32 is exact)."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    with torch.device("meta"):
+        ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    device = next(model.parameters()).device
+    ref.to_empty(device=device)
+    ref.load_state_dict(model.state_dict())
+    ref.model.rotary_emb = type(model.model.rotary_emb)(ref.config).to(device)
+    return ref.eval()
+
+
+def teacher_forced_logits(model, seqs: list[list[int]], batch: int = 8):
+    """Logits [n, T, V] (float32) of each sequence fed whole; right-padded, causal, so
+    every real position sees only its own prefix."""
+    import torch
+
+    device = next(model.parameters()).device
+    width = max(len(s) for s in seqs)
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(seqs), batch):
+            ids = torch.zeros((len(seqs[i : i + batch]), width), dtype=torch.long)
+            for r, s in enumerate(seqs[i : i + batch]):
+                ids[r, : len(s)] = torch.tensor(s)
+            out.append(model(ids.to(device)).logits.float())
+    return torch.cat(out)
+
+
+def correctness_check(engine, model, args) -> None:
+    """Greedy sequences from the engine, teacher-forced through an fp32 reference: at
+    each generated position, is the engine's token the fp32 argmax, and how far below
+    the fp32 maximum is its fp32 logit (regret)? Plain HF bf16 (the model's own forward
+    over the same sequences, its argmax as the choice) is the calibration: random
+    weights make near-ties common, so neither is exact; the engine must be no worse."""
+    import gc
+
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False  # a true fp32 reference
+    torch.backends.cudnn.allow_tf32 = False
+    n, in_len, out_len = (4, 32, 16) if args.quick else (32, 128, 128)
+    prompts = id_prompts(n, in_len, seed=11)
+    outs = greedy_sequences(engine, prompts, out_len)
+    engine_name = type(engine).__name__
+    # The engine stays (idle): bf16 weights + KV cache + an fp32 copy fit on an H200.
+    seqs = [p + o[:-1] for p, o in zip(prompts, outs) if o]  # the last token is not fed back
+    bf16 = teacher_forced_logits(model, seqs)
+    ref_model = fp32_copy(model)
+    ref = teacher_forced_logits(ref_model, seqs)
+    del ref_model
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    picks, rows = [], []
+    kept = [(p, o) for p, o in zip(prompts, outs) if o]
+    for i, (p, o) in enumerate(kept):
+        for j, token in enumerate(o):
+            rows.append((i, len(p) - 1 + j))  # the logits that chose token j
+            picks.append(token)
+    idx_i = torch.tensor([r[0] for r in rows])
+    idx_t = torch.tensor([r[1] for r in rows])
+    ref_rows = ref[idx_i, idx_t]  # [positions, V]
+    hf_rows = bf16[idx_i, idx_t]
+    chosen = torch.tensor(picks, device=ref_rows.device)
+    hf_chosen = hf_rows.argmax(-1)
+    best = ref_rows.max(-1)
+    regret = best.values - ref_rows.gather(1, chosen[:, None])[:, 0]
+    hf_regret = best.values - ref_rows.gather(1, hf_chosen[:, None])[:, 0]
+
+    def q(x, p):
+        return round(float(torch.quantile(x.float().cpu(), p)), 4)
+
+    exact = float((chosen == best.indices).float().mean()) * 100
+    hf_exact = float((hf_chosen == best.indices).float().mean()) * 100
+    emit(
+        figure="correctness",
+        engine=engine_name,
+        sequences=len(seqs),
+        positions=len(picks),
+        engine_exact_argmax_pct=round(exact, 1),
+        hf_bf16_exact_argmax_pct=round(hf_exact, 1),
+        engine_regret_p50=q(regret, 0.5),
+        engine_regret_p99=q(regret, 0.99),
+        engine_regret_max=round(float(regret.max()), 4),
+        hf_bf16_regret_p50=q(hf_regret, 0.5),
+        hf_bf16_regret_p99=q(hf_regret, 0.99),
+        hf_bf16_regret_max=round(float(hf_regret.max()), 4),
+        engine_equals_hf_bf16_pct=round(float((chosen == hf_chosen).float().mean()) * 100, 1),
+        ref_logit_spread_p50=q(best.values - ref_rows.mean(-1), 0.5),
+        no_worse_than_hf_bf16=bool(
+            exact >= hf_exact - 1.0 and q(regret, 0.99) <= q(hf_regret, 0.99) * 1.1 + 1e-3
+        ),
+    )
+
+
 # ---- the real Truss server ----
 
 
-def service_bench(args) -> None:
+def text_level(url: str, model: str, concurrency: int, in_len: int, out_len: int, n: int) -> dict:
+    """One level with text prompts (`python -m client bench --backend openai`, synthetic
+    prompts fitted to in_len tokens by the server's own counts): what any OpenAI server
+    takes, so ours and the peer see the same load."""
+    cfg = BenchConfig(
+        url=url,
+        backend="openai",
+        model=model,
+        num_prompts=n,
+        input_len=in_len,
+        output_len=out_len,
+        concurrency=[concurrency],
+        warmup=0,
+        transport="raw",
+        client_procs=4 if concurrency >= 16 else 1,
+        progress=False,
+        report=False,
+    )
+    results = asyncio.run(run_bench(cfg))
+    return level_row("text", concurrency, in_len, out_len, results["runs"][0]["metrics"])
+
+
+def text_sweep(url: str, model: str, label: str, levels: list[int]) -> None:
+    for c in levels:
+        if time_left() < 25:
+            emit(figure="skipped", variant=label, concurrency=c, why="out of time")
+            continue
+        try:
+            row = text_level(url, model, c, 128, 128, 2 if c == 1 else c)
+        except Exception as exc:  # noqa: BLE001 - a figure that failed is reported, not fatal
+            emit(figure="failed", variant=label, concurrency=c, error=repr(exc)[:300])
+            continue
+        emit(figure="text", server=label, **row)
+
+
+def wait_until_ready(proc: subprocess.Popen, url: str, t0: float, log: str | None) -> float:
     import httpx
+
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return time.perf_counter() - t0
+        except httpx.HTTPError:
+            pass
+        if time.perf_counter() - t0 > 300:
+            raise SystemExit("server not ready in 300 s")
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def service_bench(args) -> None:
 
     app = Path(args.app).resolve()
     env = dict(os.environ)
@@ -406,15 +637,15 @@ def service_bench(args) -> None:
             "PYTHONPATH": os.pathsep.join(p for p in (packages, env.get("PYTHONPATH", "")) if p),
             "MTT_ARTIFACT": str(Path(args.dir).resolve()),
             "MTT_ENGINE": args.engine,
-            "MTT_VERIFY_HASHES": "false",
+            "MTT_VERIFY_HASHES": "true" if args.verify else "false",
             "MTT_MAX_BATCH_SIZE": str(args.max_batch_size),
             "MTT_MAX_SEQ_LEN": str(args.max_seq_len),
             "MTT_MAX_INFLIGHT": "512",
             "MTT_MAX_WAITING": "1024",
         }
     )
-    if args.engine == "pytorch":
-        env["MTT_PYTORCH_KV_CACHE"] = "static"
+    if args.verify:
+        env["MTT_CACHE_DIR"] = args.verify
     for item in args.set or []:
         key, _, value = item.partition("=")
         env["MTT_" + key.upper()] = value
@@ -430,30 +661,21 @@ def service_bench(args) -> None:
     )
     url = f"http://127.0.0.1:{args.port}"
     try:
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"server exited with {proc.returncode}; see {args.log}")
-            try:
-                if httpx.get(url + "/v1/models/model", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.perf_counter() - t0 > 300:
-                raise SystemExit("server not ready in 300 s")
-            time.sleep(0.1)
+        ready = wait_until_ready(proc, url + "/v1/models/model", t0, args.log)
         emit(
             figure="server_start_to_ready",
-            seconds=round(time.perf_counter() - t0, 1),
+            seconds=round(ready, 1),
             page_cache_dropped=cold,
+            evicted="artifact only" if DROP_CACHE == "artifact" else "all",
+            verify_hashes=bool(args.verify),
             engine=args.engine,
             set=args.set,
         )
         for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):  # same warm-up as the engine run
             if c <= args.max_batch_size:
                 service_level(url, c, 128, 4, 1, transport="httpx")
-        for in_len, out_len, per_worker, budget in ((128, 128, 2, 20), (1024, 256, 1, 60)):
-            if (args.quick or args.short) and in_len > 128:
-                continue
+        shapes = [(128, 128, 2, 20)] + ([(1024, 256, 1, 60)] if args.long else [])
+        for in_len, out_len, per_worker, budget in shapes:
             for c in args.concurrency:
                 if time_left() < budget:
                     emit(figure="skipped", variant="service", concurrency=c, why="out of time")
@@ -462,18 +684,104 @@ def service_bench(args) -> None:
                     url, c, in_len, out_len, per_worker, args.client, args.client_procs
                 )
                 emit(figure="service", set=args.set, client=args.client, **row)
+        if args.text_levels:
+            from mistral_serving.settings import Settings
+
+            name = env.get("MTT_SERVED_MODEL_NAME") or Settings().served_model_name
+            text_sweep(url, name, f"ours {args.set}", args.text_levels)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
+
+
+# ---- a peer: transformers serve with continuous batching ----
+
+
+def peer_bench(args) -> None:
+    artifact = str(Path(args.dir).resolve())
+    command = [
+        sys.executable,
+        str(Path(__file__).with_name("peer_serve.py")),
+        artifact,
+        "--continuous-batching",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(args.port),
+        *shlex.split(args.peer_flags),
+    ]
+    cold = drop_page_cache()
+    log = open(args.log, "w") if args.log else subprocess.DEVNULL  # noqa: SIM115
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{args.port}"
+    try:
+        ready = wait_until_ready(proc, url + "/health", t0, args.log)
+        emit(
+            figure="peer_start_to_ready",
+            seconds=round(ready, 1),
+            page_cache_dropped=cold,
+            command=" ".join(command[2:]),
+        )
+        t = time.perf_counter()
+        for c in (1, 16, 64, 256):  # warm-up: cache allocation, graph capture
+            if time_left() < 60:
+                break
+            try:
+                text_level(url, artifact, c, 128, 4, c)
+            except Exception as exc:  # noqa: BLE001
+                emit(figure="failed", variant="peer warm-up", concurrency=c, error=repr(exc)[:300])
+        emit(figure="peer_warmup", seconds=round(time.perf_counter() - t, 1))
+        text_sweep(url, artifact, "transformers serve", args.text_levels or [1, 64, 256])
+    finally:
+        stop(proc)
+
+
+# ---- hashes: first start after a download vs later starts ----
+
+
+def prepare_verify(args) -> None:
+    """Write DIR's build manifest (hashing the shards in parallel), then check the
+    artifact as the server does, twice, with verify_hashes on."""
+    import hashlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mistral_serving.artifacts import open_artifact
+    from mistral_serving.manifest import MANIFEST_NAME, BuildManifest, FileRecord
+    from mistral_serving.settings import Settings
+
+    artifact = Path(args.dir)
+
+    def digest(path: Path) -> tuple[str, FileRecord]:
+        h = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(16 * 2**20):
+                h.update(chunk)
+        return path.name, FileRecord(size=path.stat().st_size, sha256=h.hexdigest())
+
+    files = sorted(f for f in artifact.iterdir() if f.is_file() and f.name != MANIFEST_NAME)
+    with ThreadPoolExecutor(8) as pool:
+        records = dict(pool.map(digest, files))
+    manifest = BuildManifest(kind="hf_checkpoint", source_model="random-weights", files=records)
+    (artifact / MANIFEST_NAME).write_text(json.dumps(manifest.model_dump(mode="json"), indent=2))
+    settings = Settings(artifact=str(artifact), verify_hashes=True, cache_dir=args.verify)
+    for start in ("first (hashes every file, writes the marker)", "second (marker)"):
+        cold = drop_page_cache()
+        t = time.perf_counter()
+        open_artifact(artifact, settings)
+        emit(
+            figure="artifact_check",
+            start=start,
+            seconds=round(time.perf_counter() - t, 2),
+            page_cache_dropped=cold,
+        )
 
 
 def main() -> int:
-    global OUT, DEADLINE, DROP_CACHE
+    global OUT, DEADLINE, DROP_CACHE, ARTIFACT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("step", choices=["make-artifact", "engine", "service"])
+    ap.add_argument(
+        "step", choices=["make-artifact", "prepare-verify", "engine", "service", "peer"]
+    )
     ap.add_argument("dir")
     ap.add_argument("app", nargs="?")
     ap.add_argument("--tokenizer-from", default=".cache/dev-model")
@@ -504,21 +812,49 @@ def main() -> int:
         help="service: the transport of `python -m client bench` (raw: lean HTTP/1.1)",
     )
     ap.add_argument("--client-procs", type=int, default=4)
-    ap.add_argument("--short", action="store_true", help="service: 128/128 only")
+    ap.add_argument("--long", action="store_true", help="also 1024 in / 256 out")
+    ap.add_argument("--gil-ab", action="store_true", help="engine: GIL switch 5 ms vs setting")
+    ap.add_argument("--compare-loaders", action="store_true", help="engine: HF loader first")
+    ap.add_argument("--correctness", action="store_true", help="engine: the fp32 check")
+    ap.add_argument(
+        "--verify",
+        metavar="CACHE_DIR",
+        help="prepare-verify/service: verify_hashes on, markers under CACHE_DIR",
+    )
+    ap.add_argument(
+        "--text-levels",
+        type=int,
+        nargs="+",
+        help="service/peer: concurrency levels with text prompts (the peer comparison)",
+    )
+    ap.add_argument(
+        "--peer-flags", default="", help="peer: more `transformers serve` flags, one string"
+    )
     ap.add_argument("--disk-test", action="store_true", help="time cold disk reads first")
     ap.add_argument(
         "--drop-page-cache",
         action="store_true",
         help="drop the OS page cache before a cold load (the device VM only)",
     )
+    ap.add_argument(
+        "--evict-artifact",
+        action="store_true",
+        help="before a cold load, evict only the artifact's pages (libraries stay cached)",
+    )
     ap.add_argument("--deadline", type=float, help="unix time after which sweeps are skipped")
     args = ap.parse_args()
     OUT = Path(args.out) if args.out else None
     DEADLINE = args.deadline or float("inf")
-    DROP_CACHE = args.drop_page_cache
-    {"make-artifact": make_artifact, "engine": engine_bench, "service": service_bench}[args.step](
-        args
-    )
+    DROP_CACHE = "artifact" if args.evict_artifact else args.drop_page_cache
+    ARTIFACT = args.dir
+    steps = {
+        "make-artifact": make_artifact,
+        "prepare-verify": prepare_verify,
+        "engine": engine_bench,
+        "service": service_bench,
+        "peer": peer_bench,
+    }
+    steps[args.step](args)
     return 0
 
 

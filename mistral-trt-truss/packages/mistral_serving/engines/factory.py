@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mistral_serving.artifacts import Artifact, ArtifactError, ArtifactKind
-from mistral_serving.engines.base import Engine
+from mistral_serving.engines.base import Engine, EngineError
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer
 
@@ -100,6 +100,18 @@ def runs_on_cuda(settings: Settings) -> bool:
     return pick_device(settings.device).type == "cuda"
 
 
+def read_model_config(model_dir: Path) -> dict[str, Any]:
+    """config.json as a dict, or one EngineError naming the file."""
+    path = model_dir / "config.json"
+    try:
+        config = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise EngineError(f"{path}: not a JSON object")
+    return config
+
+
 def kv_cache_choice(setting: str, on_cuda: bool, config: dict[str, Any]) -> tuple[str, str | None]:
     """`pytorch_kv_cache` resolved: ("static" | "dynamic", why `auto` did not pick static).
     `auto` is the fast path on a CUDA GPU for the checkpoints it runs: on a CPU its CUDA
@@ -118,7 +130,7 @@ def start_torch_engine(model_dir: Path, settings: Settings, eos_token_id: int) -
     """The PyTorch engine for a checkpoint: `pytorch_kv_cache` picks static or dynamic."""
     from mistral_serving.engines.pytorch import TorchEngine
 
-    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config = read_model_config(Path(model_dir))
     kind, why = kv_cache_choice(settings.pytorch_kv_cache, runs_on_cuda(settings), config)
     if why is not None:  # a GPU without the fast path is worth a warning; a CPU is not
         level = logging.INFO if why == NO_CUDA else logging.WARNING
