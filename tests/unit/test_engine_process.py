@@ -271,19 +271,15 @@ def test_a_bad_checkpoint_is_one_clear_error_at_load(dev_model, tmp_path):
 
 @pytest.mark.parametrize(
     ("value", "device", "own"),
-    [
-        ("on", "cpu", True),
-        ("off", "cuda", False),
-        ("auto", "cuda", True),
-        ("auto", "cpu", False),
-    ],
+    [("on", "cpu", True), ("on", "cuda", True), ("off", "cuda", False), ("off", "cpu", False)],
 )
 def test_the_setting_decides_where_the_engine_runs(value, device, own):
     assert wants_own_process(Settings(engine_process=value, device=device)) is own
+    assert Settings().engine_process == "off"
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.text(max_size=20).filter(lambda v: v not in ("auto", "on", "off")))
+@given(st.text(max_size=20).filter(lambda v: v not in ("on", "off")))
 def test_a_bad_engine_process_value_is_a_clear_settings_error(value):
     with pytest.raises(SettingsError, match="engine_process"):
         Settings.load({}, {"MTT_ENGINE_PROCESS": value})

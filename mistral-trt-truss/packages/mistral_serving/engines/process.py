@@ -67,32 +67,10 @@ _POLL_S = 0.25  # how often a silent socket is checked for the child having exit
 
 
 def wants_own_process(settings: Settings) -> bool:
-    """`engine_process` for a PyTorch engine: `auto` is an own process on a CUDA GPU
-    (where the step loop and the server compete for the GIL) and in-process on CPU (where
-    torch's threads already use every core; a second process costs memory and start-up)."""
-    if settings.engine_process != "auto":
-        return settings.engine_process == "on"
-    if settings.device != "auto":
-        return settings.device == "cuda"
-    return cuda_gpu_visible()
-
-
-def cuda_gpu_visible() -> bool:
-    """Whether the CUDA driver sees a GPU (CUDA_VISIBLE_DEVICES applies), asked of libcuda
-    directly: importing torch here would put 1.5-2.5 s before the engine process starts,
-    and the server process needs no torch otherwise. Creates no CUDA context."""
-    import ctypes
-
-    try:
-        libcuda = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False  # no NVIDIA driver
-    count = ctypes.c_int(0)
-    return (
-        libcuda.cuInit(0) == 0
-        and libcuda.cuDeviceGetCount(ctypes.byref(count)) == 0
-        and count.value > 0
-    )
+    """`engine_process: on` runs a PyTorch engine in a process of its own. Off by default:
+    on the H200 it served the same throughput as in-process and a later first token
+    (docs/performance.md), so it is there for isolation, not speed."""
+    return settings.engine_process == "on"
 
 
 def _child_env() -> dict[str, str]:
