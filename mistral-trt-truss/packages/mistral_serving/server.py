@@ -3,11 +3,12 @@
 `python -m mistral_serving.server` (run from the Truss app folder, as the image's command
 and `make serve` do) runs Truss's own `TrussServer` with its own app, routes and uvicorn
 settings, and adds, before it starts:
-- `BodyGuard`, an ASGI middleware in front of the POST routes: a body larger than
-  `max_body_bytes` gets 413, one that does not arrive within `body_timeout_seconds` gets
-  408, both in the route's error shape; POST routes Truss has but this model does not
-  serve (`/v1/embeddings`, `/v1/messages`, `/v1/responses`, `/hot-reload`) get 404
-  without their body being parsed.
+- `BodyGuard`, an ASGI middleware in front of the POST routes: when the frontend refuses
+  at once (429 when no slot and no queue place is free, 503 while draining) it answers
+  before reading one body byte; a body larger than `max_body_bytes` gets 413, one that
+  does not arrive within `body_timeout_seconds` gets 408, all in the route's error shape;
+  POST routes Truss has but this model does not serve (`/v1/embeddings`, `/v1/messages`,
+  `/v1/responses`, `/hot-reload`) get 404 without their body being read.
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
   ready; 503 while loading, draining or with a dead engine: vLLM's meaning),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
