@@ -78,17 +78,17 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
         from mistral_serving.engines.process import ProcessEngine
 
         return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id)
-    return start_guided_torch_engine(artifact_dir, settings, tokenizer)
+    return start_guided_torch_engine(artifact_dir, settings, tokenizer, artifact.config)
 
 
 def start_guided_torch_engine(
-    model_dir: Path, settings: Settings, tokenizer: Tokenizer
+    model_dir: Path, settings: Settings, tokenizer: Tokenizer, config: dict[str, Any] | None = None
 ) -> TorchEngine:
     """The PyTorch engine in this process, with structured output (response_format,
     xgrammar). The engine process (`worker.py`) starts its engine with this too."""
     from mistral_serving.guided import GuidedDecoder
 
-    engine = start_torch_engine(model_dir, settings, tokenizer.eos_id)
+    engine = start_torch_engine(model_dir, settings, tokenizer.eos_id, config)
     engine.guided = GuidedDecoder(tokenizer, engine.vocab_size)
     return engine
 
@@ -126,11 +126,15 @@ def kv_cache_choice(setting: str, on_cuda: bool, config: dict[str, Any]) -> tupl
     return ("dynamic", why) if why else ("static", None)
 
 
-def start_torch_engine(model_dir: Path, settings: Settings, eos_token_id: int) -> TorchEngine:
-    """The PyTorch engine for a checkpoint: `pytorch_kv_cache` picks static or dynamic."""
+def start_torch_engine(
+    model_dir: Path, settings: Settings, eos_token_id: int, config: dict[str, Any] | None = None
+) -> TorchEngine:
+    """The PyTorch engine for a checkpoint: `pytorch_kv_cache` picks static or dynamic.
+    `config` is the checkpoint's config.json when the caller has read it (the Artifact)."""
     from mistral_serving.engines.pytorch import TorchEngine
 
-    config = read_model_config(Path(model_dir))
+    if config is None:
+        config = read_model_config(Path(model_dir))
     kind, why = kv_cache_choice(settings.pytorch_kv_cache, runs_on_cuda(settings), config)
     if why is not None:  # a GPU without the fast path is worth a warning; a CPU is not
         level = logging.INFO if why == NO_CUDA else logging.WARNING
