@@ -111,7 +111,8 @@ def prepare(service: GenerationService, call: OpenAICall) -> PreparedRequest:
         (True, {"messages": USER, "min_tokens": -1}, "min_tokens"),
         (True, {"messages": USER, "ignore_eos": 1}, "ignore_eos"),
         (True, {"messages": USER, "prompt": "x"}, "prompt"),
-        (False, {"prompt": "x", "echo": True}, "echo"),
+        (False, {"prompt": "x", "echo": True, "stream": True}, "echo"),
+        (False, {"prompt": "x", "max_tokens": 0}, "max_tokens"),  # 0: only with echo
         (False, {"prompt": "x", "logprobs": 21}, "logprobs"),
         (False, {"prompt": "x", "logprobs": True}, "logprobs"),  # completions: a count
         (False, {"prompt": "x", "best_of": 2}, "best_of"),
@@ -129,7 +130,7 @@ def test_unsupported_or_bad_fields_are_refused_by_name(
     assert param in err.message
 
 
-@pytest.mark.parametrize(("field", "value"), [("echo", True), ("best_of", 3), ("suffix", "s")])
+@pytest.mark.parametrize(("field", "value"), [("best_of", 3), ("suffix", "s")])
 def test_fields_with_only_a_default_say_unsupported(
     comp_fmt: OpenAIFormat, field: str, value: object
 ) -> None:
@@ -356,7 +357,7 @@ def test_completions_prompt_forms(
     assert prepare(service, as_ids).prompt_ids == ids  # used as given: no BOS added
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [], [[1, 2]], [1, "a"], [True]])
+@pytest.mark.parametrize("prompt", [["a", "b"], [], [[1, 2], [3]], [[]], [1, "a"], [True]])
 def test_completions_batches_and_mixtures_are_refused(comp_fmt: OpenAIFormat, prompt: list) -> None:
     err = refusal(comp_fmt, {"prompt": prompt})
     assert err.param is not None and err.param.startswith("prompt")
@@ -721,7 +722,16 @@ VALID_CHAT = {
     "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
     "stop": ["x"],
 }
-VALID_COMPLETION = {"prompt": [1, 2, 3], "max_tokens": 8, "logprobs": 2, "stream": False, "seed": 4}
+# lm-evaluation-harness's loglikelihood request (a batch of one token-id prompt, echo).
+VALID_COMPLETION = {
+    "prompt": [[1, 2, 3]],
+    "max_tokens": 1,
+    "logprobs": 2,
+    "echo": True,
+    "temperature": 0,
+    "stream": False,
+    "seed": 4,
+}
 
 
 def check_outcome(fmt: OpenAIFormat, body: dict[str, Any]) -> None:
@@ -736,7 +746,10 @@ def check_outcome(fmt: OpenAIFormat, body: dict[str, Any]) -> None:
         json.dumps(fmt.error_body(err))
     else:
         s = call.gen.sampling
-        assert s.max_new_tokens >= 1 and 0 < s.top_p <= 1 and 0 <= s.temperature <= 2
+        # 0 new tokens: only echo (a prefill scoring the prompt).
+        assert s.max_new_tokens >= 1 or (call.echo and s.max_new_tokens == 0)
+        assert 0 < s.top_p <= 1 and 0 <= s.temperature <= 2
+        assert s.prompt_logprobs == (s.logprobs if call.echo else None)
         assert s.logprobs is None or 0 <= s.logprobs <= MAX_TOP_LOGPROBS
         if call.chat:
             assert call.gen.messages and call.gen.prompt is None and call.gen.prompt_ids is None

@@ -53,6 +53,9 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     interval: int = 1  # tokens per streamed chunk
     param: str = "prompt"  # the body field that holds the prompt (named in errors)
+    # The answer continues the prompt's text (completions' echo): the output keeps a
+    # SentencePiece model's leading space, which a decode from the start would strip.
+    echo: bool = False
 
     @property
     def prompt_text(self) -> str | None:
@@ -70,6 +73,7 @@ class PreparedRequest:
     sampling: SamplingOptions
     stop: tuple[str, ...]
     interval: int
+    echo: bool = False
 
 
 class Chunk(NamedTuple):
@@ -190,7 +194,7 @@ class GenerationService:
         if extra and not sampling.ignore_eos:
             stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *extra)))
             sampling = dataclasses.replace(sampling, stop_token_ids=stops)
-        return PreparedRequest(ids, sampling, req.stop, req.interval)
+        return PreparedRequest(ids, sampling, req.stop, req.interval, req.echo)
 
     def _encode(self, req: GenerationRequest) -> list[int]:
         if req.messages is not None:
@@ -208,7 +212,10 @@ class GenerationService:
         string) aborts the engine request. A failure of this request raises
         RequestError (the client's fault) or EngineError; other requests go on."""
         record.prompt_tokens = len(req.prompt_ids)
-        text = TextStream(self.tokenizer.table, req.stop, req.interval)
+        table = self.tokenizer.table
+        if req.echo:
+            table = dataclasses.replace(table, strip_leading_space=False)
+        text = TextStream(table, req.stop, req.interval)
         want_logprobs = req.sampling.logprobs is not None
         pending: list[TokenLogprob] = []
         tokens = self.engine.generate(record.engine_id, req.prompt_ids, req.sampling)
@@ -220,6 +227,9 @@ class GenerationService:
             async for delta in tokens:
                 chunk = text.add(delta.token_ids)
                 record.completion_tokens = text.num_tokens
+                if want_logprobs and delta.prompt_logprobs is not None:
+                    # Echo: the prompt's logprobs lead (its first token has none).
+                    pending[:0] = [TokenLogprob(req.prompt_ids[0], None), *delta.prompt_logprobs]
                 if want_logprobs and delta.logprobs:
                     pending.extend(delta.logprobs)
                 if chunk:

@@ -44,11 +44,12 @@ class GuidedDecoding:
 
 @dataclass(frozen=True)
 class TokenLogprob:
-    """One generated token's log-probability, and the `top` most likely alternatives
-    (token id, logprob), from the log-softmax of the logits the sampler saw."""
+    """One token's log-probability, and the `top` most likely alternatives (token id,
+    logprob), from the log-softmax of the logits the sampler saw. `logprob` is None only
+    for a prompt's first token (nothing precedes it: OpenAI and vLLM report null)."""
 
     token_id: int
-    logprob: float
+    logprob: float | None
     top: tuple[tuple[int, float], ...] = ()
 
 
@@ -68,6 +69,9 @@ class SamplingOptions:
     ignore_eos: bool = False  # vLLM: EOS does not end generation (max_new_tokens does)
     min_tokens: int = 0  # vLLM: EOS and stop_token_ids cannot end it before this many tokens
     logprobs: int | None = None  # None: off; k: the chosen token's logprob and the top k
+    # None: off; k: each prompt token's logprob given the tokens before it, and the top k
+    # (echo on /v1/completions). 0 new tokens is allowed with it: the request is a prefill.
+    prompt_logprobs: int | None = None
     guided: GuidedDecoding | None = None  # structured output (response_format)
 
     @property
@@ -80,6 +84,9 @@ class TokenDelta:
     token_ids: list[int]
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None  # one per token_ids entry when asked
+    # On a request's first delta when `prompt_logprobs` was asked: prompt tokens 1..n-1
+    # (the log-softmax of the prefill logits at positions 0..n-2; no penalties).
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
@@ -149,16 +156,18 @@ def merge_ready(first: TokenDelta, queue: asyncio.Queue) -> tuple[TokenDelta, Ba
     second, to raise after the tokens that preceded it."""
     tokens = list(first.token_ids)
     logprobs = None if first.logprobs is None else list(first.logprobs)
+    prompt = first.prompt_logprobs
     reason = first.finish_reason
     while reason is None and not queue.empty():
         item = queue.get_nowait()
         if isinstance(item, BaseException):
-            return TokenDelta(tokens, None, logprobs), item
+            return TokenDelta(tokens, None, logprobs, prompt), item
         tokens += item.token_ids
         if item.logprobs is not None:
             logprobs = (logprobs or []) + item.logprobs
+        prompt = prompt if item.prompt_logprobs is None else item.prompt_logprobs
         reason = item.finish_reason
-    return TokenDelta(tokens, reason, logprobs), None
+    return TokenDelta(tokens, reason, logprobs, prompt), None
 
 
 def put_all(items: Iterable[tuple[asyncio.Queue, Item]]) -> None:
@@ -188,7 +197,7 @@ async def read_stream(queue: asyncio.Queue, what: str) -> AsyncIterator[TokenDel
         if isinstance(item, TokenDelta):
             if not queue.empty():
                 item, error = merge_ready(item, queue)
-            if item.token_ids or item.finish_reason is not None:
+            if item.token_ids or item.finish_reason is not None or item.prompt_logprobs:
                 yield item
             if item.finish_reason is not None:
                 return

@@ -9,7 +9,7 @@ in a child process (`worker.py`) and the server keeps only this proxy:
 - `generate` sends (key, request id, prompt ids, SamplingOptions) and reads the request's
   deltas from an asyncio queue, as the in-process engine's `generate` does.
 - The child sends ONE message per engine step holding every request's new token ids,
-  finish reason, logprobs or error. One reader thread here receives it and hands the
+  finish reason, logprobs (prompt logprobs on a first step, when asked) or error. One reader thread here receives it and hands the
   whole step to each event loop with a single `call_soon_threadsafe` (`base.deliver`), so
   the event loop wakes once per step, not once per token.
 - KV-cache usage and the running count ride on the step messages (and on a gauges message
@@ -299,7 +299,7 @@ class ProcessEngine:
         items = []
         with self._lock:
             streams = self._streams
-            for key, token_ids, reason, logprobs, error in events:
+            for key, token_ids, reason, logprobs, error, prompt_lps in events:
                 if reason is None and error is None:
                     stream = streams.get(key)
                 else:
@@ -310,10 +310,10 @@ class ProcessEngine:
                 if error is not None:
                     kind, text = error
                     item = EngineRequestError(text) if kind == "request" else EngineError(text)
-                elif logprobs is None:
+                elif logprobs is None and prompt_lps is None:
                     item = TokenDelta(token_ids, reason)
                 else:
-                    item = TokenDelta(token_ids, reason, [TokenLogprob(*lp) for lp in logprobs])
+                    item = TokenDelta(token_ids, reason, _lps(logprobs), _lps(prompt_lps))
                 items.append((stream.loop, stream.queue, item))
         deliver(items)
 
@@ -323,3 +323,7 @@ class ProcessEngine:
                 self._failure = why
             streams, self._streams = self._streams, {}
         deliver((s.loop, s.queue, EngineError(why)) for s in streams.values())
+
+
+def _lps(tuples: list[tuple] | None) -> list[TokenLogprob] | None:
+    return None if tuples is None else [TokenLogprob(*lp) for lp in tuples]

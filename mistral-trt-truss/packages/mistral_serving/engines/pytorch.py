@@ -18,7 +18,12 @@ engine and marks it unhealthy.
 Request options: `ignore_eos` (EOS is an ordinary token; only `max_new_tokens` and
 stop_token_ids end generation), `min_tokens` (EOS and stop_token_ids are masked until that
 many tokens exist), `logprobs` (each token's log-probability and the top k, from the
-logits after penalties and before temperature, top-k and top-p: see `sampling.py`).
+logits after penalties and before temperature, top-k and top-p: see `sampling.py`),
+`prompt_logprobs` (each prompt token's logprob, from the logits of the prefill that runs
+anyway: no second forward pass; with `max_new_tokens` 0 the request ends after it, with
+finish reason `length`). A request with `prompt_logprobs` that ends on a stop token gets
+that token's logprob on its last delta (with no token id; vLLM's output holds its stop
+token too): echo clients (lm-evaluation-harness) index prompt + output logprobs by position.
 Structured output (`guided`) needs `engine.guided` set (a `mistral_serving.guided`
 decoder: its per-request matcher masks each row before sampling and is told each chosen
 token); without it such a request is refused with a 4xx.
@@ -52,12 +57,13 @@ from mistral_serving.engines.base import (
     EngineRequestError,
     SamplingOptions,
     TokenDelta,
+    TokenLogprob,
     deliver,
     read_stream,
     refuse_unsupported,
 )
 from mistral_serving.engines.cpus import available_cpus
-from mistral_serving.engines.sampling import Sampled, sample_next_tokens
+from mistral_serving.engines.sampling import Sampled, prompt_logprobs, sample_next_tokens
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -82,6 +88,8 @@ class _Sequence:
     # (disallowed tokens to -inf); `accept_fn` is told every chosen token.
     mask_fn: Callable[[torch.Tensor], None] | None = None
     accept_fn: Callable[[int], None] | None = None
+    # Prompt logprobs (when asked), computed at prefill, sent with the first delta.
+    prompt_lps: list[TokenLogprob] | None = None
 
     def emit(self, item: TokenDelta | BaseException) -> None:
         deliver([(self.loop, self.queue, item)])
@@ -432,14 +440,23 @@ class TorchEngine:
             ids[row, width - len(seq.prompt) :] = torch.tensor(seq.prompt, device=self._device)
             mask[row, width - len(seq.prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        # Logits for the last `keep` columns: 1, or the longest prompt asking for prompt
+        # logprobs (left-padded: its tokens are the last columns).
+        keep = max([len(s.prompt) for s in seqs if s.sampling.prompt_logprobs is not None] or [1])
         out = self._model(
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
             use_cache=True,
-            logits_to_keep=1,
+            logits_to_keep=keep,
             **{self._cache_arg: _new_cache([])},
         )
+        for row, seq in enumerate(seqs):
+            if seq.sampling.prompt_logprobs is not None:
+                n = len(seq.prompt)
+                seq.prompt_lps = prompt_logprobs(
+                    out.logits[row, keep - n : keep - 1], seq.prompt, seq.sampling.prompt_logprobs
+                )
         kv = _cache_tensors(out[self._cache_arg])
         lengths = torch.tensor([len(s.prompt) for s in seqs], device=self._device)
         self._join(seqs, kv, mask, lengths)
@@ -491,14 +508,20 @@ class TorchEngine:
     def _record(seq: _Sequence, pick: Sampled) -> TokenDelta:
         """Add the sampled token to `seq`; the delta to send (with a finish reason if it
         ended: a stop token is not emitted)."""
+        prompt, seq.prompt_lps = seq.prompt_lps, None  # on the first delta only
+        if seq.max_new_tokens <= 0:  # a prefill only (echo with max_tokens 0)
+            return TokenDelta([], "length", prompt_logprobs=prompt)
         token = pick.token
         if seq.accept_fn is not None:
             seq.accept_fn(token)
+        lps = None if pick.logprob is None else [pick.logprob]
         if token in seq.stop_ids and len(seq.generated) >= seq.sampling.min_tokens:
-            return TokenDelta([], "stop")
+            # With prompt logprobs (echo), the stop token's logprob still counts (see above).
+            echo = seq.sampling.prompt_logprobs is not None
+            return TokenDelta([], "stop", lps if echo else None, prompt)
         seq.generated.append(token)
         reason = "length" if len(seq.generated) >= seq.max_new_tokens else None
-        return TokenDelta([token], reason, None if pick.logprob is None else [pick.logprob])
+        return TokenDelta([token], reason, lps, prompt)
 
     def _store_tokens(self, first_row: int, tokens: list[int]) -> None:
         """Keep the step's tokens as the next step's input (one host-to-device copy for the

@@ -19,7 +19,8 @@ changes is the batch underneath:
   the ~1,500 kernel launches of a 32-layer step off the Python critical path.
 - Prefill is the same forward pass over the new prompts (right-padded; causal attention
   keeps padding from reaching real positions), writing their keys and values straight
-  into their slots.
+  into their slots. A request asking for prompt logprobs (echo) gets lm_head applied to
+  its prompt positions of that same pass.
 
 The cache must fit: its column count is `max_seq_len` when set, else what
 `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for `max_batch_size`
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 
 from mistral_serving.engines.base import EngineError, EngineLimits
 from mistral_serving.engines.pytorch import LoadedModel, TorchEngine, _Sequence, load_model
+from mistral_serving.engines.sampling import prompt_logprobs
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -375,6 +377,10 @@ class StaticTorchEngine(TorchEngine):
         ids = ids.to(self._device)
         positions = torch.arange(width, device=self._device)[None, :].expand(n, width)
         hidden = self._forward(ids, positions, row0, width, None)
+        for r, seq in enumerate(seqs):  # echo: the prompt's logits, from this same pass
+            if seq.sampling.prompt_logprobs is not None:
+                rows = self._model.lm_head(hidden[r, : len(seq.prompt) - 1])
+                seq.prompt_lps = prompt_logprobs(rows, seq.prompt, seq.sampling.prompt_logprobs)
         last = torch.tensor([len(s.prompt) - 1 for s in seqs], device=self._device)
         logits = self._model.lm_head(hidden[torch.arange(n, device=self._device), last])
         self._running.extend(seqs)

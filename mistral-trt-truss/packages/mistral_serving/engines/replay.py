@@ -10,7 +10,8 @@ one thread-safe call, exactly as the PyTorch engine does (`base.deliver`). A req
 ends with finish reason `length` after its `max_new_tokens`; stop token ids are never
 produced, so `ignore_eos` and `min_tokens` hold trivially. With `logprobs`, each token
 reports log-probability 0.0 (it was certain: nothing was sampled) and `top` holds only
-that token. Structured output (`guided`) is refused.
+that token. Prompt logprobs (echo) are 0.0 likewise, on the first delta; with
+`max_new_tokens` 0 the request ends at once (`length`). Structured output is refused.
 
 KV-cache usage (the gauge) is what the live requests would hold (prompt + tokens so far)
 over `max_batch_size x max_seq_len`. It imports no torch: a model-free engine stays light.
@@ -53,6 +54,7 @@ class _Stream:
     offset: int
     held: int  # tokens this request would hold in a KV cache: prompt + output so far
     logprobs: int | None
+    prompt_lps: list[TokenLogprob] | None = None  # sent with the first delta
 
 
 class ReplayEngine:
@@ -100,15 +102,23 @@ class ReplayEngine:
                 f"prompt has {len(prompt_ids)} tokens; this engine accepts 1 to "
                 f"{self.limits.max_input_len}"
             )
+        k = sampling.prompt_logprobs
+        prompt_lps = (
+            None if k is None else [TokenLogprob(t, 0.0, ((t, 0.0),)[:k]) for t in prompt_ids[1:]]
+        )
+        if sampling.max_new_tokens <= 0:  # a prefill only: nothing to replay
+            yield TokenDelta([], "length", prompt_logprobs=prompt_lps)
+            return
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
             self._live[request_id] = _Stream(
                 asyncio.get_running_loop(),
                 queue,
-                max(1, sampling.max_new_tokens),
+                sampling.max_new_tokens,
                 len(prompt_ids) % len(self._tokens),
                 len(prompt_ids),
                 sampling.logprobs,
+                prompt_lps,
             )
         self._wake.set()
         try:
@@ -143,7 +153,8 @@ class ReplayEngine:
                 logprobs = None
                 if s.logprobs is not None:  # nothing was sampled: the token was certain
                     logprobs = [TokenLogprob(token, 0.0, ((token, 0.0),)[: s.logprobs])]
-                delta = TokenDelta([token], "length" if finished else None, logprobs)
+                prompt_lps, s.prompt_lps = s.prompt_lps, None
+                delta = TokenDelta([token], "length" if finished else None, logprobs, prompt_lps)
                 deliveries.append((s.loop, s.queue, delta))
             self._kv_tokens = sum(s.held for _, s in streams if s.remaining > 0)
             if done:

@@ -26,6 +26,10 @@ request's options. For one row (float32):
    draw from the softmax with the request's own generator (seeded requests repeat).
 
 Rows that are plain greedy (no penalty, no logprobs, no mask) take one batched argmax.
+
+Prompt logprobs (`prompt_logprobs`, for echo) come from the prefill's logits at prompt
+positions 0..n-2, each the model's own log-softmax (no penalty, mask or temperature): the
+log-probability of prompt token i+1 given tokens 0..i, and the top k there.
 """
 
 from __future__ import annotations
@@ -146,6 +150,23 @@ def sample_row(row: torch.Tensor, seq: Row) -> Sampled:
     if not good:
         raise EngineError(_NO_FINITE)
     return Sampled(picked, logprob)
+
+
+def prompt_logprobs(logits: torch.Tensor, prompt: Sequence[int], k: int) -> list[TokenLogprob]:
+    """Prompt tokens 1..n-1's logprobs and the top k at each, from `logits` [n-1, vocab]:
+    the prefill's logits at prompt positions 0..n-2. One device-to-host copy."""
+    if len(prompt) < 2:
+        return []
+    logp = torch.log_softmax(_sanitize(logits.float()), -1)
+    targets = torch.tensor(list(prompt[1:]), device=logp.device)
+    chosen = logp.gather(1, targets[:, None])[:, 0]
+    k = max(0, min(k, logp.shape[-1]))
+    values, ids = torch.topk(logp, k, dim=-1)
+    chosen_l, values_l, ids_l = (t.tolist() for t in (chosen, values, ids))
+    return [
+        TokenLogprob(tok, _finite_lp(c), tuple((i, _finite_lp(v)) for i, v in zip(ir, vr)))
+        for tok, c, ir, vr in zip(prompt[1:], chosen_l, ids_l, values_l)
+    ]
 
 
 def _apply_penalties(row: torch.Tensor, seq: Row) -> None:

@@ -33,6 +33,13 @@ What is called, and the source file (NVIDIA/TensorRT-LLM) each fact was read fro
   `kvCacheStats.usedNumBlocks` / `maxNumBlocks`. It keeps yielding while iterations keep
   coming, so a poll reads for a bounded time only.
 - `llm.shutdown()` stops the executor and its MPI workers and sets `llm._executor = None`.
+- Prompt logprobs (echo): `SamplingParams(return_context_logits=True)` puts the prompt's
+  logits on `RequestOutput.context_logits` ([prompt length, vocab], `executor/result.py`),
+  and we take their log-softmax ourselves (`sampling.prompt_logprobs`), as the PyTorch
+  engines do. Not `SamplingParams.prompt_logprobs`: what it returns is the top k at each
+  position, which need not hold the prompt token itself. The TensorRT backend has context
+  logits only from an engine built with `gather_context_logits` (`_check_arguments`).
+  `max_tokens` 0 (prefill only) runs as `max_tokens=1` and drops that token.
 """
 
 from __future__ import annotations
@@ -93,6 +100,7 @@ def to_sampling_params(
     *,
     prompt_len: int = 0,
     logprobs_unavailable: str | None = None,
+    prompt_logprobs_unavailable: str | None = None,
 ):
     """Our `SamplingOptions` as a `tensorrt_llm.sampling_params.SamplingParams`.
 
@@ -100,7 +108,8 @@ def to_sampling_params(
     that has a surprising default is set explicitly: `max_tokens` (default 32), `end_id` /
     `pad_id` (None, which needs a tokenizer), `detokenize` (True), `prompt_ignore_length`
     (None: presence/frequency penalties count the prompt; ours count the output only).
-    `logprobs_unavailable`: why this engine cannot return logprobs (None: it can).
+    `logprobs_unavailable`: why this engine cannot return logprobs (None: it can); the
+    same for `prompt_logprobs_unavailable` (context logits).
     """
     from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
@@ -112,6 +121,8 @@ def to_sampling_params(
         )
     if options.logprobs is not None and logprobs_unavailable:
         raise EngineRequestError(logprobs_unavailable)
+    if options.prompt_logprobs is not None and prompt_logprobs_unavailable:
+        raise EngineRequestError(prompt_logprobs_unavailable)
     kwargs: dict[str, Any] = {
         "max_tokens": options.max_new_tokens,
         "end_id": eos_token_id,
@@ -156,6 +167,8 @@ def to_sampling_params(
         # 0 (the chosen token only) would read as "off" (`self.logprobs and int(...)`):
         # ask for top-1, which always holds the chosen token, and keep what was asked.
         kwargs["logprobs"] = max(options.logprobs, 1)
+    if options.prompt_logprobs is not None:
+        kwargs["return_context_logits"] = True  # computed by us: see the module docstring
     if options.guided is not None:
         if options.guided.kind == "json_object":
             kwargs["guided_decoding"] = GuidedDecodingParams(json_object=True)
@@ -182,6 +195,24 @@ def to_token_logprobs(token_ids: list[int], entries: list[Any], k: int) -> list[
         top = tuple((int(t), float(lp.logprob)) for t, lp in ranked[:k])
         out.append(TokenLogprob(token_id=token, logprob=float(entry[token].logprob), top=top))
     return out
+
+
+def _prompt_logprobs(
+    output: Any, prompt_ids: list[int], k: int | None
+) -> list[TokenLogprob] | None:
+    """The prompt tokens' logprobs from `output.context_logits` ([prompt length, vocab]),
+    or None while the runtime has not sent them."""
+    logits = getattr(output, "context_logits", None)
+    if logits is None or k is None:
+        return None
+    from mistral_serving.engines.sampling import prompt_logprobs  # torch: only when asked
+
+    if len(logits) != len(prompt_ids):
+        raise EngineError(
+            f"TensorRT-LLM returned context logits for {len(logits)} of {len(prompt_ids)} "
+            "prompt tokens"
+        )
+    return prompt_logprobs(logits[: len(prompt_ids) - 1], prompt_ids, k)
 
 
 def kv_usage_from_stat(stat: Any) -> float | None:
@@ -220,6 +251,7 @@ class LlmApiEngine:
         info: EngineInfo | None = None,
         request_error: type[BaseException] | None = None,
         logprobs_unavailable: str | None = None,
+        prompt_logprobs_unavailable: str | None = None,
     ) -> None:
         self.llm = llm
         self.limits = limits
@@ -227,6 +259,7 @@ class LlmApiEngine:
         self.pad_token_id = pad_token_id
         self.info = info or EngineInfo(name="tensorrt_llm")
         self.logprobs_unavailable = logprobs_unavailable
+        self.prompt_logprobs_unavailable = prompt_logprobs_unavailable
         # tensorrt_llm's RequestError: a per-request failure that leaves the engine healthy.
         self._request_error: tuple[type[BaseException], ...] = (
             (request_error,) if request_error else ()
@@ -244,13 +277,19 @@ class LlmApiEngine:
     ) -> AsyncIterator[TokenDelta]:
         if request_id in self._results:
             raise EngineRequestError(f"request id {request_id!r} is already generating")
-        max_new = self._room_for(prompt_ids, sampling.max_new_tokens)
+        echo = sampling.prompt_logprobs is not None
+        prefill_only = sampling.max_new_tokens == 0  # runs as 1, sends none
+        max_new = self._room_for(prompt_ids, 1 if prefill_only else sampling.max_new_tokens)
+        if prefill_only and not echo:  # nothing to compute
+            yield TokenDelta([], "length")
+            return
         params = to_sampling_params(
             replace(sampling, max_new_tokens=max_new),
             self.eos_token_id,
             self.pad_token_id,
             prompt_len=len(prompt_ids),
             logprobs_unavailable=self.logprobs_unavailable,
+            prompt_logprobs_unavailable=self.prompt_logprobs_unavailable,
         )
         stop_ids = set(sampling.stop_token_ids)
         if not sampling.ignore_eos:
@@ -267,29 +306,49 @@ class LlmApiEngine:
         self._aborted.discard(request_id)
         count = 0
         finished = False
+        prompt_lps: list[TokenLogprob] | None = None  # until sent with the first delta
+        prompt_sent = not echo
         try:
             async for output in result:
+                if not prompt_sent and prompt_lps is None:
+                    prompt_lps = _prompt_logprobs(output, prompt_ids, sampling.prompt_logprobs)
+                if prefill_only:
+                    if prompt_lps is None and not output.finished:
+                        continue  # the context logits have not come yet
+                    if prompt_lps is None:
+                        raise EngineError("TensorRT-LLM returned no context logits")
+                    finished = output.finished
+                    yield TokenDelta([], "length", prompt_logprobs=prompt_lps)
+                    return  # `finally` aborts it if the runtime is not done with it
                 completion = output.outputs[0]
                 tokens = list(completion.token_ids_diff)
                 entries = list(completion.logprobs_diff) if sampling.logprobs is not None else []
                 count += len(tokens)
                 reason = None
+                stop_entry: tuple[int, Any] | None = None
                 if output.finished:
                     reason = FINISH_REASONS.get(completion.finish_reason or "")
                     if reason is None:  # not reported: infer it from the count
                         reason = "length" if count >= max_new else "stop"
                     # Whether the runtime returns the end token is not pinned down; we never do.
                     if reason == "stop" and tokens and tokens[-1] in stop_ids:
-                        tokens.pop()
+                        stopped = tokens.pop()
+                        if echo and len(entries) > len(tokens):  # echo keeps its logprob
+                            stop_entry = (stopped, entries[len(tokens)])
                         entries = entries[: len(tokens)]
                 if tokens or reason:
+                    if not prompt_sent and prompt_lps is None:
+                        raise EngineError("TensorRT-LLM returned no context logits")
                     finished = reason is not None
-                    logprobs = (
-                        to_token_logprobs(tokens, entries, sampling.logprobs)
-                        if sampling.logprobs is not None
-                        else None
-                    )
-                    yield TokenDelta(token_ids=tokens, finish_reason=reason, logprobs=logprobs)
+                    logprobs = None
+                    if sampling.logprobs is not None:
+                        logprobs = to_token_logprobs(tokens, entries, sampling.logprobs)
+                        if stop_entry is not None:
+                            logprobs += to_token_logprobs(
+                                [stop_entry[0]], [stop_entry[1]], sampling.logprobs
+                            )
+                    yield TokenDelta(tokens, reason, logprobs, None if prompt_sent else prompt_lps)
+                    prompt_sent = True
                 if finished:
                     return
             finished = True
@@ -393,7 +452,10 @@ class LlmApiEngine:
                 f"max_seq_len {self.limits.max_seq_len}"
             )
         if max_new_tokens < 1:
-            raise EngineRequestError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+            raise EngineRequestError(
+                f"max_new_tokens must be at least 1 (0 only with prompt logprobs), "
+                f"got {max_new_tokens}"
+            )
         return min(max_new_tokens, room)
 
     def _abort_result(self, request_id: str, result: Any) -> None:
@@ -475,6 +537,8 @@ class TrtLlmEngine(LlmApiEngine):
         # Logprobs come from the generation logits, which the engine must gather
         # (`_check_arguments`: logprobs need LLM(gather_generation_logits=True)).
         gathers_logits = bool(build_config.get("gather_generation_logits"))
+        # Prompt logprobs (echo) come from the context logits, gathered only if built so.
+        gathers_context = bool(build_config.get("gather_context_logits"))
         kwargs: dict[str, Any] = {
             "kv_cache_config": KvCacheConfig(
                 free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction
@@ -505,6 +569,7 @@ class TrtLlmEngine(LlmApiEngine):
                 "capacity_scheduler_policy": settings.trtllm_capacity_scheduler_policy,
                 "chunked_prefill": chunked,
                 "logprobs": gathers_logits,
+                "prompt_logprobs": gathers_context,
             },
         )
         return cls(
@@ -519,6 +584,13 @@ class TrtLlmEngine(LlmApiEngine):
             else (
                 "logprobs are not available from this TensorRT engine: it was built without "
                 "gather_generation_logits (serve the checkpoint with engine=trtllm_pytorch)"
+            ),
+            prompt_logprobs_unavailable=None
+            if gathers_context
+            else (
+                "echo with logprobs (prompt logprobs) is not available from this TensorRT "
+                "engine: it was built without gather_context_logits (serve the checkpoint "
+                "with engine=trtllm_pytorch)"
             ),
         )
 

@@ -18,8 +18,9 @@ Engine process -> server:
     ("gauges", kv_cache_usage, num_running)           when they change between steps
     ("fatal", message)                                the step loop died; the process exits
 
-An event is (key, token_ids, finish_reason, logprobs, error): logprobs as
-(token_id, logprob, top) tuples or None; error None or ("engine" | "request", message).
+An event is (key, token_ids, finish_reason, logprobs, error, prompt_logprobs): logprobs
+and prompt_logprobs as (token_id, logprob, top) tuples or None; error None or
+("engine" | "request", message). The SamplingOptions of "add" carries `prompt_logprobs`.
 
 The engine process ignores SIGINT and SIGTERM: the server decides when it stops (a Ctrl-C
 or a pod's SIGTERM reaches the server, which drains and then sends "shutdown"). If the
@@ -66,10 +67,14 @@ def error_event(key: int, exc: BaseException) -> tuple:
     """What the server raises from that request's stream: EngineRequestError for its
     inputs (a 4xx), EngineError for anything else (as `base.read_stream` words it)."""
     if isinstance(exc, EngineRequestError):
-        return (key, None, None, None, ("request", str(exc)))
+        return (key, None, None, None, ("request", str(exc)), None)
     if isinstance(exc, EngineError):
-        return (key, None, None, None, ("engine", str(exc)))
-    return (key, None, None, None, ("engine", f"PyTorch engine failed: {exc!r}"))
+        return (key, None, None, None, ("engine", str(exc)), None)
+    return (key, None, None, None, ("engine", f"PyTorch engine failed: {exc!r}"), None)
+
+
+def _lp_tuples(lps: list | None) -> list[tuple] | None:
+    return None if lps is None else [(p.token_id, p.logprob, p.top) for p in lps]
 
 
 class _RequestOut:
@@ -82,14 +87,14 @@ class _RequestOut:
 
     def put_nowait(self, item: TokenDelta | BaseException) -> None:
         if isinstance(item, TokenDelta):
-            lps = item.logprobs
             self.outbox.pending.append(
                 (
                     self.key,
                     item.token_ids,
                     item.finish_reason,
-                    None if lps is None else [(p.token_id, p.logprob, p.top) for p in lps],
+                    _lp_tuples(item.logprobs),
                     None,
+                    _lp_tuples(item.prompt_logprobs),
                 )
             )
         else:

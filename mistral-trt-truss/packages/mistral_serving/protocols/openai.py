@@ -5,8 +5,13 @@ Accepted beyond OpenAI's core: vLLM's `top_k`, `repetition_penalty`, `ignore_eos
 `min_tokens`. `logprobs` (chat: `logprobs` + `top_logprobs`; completions: `logprobs` as
 a count) are the log-softmax of the logits the sampler saw, after penalties and before
 temperature, top-k and top-p. `response_format` (`json_object`, `json_schema`) constrains
-the output with a grammar where the engine supports it. Fields we cannot honour
-(`n` > 1, `tools`, `echo`, ...) are refused with a 400 that names the field.
+the output with a grammar where the engine supports it. `echo` (completions) puts the
+prompt before the completion; with `logprobs` the choice's logprobs cover the prompt
+tokens first (the first one null, then each given the tokens before it, the model's own
+log-softmax), then the generated ones; `max_tokens: 0` (echo only) generates nothing, so
+`echo, max_tokens 0, logprobs k` scores a text (lm-evaluation-harness's loglikelihood).
+A prompt may be one list of token ids, or a batch holding one. Fields we cannot honour
+(`n` > 1, `tools`, echo with `stream`, ...) are refused with a 400 that names the field.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -24,6 +29,7 @@ from mistral_serving.engines.base import GuidedDecoding, SamplingOptions, TokenL
 from mistral_serving.errors import RequestError
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.fields import (
+    MAX_TOKENS_LIMIT,
     AdditivePenalty,
     MaxTokens,
     MinTokens,
@@ -123,13 +129,18 @@ class ChatCompletionRequest(_Common):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
+# 0 is allowed on completions with echo: the prompt's logprobs, nothing generated.
+CompletionMaxTokens = Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)]
+
+
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] = Field(union_mode="left_to_right")
-    echo: Literal[False] = False
+    # `list[list[int]]`: a batch of token-id prompts (lm-evaluation-harness sends one).
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(union_mode="left_to_right")
+    echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: Literal[1] | None = None
     suffix: None = None
-    max_tokens: MaxTokens | None = COMPLETIONS_DEFAULT_MAX_TOKENS
+    max_tokens: CompletionMaxTokens | None = COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
 @dataclass(frozen=True)
@@ -140,10 +151,11 @@ class OpenAICall:
     include_usage: bool
     created: int
     continuous_usage: bool = False  # usage so far in every chunk (needs include_usage)
+    echo: bool = False  # completions: the prompt leads the text (and the logprobs)
 
 
 # Fields we accept only at their default (None is accepted for each too).
-_UNSUPPORTED: dict[str, object] = {"echo": False, "best_of": 1, "suffix": None, "n": 1}
+_UNSUPPORTED: dict[str, object] = {"best_of": 1, "suffix": None, "n": 1}
 
 
 class OpenAIFormat:
@@ -174,11 +186,17 @@ class OpenAIFormat:
             if req.top_logprobs is not None and not req.logprobs:
                 raise RequestError("top_logprobs requires logprobs: true", param="top_logprobs")
             logprobs = (req.top_logprobs or 0) if req.logprobs else None
+            echo = False
         else:
             messages, param = None, "prompt"
             prompt, prompt_ids = _completion_prompt(req.prompt)
-            wanted = req.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+            wanted = COMPLETIONS_DEFAULT_MAX_TOKENS if req.max_tokens is None else req.max_tokens
             logprobs = req.logprobs
+            echo = req.echo
+            if wanted == 0 and not echo:
+                raise RequestError("max_tokens may be 0 only with echo: true", param="max_tokens")
+            if echo and req.stream:
+                raise RequestError("echo is not supported with stream: true", param="echo")
         sampling = SamplingOptions(
             max_new_tokens=wanted,
             temperature=req.temperature,
@@ -191,6 +209,7 @@ class OpenAIFormat:
             ignore_eos=req.ignore_eos,
             min_tokens=req.min_tokens,
             logprobs=logprobs,
+            prompt_logprobs=logprobs if echo else None,
             guided=req.response_format.guided() if req.response_format else None,
         )
         gen = GenerationRequest(
@@ -200,6 +219,7 @@ class OpenAIFormat:
             messages=messages,
             stop=tuple(req.stop or ()),
             param=param,
+            echo=echo,
         )
         if req.stream_options is not None and not req.stream:
             raise RequestError(
@@ -207,7 +227,9 @@ class OpenAIFormat:
             )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
-        return OpenAICall(self.chat, gen, req.stream, include_usage, int(time.time()), continuous)
+        return OpenAICall(
+            self.chat, gen, req.stream, include_usage, int(time.time()), continuous, echo
+        )
 
     # ---- answer ----
 
@@ -223,9 +245,14 @@ class OpenAIFormat:
         choice: dict[str, Any] = {"index": 0}
         if self.chat:
             choice["message"] = {"role": "assistant", "content": record.output}
+            choice["logprobs"] = self._logprobs(logprobs, 0)
+        elif call.echo:
+            prompt = self._prompt_text(call)
+            choice["text"] = prompt + record.output
+            choice["logprobs"] = self._echo_logprobs(logprobs, record.prompt_tokens, len(prompt))
         else:
             choice["text"] = record.output
-        choice["logprobs"] = self._logprobs(logprobs, 0)
+            choice["logprobs"] = self._logprobs(logprobs, 0)
         choice["finish_reason"] = record.finish_reason
         return {
             "id": rid,
@@ -235,6 +262,25 @@ class OpenAIFormat:
             "choices": [choice],
             "usage": record.usage,
         }
+
+    def _prompt_text(self, call: OpenAICall) -> str:
+        """The prompt as given; token ids as their tokens' texts joined."""
+        if call.gen.prompt is not None:
+            return call.gen.prompt
+        ids = call.gen.prompt_ids or ()
+        return b"".join(self._token_bytes(t) for t in ids).decode("utf-8", errors="replace")
+
+    def _echo_logprobs(
+        self, logprobs: list[TokenLogprob] | None, n_prompt: int, prompt_chars: int
+    ) -> dict | None:
+        """The prompt's entries (offsets from 0, over their token texts), then the
+        output's (offsets from the end of the prompt text, as in `text`)."""
+        if logprobs is None:
+            return None
+        head = self._logprobs(logprobs[:n_prompt], 0)
+        tail = self._logprobs(logprobs[n_prompt:], prompt_chars)
+        assert head is not None and tail is not None
+        return {key: head[key] + tail[key] for key in head}
 
     def _logprobs(self, logprobs: list[TokenLogprob] | None, offset: int) -> dict | None:
         if logprobs is None:
@@ -257,7 +303,10 @@ class OpenAIFormat:
         return {
             "tokens": tokens,
             "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{self._token_text(t): v for t, v in lp.top} for lp in logprobs],
+            "top_logprobs": [
+                None if lp.logprob is None else {self._token_text(t): v for t, v in lp.top}
+                for lp in logprobs
+            ],
             "text_offset": offsets,
         }
 
@@ -342,6 +391,8 @@ def _completion_prompt(
         return prompt, None
     if prompt and all(isinstance(p, int) for p in prompt):
         return None, tuple(prompt)  # token ids, used as given (range-checked later)
+    if len(prompt) == 1 and isinstance(prompt[0], list) and prompt[0]:
+        return None, tuple(prompt[0])  # a batch of one token-id prompt
     if len(prompt) == 1 and isinstance(prompt[0], str):
         return prompt[0], None
     raise RequestError(

@@ -17,6 +17,10 @@ Behaviours kept on purpose because the real runtime has them (each is a trap for
   requests in `finally` sends one extra cancel for it.
 - `logprobs` is one dict per generated token, {token id: Logprob(logprob, rank)}, holding
   the top-k ids and the sampled one (`TokenLogprobs`); `logprobs_diff` is the new part.
+- `context_logits` (`GenerationResultBase.context_logits`): None until a response carries
+  the prompt's logits, which only a request with `return_context_logits=True` gets; then a
+  tensor [prompt length, vocab]. The double sets it at the request's first step, from the
+  LLM's `context_logits_for(prompt_ids)` knob.
 """
 
 import asyncio
@@ -79,6 +83,7 @@ class GenerationResult:
         self._aborted = False
         self._steps_since_abort = 0
         self._request_error: str | None = None  # knob: the next step fails this request only
+        self._context_logits = None
 
     # -- the real public surface -------------------------------------------------------
     @property
@@ -92,6 +97,10 @@ class GenerationResult:
     @property
     def outputs(self) -> list[CompletionOutput]:
         return self._outputs[: self.sampling_params.n]
+
+    @property
+    def context_logits(self):
+        return self._context_logits
 
     @property
     def finished(self) -> bool:
@@ -137,6 +146,8 @@ class GenerationResult:
             # Not marked done, as in the real `_handle_response` (see the module docstring).
             raise RequestError(self._request_error)
 
+        if self.sampling_params.return_context_logits and self._context_logits is None:
+            self._context_logits = self._llm.context_logits_for(self._prompt_token_ids)
         out = self._outputs[0]
         out._last_token_ids_len = len(out.token_ids)
         out._last_logprobs_len = len(out.logprobs)

@@ -18,8 +18,11 @@ What each piece mirrors (function in the real llm.py unless said otherwise):
 - `_check_arguments`, TensorRT backend: prompt + max_tokens > the engine's max_seq_len ->
   ValueError, but ONLY without chunked prefill (`not self.args.enable_chunked_prefill`); with
   it the check is skipped and the adapter's own limit is the only guard. `logprobs` without
-  `gather_generation_logits=True` given to the constructor -> ValueError. PyTorch backend:
-  the max_num_tokens check only without chunked prefill.
+  `gather_generation_logits=True` given to the constructor -> ValueError. Context logits
+  (`return_context_logits`) from an engine built without `gather_context_logits` ->
+  ValueError (upstream checks this for `prompt_logprobs`, which auto-enables
+  `return_context_logits`; for the flag alone its error was not read: a stand-in).
+  PyTorch backend: the max_num_tokens check only without chunked prefill.
 - `get_stats_async(timeout)`: `self._executor.aget_stats(timeout=...)`, an `IterationResult`
   of per-iteration stats (`kvCacheStats`: usedNumBlocks, maxNumBlocks, freeNumBlocks,
   tokensPerBlock; numActiveRequests, numQueuedRequests). The PyTorch backend reports them
@@ -139,6 +142,7 @@ class BaseLLM:
         self.max_num_blocks = 64
         self.stats_as_json = False  # items of get_stats_async as JSON strings (older releases)
         self.stats_calls = 0
+        self.vocab_size = 64  # knob: the width of `context_logits_for`'s logits
         self._stats_queue: list[dict] = []
         self._iteration = 0
         self.shutdown_calls = 0
@@ -255,6 +259,17 @@ class BaseLLM:
         )
         self._iteration += 1
 
+    def context_logits_for(self, prompt_ids: list[int]):
+        """knob: the prompt's logits [len(prompt_ids), vocab_size] a request with
+        `return_context_logits` gets: a fixed function of position and token, so a test
+        can compute the expected logprobs itself."""
+        import torch
+
+        pos = torch.arange(len(prompt_ids), dtype=torch.float32)[:, None]
+        vocab = torch.arange(self.vocab_size, dtype=torch.float32)[None, :]
+        ids = torch.tensor(prompt_ids, dtype=torch.float32)[:, None]
+        return torch.sin(pos * 0.7 + vocab * 0.3 + ids * 0.01) * 3.0
+
     def fail_background(self, error: BaseException) -> None:
         """knob: the executor's worker dies: the next step of a running request raises
         `error` after the executor shut itself down (`executor.py::_handle_background_error`)."""
@@ -272,6 +287,7 @@ class _TrtLLM(BaseLLM):
         if "pretrained_config" not in config or "build_config" not in config:
             raise ValueError(f"{model} is not a TensorRT-LLM engine directory")
         self._max_seq_len = int(config["build_config"]["max_seq_len"])
+        self._gathers_context = bool(config["build_config"].get("gather_context_logits"))
 
     @property
     def _on_trt_backend(self) -> bool:
@@ -291,6 +307,8 @@ class _TrtLLM(BaseLLM):
                 "`gather_generation_logits=True` to be passed explicitly to the `LLM()` "
                 "constructor."
             )
+        if sp.return_context_logits and not self._gathers_context:
+            raise ValueError("context logits require an engine built with gather_context_logits")
 
 
 class _TorchLLM(BaseLLM):
