@@ -653,7 +653,7 @@ def service_bench(args) -> None:
     log = open(args.log, "w") if args.log else subprocess.DEVNULL  # noqa: SIM115
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mistral_serving.server"]  # as the image runs it,
+        [sys.executable, "-m", "mistral_serving.server"],
         cwd=app,
         env=env,
         stdout=log,

@@ -135,12 +135,12 @@ def server(args) -> None:
     log_path = Path(args.out) / "server.log"
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "mistral_serving.server",
-            ]  # as the image runs it, cwd=app, env=env, stdout=log, stderr=log
+        proc = subprocess.Popen(  # the launcher, as the image runs it
+            [sys.executable, "-m", "mistral_serving.server"],
+            cwd=app,
+            env=env,
+            stdout=log,
+            stderr=log,
         )
         url = f"http://127.0.0.1:{args.port}"
         try:
