@@ -107,3 +107,30 @@ def test_the_mask_only_allows_what_the_grammar_allows(tok, decoder) -> None:
 def test_a_schema_xgrammar_cannot_use_is_a_request_error(decoder) -> None:
     with pytest.raises(EngineRequestError, match="response_format"):
         decoder.matcher(GuidedDecoding("json_schema", "{not json"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("schema", SCHEMAS)
+def test_the_mask_equals_xgrammars_own_kernel(tok, schema, dtype) -> None:
+    """Our bit unpacking (numpy in place for float32, a device mask otherwise) blocks
+    exactly the tokens xgrammar's kernel blocks, at every step of a walk through the
+    grammar, with a model vocabulary padded beyond the tokenizer's."""
+    import xgrammar as xgr
+
+    padded = GuidedDecoder(tok, len(tok.table.token_bytes) + 17)
+    guided = GuidedDecoding("json_schema", json.dumps(schema))
+    ours, reference = padded.matcher(guided), padded.matcher(guided)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        logits = torch.randn(padded.vocab_size, generator=gen).to(dtype)
+        expected = logits.float().view(1, -1)
+        reference._matcher.fill_next_token_bitmask(reference._bitmask)
+        xgr.apply_token_bitmask_inplace(expected, reference._bitmask, vocab_size=padded.vocab_size)
+        ours.mask(logits)
+        assert torch.equal(logits.float(), expected[0])
+        assert torch.isinf(logits[len(tok.table.token_bytes) :]).all()  # padding: never
+        token = int(logits.float().argmax())
+        if token == tok.eos_id:
+            break
+        ours.accept(token)
+        reference.accept(token)

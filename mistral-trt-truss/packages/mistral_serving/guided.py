@@ -6,12 +6,19 @@ each request gets a `GuidedMatcher` that, before every sampling step, masks the 
 of every token the grammar does not allow next, and accepts the token that was chosen.
 Once the grammar is complete only EOS is allowed, so the output always parses. The
 TensorRT-LLM engine does the same inside the runtime (`GuidedDecodingParams`).
+
+Cost (measured by `tests/bench/guided_bench.py`): compiling a schema takes milliseconds
+once, then xgrammar's cache answers; per token, filling the bitmask takes ~1-4 us and
+applying it ~10-20 us on a 32000-token row (CPU). The mask is applied with numpy rather than
+xgrammar's CPU kernel, which takes ~110 us when only a few tokens are allowed (most
+steps of a schema), and on an accelerator without copying the logits to the host.
 """
 
 from __future__ import annotations
 
 import threading
 
+import numpy as np
 import torch
 
 from mistral_serving.engines.base import EngineRequestError, GuidedDecoding
@@ -67,13 +74,20 @@ class GuidedMatcher:
     def mask(self, logits: torch.Tensor) -> None:
         """Set the logits of disallowed tokens to -inf, in place (one row, any device)."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
-        row = logits.view(1, -1)
+        row = logits.view(-1)
+        n = min(row.numel(), self._vocab_size)
+        # Token i is bit i % 32 of word i // 32: the words' little-endian bytes (no copy
+        # on a little-endian host), bits least significant first, are one bool per token.
+        words = self._bitmask.numpy().astype("<i4", copy=False).view(np.uint8)
+        allowed = np.unpackbits(words, count=n, bitorder="little").view(np.bool_)
         if row.device.type == "cpu" and row.dtype == torch.float32:
-            self._xgr.apply_token_bitmask_inplace(row, self._bitmask, vocab_size=self._vocab_size)
+            # Through numpy's memory view: no copy, and legal on inference tensors.
+            np.copyto(row.detach().numpy()[:n], -np.inf, where=~allowed)
             return
-        work = row.float().cpu()
-        self._xgr.apply_token_bitmask_inplace(work, self._bitmask, vocab_size=self._vocab_size)
-        row.copy_(work.to(row.device, row.dtype))
+        # Elsewhere (a GPU, or another dtype): 1 byte per token goes to the device, the
+        # logits stay there (no host round trip of the row).
+        blocked = torch.from_numpy(~allowed).to(row.device)
+        row[:n].masked_fill_(blocked, float("-inf"))
 
     def accept(self, token_id: int) -> None:
         if not self._matcher.is_terminated() and not self._matcher.accept_token(token_id):
