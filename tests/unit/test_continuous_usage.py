@@ -17,7 +17,7 @@ from mistral_serving.protocols.openai import OpenAIFormat
 from mistral_serving.service import Chunk
 from mistral_serving.telemetry import RequestRecord
 
-CTX = ParseContext(default_max_tokens=64, max_seq_len=128)
+CTX = ParseContext(default_max_tokens=64)
 PARTS = ["Hel", "lo", " wor", "ld"]
 PROMPT_TOKENS = 5
 

@@ -258,7 +258,7 @@ def tok(dev_model: Path) -> Tokenizer:
 
 
 LIMITS = EngineLimits(max_input_len=48, max_seq_len=96, max_batch_size=4)
-CTX = ParseContext(default_max_tokens=2048, max_seq_len=LIMITS.max_seq_len)
+CTX = ParseContext(default_max_tokens=2048)
 
 
 def comp_fmt(tok: Tokenizer) -> OpenAIFormat:

@@ -29,7 +29,7 @@ from mistral_serving.tokenizer import Tokenizer, load_tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 LIMITS = EngineLimits(max_input_len=48, max_seq_len=96, max_batch_size=4)
-CTX = ParseContext(default_max_tokens=2048, max_seq_len=LIMITS.max_seq_len)
+CTX = ParseContext(default_max_tokens=2048)
 MODEL = "mistral-7b-instruct"
 USER = [{"role": "user", "content": "Hi there"}]
 

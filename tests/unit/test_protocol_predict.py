@@ -20,7 +20,7 @@ from mistral_serving.protocols.predict import ALIASES, PredictCall, PredictForma
 from mistral_serving.service import Chunk
 from mistral_serving.telemetry import RequestRecord
 
-CTX = ParseContext(default_max_tokens=2048, max_seq_len=4096)
+CTX = ParseContext(default_max_tokens=2048)
 FMT = PredictFormat()
 
 JSON = st.recursive(

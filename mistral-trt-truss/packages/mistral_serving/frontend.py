@@ -153,7 +153,7 @@ class Frontend:
             body = await _read_json(request)
             call = fmt.parse(
                 body,
-                ParseContext(self.settings.default_max_tokens, service.engine.limits.max_seq_len),
+                ParseContext(self.settings.default_max_tokens),
             )
             ticket = await self._admit(request)
             service.telemetry.admitted(record)

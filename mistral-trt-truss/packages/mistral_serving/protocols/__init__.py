@@ -19,7 +19,6 @@ class ParseContext:
     """What parsing may depend on besides the body."""
 
     default_max_tokens: int  # when the body names none (OpenAI chat)
-    max_seq_len: int  # the engine's sequence limit
 
 
 class Call(Protocol):
