@@ -535,6 +535,35 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     }
 
 
+def closed_loop_level(
+    url: str,
+    concurrency: int,
+    input_len: int,
+    output_len: int,
+    per_worker: int,
+    transport: str = "raw",
+    client_procs: int = 1,
+) -> dict[str, Any]:
+    """One closed-loop level as the GPU and replay benchmarks run it: streamed
+    /v1/completions with exact-length token-id prompts, greedy, `per_worker` requests per
+    worker; `run_bench`'s results (one run)."""
+    cfg = BenchConfig(
+        url=url,
+        backend="openai",
+        prompt_ids=True,
+        num_prompts=concurrency * per_worker,
+        input_len=input_len,
+        output_len=output_len,
+        concurrency=[concurrency],
+        warmup=0,
+        transport=transport,
+        client_procs=client_procs if transport == "raw" else 1,
+        progress=False,
+        report=False,
+    )
+    return asyncio.run(run_bench(cfg))
+
+
 def default_out_dir(root: Path = DEFAULT_OUT_ROOT) -> Path:
     """bench/<UTC time>: every run keeps its results (bench/ is ignored by git)."""
     return root / time.strftime("%Y%m%d-%H%M%S", time.gmtime())

@@ -2,19 +2,28 @@
 
 It renders the Truss's Docker build context with truss's own code, lays it out the way
 the Dockerfile does (`server/*`, `model/` and `config.yaml` in one app folder, `packages/`
-on the Python path) and runs the server's `main.py` in the foreground. The end-to-end
-tests start the server through the same functions.
+on the Python path) and runs it through `python -m mistral_serving.server` (Truss's own
+server with our additions) in the foreground, as the image does. The end-to-end tests,
+`verify-gpu` and the benchmark scripts start the server through the same functions
+(`LocalServer`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+from urllib.parse import urlparse
 
 from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR, TRUSS_DIR
 
@@ -85,6 +94,102 @@ def launch_server(
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(
+    url: str, process: subprocess.Popen, timeout: float = 300.0, log_path: Path | None = None
+) -> float:
+    """Seconds until `GET /v1/models/model` answers 200; RuntimeError (with the log's tail)
+    if the server exits first or is not ready in `timeout` seconds."""
+    import requests
+
+    def tail() -> str:
+        return log_path.read_text(errors="replace")[-4000:] if log_path is not None else ""
+
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode} while loading:\n{tail()}")
+        try:
+            if requests.get(url + "/v1/models/model", timeout=2).status_code == 200:
+                return time.monotonic() - started
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"server not ready in {timeout:.0f}s:\n{tail()}")
+
+
+@dataclass
+class LocalServer:
+    """A real Truss server run as a child process on a free loopback port."""
+
+    url: str
+    port: int
+    process: subprocess.Popen
+    log_path: Path
+
+    @classmethod
+    def start(
+        cls,
+        context_dir: Path,
+        settings: dict[str, str],
+        extra_env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        wait: bool = True,
+        timeout: float = 300.0,
+    ) -> LocalServer:
+        """Launch (`prepare_app_dir(context_dir)` must have run) and, with `wait`, wait
+        until ready."""
+        port = free_port()
+        log_path = log_path or Path(tempfile.mkstemp(prefix="server-", suffix=".log")[1])
+        process = launch_server(context_dir, port, settings, log_path.open("w"), extra_env)
+        server = cls(f"http://127.0.0.1:{port}", port, process, log_path)
+        if wait:
+            try:
+                wait_ready(server.url, process, timeout, log_path)
+            except BaseException:
+                server.kill()
+                raise
+        return server
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 120) -> int:
+        """Signal the server and wait for it to exit (killed past `timeout`)."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.process.wait()
+
+    def kill(self) -> None:
+        """The server and everything it started (its process group)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def raw_post(url: str, path: str, body: dict[str, Any]) -> socket.socket:
+    """A POST on a bare socket, left unread: the caller decides when the client goes away,
+    without waiting for response headers (a queued request gets none)."""
+    host = urlparse(url)
+    data = json.dumps(body).encode()
+    sock = socket.create_connection((host.hostname, host.port))
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return sock
 
 
 def serve(args: argparse.Namespace) -> int:

@@ -38,8 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
-from urllib.parse import urlparse
 
+from mistral_build.local_server import LocalServer, raw_post, wait_ready
 from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR
 
 Kind = Literal["tensorrt_llm", "trtllm_pytorch", "pytorch"]
@@ -217,20 +217,6 @@ def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.1)
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
-
-
-def raw_post(url: str, path: str, body: dict[str, Any]) -> socket.socket:
-    """A POST on a bare socket, left unread: the caller decides when the client goes away,
-    without waiting for response headers (a queued request gets none)."""
-    host = urlparse(url)
-    data = json.dumps(body).encode()
-    sock = socket.create_connection((host.hostname, host.port))
-    sock.sendall(
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n".encode()
-        + data
-    )
-    return sock
 
 
 # ---------------------------------------------------------------------------------------
@@ -695,41 +681,6 @@ def server_settings(kind: Kind, artifact: str, overrides: dict[str, str]) -> dic
 # Server
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def log_tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def wait_ready(url: str, process: subprocess.Popen, timeout: float) -> float:
-    """Seconds until GET /v1/models/model answers 200; raises if the server exits first."""
-    requests = _requests()
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if process.poll() is not None:
-            raise RuntimeError(f"the server exited with {process.returncode} while loading")
-        try:
-            if requests.get(url + "/v1/models/model", timeout=2).status_code == 200:
-                return time.monotonic() - started
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"not ready after {timeout:.0f} s")
-
-
-def stop_server(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-
-
 def context_dir(out: Path) -> Path:
     """The Truss build context rendered by truss's own code, laid out as the image does."""
     from mistral_build.local_server import prepare_app_dir, render_build_context
@@ -775,15 +726,11 @@ def verify_kind(kind: Kind, opts: VerifyOptions, context: Callable[[], Path]) ->
         report.checks.append(CheckResult("build", True, "engine built", report.build["seconds"]))
 
     settings = server_settings(kind, artifact, opts.overrides)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     log_path = opts.out / f"server-{kind}.log"
+    server = LocalServer.start(context(), settings, log_path=log_path, wait=False)
+    url, process = server.url, server.process
     report.server = {"url": url, "settings": settings, "log": str(log_path)}
-    from mistral_build.local_server import launch_server
-
     print(f"[{kind}] starting the Truss server on {url} (log: {log_path})", flush=True)
-    with log_path.open("w") as log:
-        process = launch_server(context(), port, settings, log)
     try:
         load = run_check("server_ready", lambda: _ready(url, process, opts.ready_timeout, log_path))
         report.checks.append(load)
@@ -806,15 +753,15 @@ def verify_kind(kind: Kind, opts: VerifyOptions, context: Callable[[], Path]) ->
             run_check("drain_on_sigterm", lambda: check_drain_on_sigterm(ctx, process, grace))
         )
     finally:
-        stop_server(process)
+        server.kill()
     return report
 
 
 def _ready(url: str, process: subprocess.Popen, timeout: float, log_path: Path) -> str:
     try:
-        return f"ready in {wait_ready(url, process, timeout):.1f} s"
+        return f"ready in {wait_ready(url, process, timeout, log_path):.1f} s"
     except RuntimeError as exc:
-        raise CheckFailed(f"{exc}; last log lines:\n{log_tail(log_path)}") from None
+        raise CheckFailed(str(exc)) from None
 
 
 def _bench(ctx: Context, prompts: int, report: KindReport) -> str:

@@ -14,9 +14,6 @@ average to fall below half the CPUs; a run on a busy machine is flagged with a W
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,20 +28,14 @@ from client.hostinfo import cpu_count, load_average  # noqa: E402
 from client.plots import plot_runs  # noqa: E402
 from mistral_build.dev_model import build_dev_model  # noqa: E402
 from mistral_build.local_server import (  # noqa: E402
+    LocalServer,
     dev_settings,
-    launch_server,
     prepare_app_dir,
     render_build_context,
 )
 
 REQUESTS, INPUT_LEN, OUTPUT_LEN = 16, 64, 128
 SETTLE_S = 90  # the longest wait for the load average to fall before a run
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def settle() -> None:
@@ -99,21 +90,27 @@ def main() -> int:
     out = REPO / default_out_dir()
     with tempfile.TemporaryDirectory() as tmp:
         context = prepare_app_dir(render_build_context(Path(tmp) / "context")).parent
-        port = free_port()
-        server = launch_server(context, port, dev_settings(build_dev_model()), subprocess.DEVNULL)
+        server = LocalServer.start(context, dev_settings(build_dev_model()), wait=False)
         try:
-            url = f"http://127.0.0.1:{port}"
+            url = server.url
             runs = {
                 "16 concurrent": bench(
-                    url, out / "concurrent", "16 concurrent", server.pid, ["--concurrency", "16"]
+                    url,
+                    out / "concurrent",
+                    "16 concurrent",
+                    server.process.pid,
+                    ["--concurrency", "16"],
                 ),
                 "16 sequential": bench(
-                    url, out / "sequential", "16 sequential", server.pid, ["--one-at-a-time"]
+                    url,
+                    out / "sequential",
+                    "16 sequential",
+                    server.process.pid,
+                    ["--one-at-a-time"],
                 ),
             }
         finally:
-            os.killpg(server.pid, signal.SIGTERM)
-            server.wait(60)
+            server.stop(timeout=60)
     compare = plot_runs(list(runs.values()), out / "compare.png")
     print(f"\n{REQUESTS} requests, {INPUT_LEN} tokens in / {OUTPUT_LEN} out, dev model on CPU")
     print(

@@ -12,12 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,12 +22,12 @@ sys.path[:0] = [str(REPO / "mistral-trt-truss" / "packages"), str(REPO)]
 
 from mistral_build.dev_model import build_dev_model  # noqa: E402
 from mistral_build.local_server import (  # noqa: E402
+    LocalServer,
     dev_settings,
-    launch_server,
     prepare_app_dir,
     render_build_context,
 )
-from tests.bench.concurrency import free_port, settle  # noqa: E402
+from tests.bench.concurrency import settle  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -54,31 +51,13 @@ def group_cpu_seconds(pgid: int) -> dict[str, float]:
     return out
 
 
-def wait_ready(url: str, server: subprocess.Popen, timeout: float = 300) -> None:
-    """Until the server answers ready (so its load is not counted in the CPU figures)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"server exited with {server.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/v1/models/model", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.25)
-    raise SystemExit(f"server not ready in {timeout:.0f}s")
-
-
 def measure(context: Path, setting: str, args: argparse.Namespace, out: Path) -> dict:
-    port = free_port()
     settings = dev_settings(build_dev_model()) | {"engine_process": setting}
-    log = (out / f"server-{setting}.log").open("w")
-    server = launch_server(context, port, settings, log)
+    # Ready before measuring, so the server's load is not counted in the CPU figures.
+    server = LocalServer.start(context, settings, log_path=out / f"server-{setting}.log")
     try:
-        wait_ready(f"http://127.0.0.1:{port}", server)
         settle()
-        before = group_cpu_seconds(server.pid)
+        before = group_cpu_seconds(server.process.pid)
         subprocess.run(
             [
                 sys.executable,
@@ -86,7 +65,7 @@ def measure(context: Path, setting: str, args: argparse.Namespace, out: Path) ->
                 "client",
                 "bench",
                 "--url",
-                f"http://127.0.0.1:{port}",
+                server.url,
                 "--label",
                 f"engine_process={setting}",
                 "--num-prompts",
@@ -108,10 +87,9 @@ def measure(context: Path, setting: str, args: argparse.Namespace, out: Path) ->
             check=True,
             cwd=REPO,
         )
-        after = group_cpu_seconds(server.pid)
+        after = group_cpu_seconds(server.process.pid)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(60)
+        server.stop(timeout=60)
     result = json.loads((out / setting / "results.json").read_text())
     metrics = result["runs"][0]["metrics"]
     # Includes the warm-up and the predict route's off-the-clock replay pass.

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
 
 # One benchmark client and one set of metric definitions for every figure.
-from client.bench import BenchConfig, run_bench  # noqa: E402
+from client.bench import BenchConfig, closed_loop_level, run_bench  # noqa: E402
 from client.datasets import token_id_prompts  # noqa: E402
 from client.metrics import RequestTiming, compute_metrics, summary_row  # noqa: E402
 
@@ -71,21 +71,7 @@ def service_level(
 ) -> dict:
     """One concurrency level against the server, through `python -m client bench`'s code:
     streamed /v1/completions with exact-length token-id prompts, greedy."""
-    cfg = BenchConfig(
-        url=url,
-        backend="openai",
-        prompt_ids=True,
-        num_prompts=concurrency * per_worker,
-        input_len=in_len,
-        output_len=out_len,
-        concurrency=[concurrency],
-        warmup=0,
-        transport=transport,
-        client_procs=procs if transport == "raw" else 1,
-        progress=False,
-        report=False,
-    )
-    results = asyncio.run(run_bench(cfg))
+    results = closed_loop_level(url, concurrency, in_len, out_len, per_worker, transport, procs)
     row = level_row("service", concurrency, in_len, out_len, results["runs"][0]["metrics"])
     if results["host"].get("warning"):
         row["host_warning"] = results["host"]["warning"]

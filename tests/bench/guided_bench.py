@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -42,10 +41,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "mistral-trt-truss" / "packages")]
 
+from client.hostinfo import process_cpu_seconds  # noqa: E402
+from client.metrics import percentile  # noqa: E402
 from mistral_build.dev_model import build_dev_model  # noqa: E402
 from mistral_build.local_server import (  # noqa: E402
+    LocalServer,
     dev_settings,
-    launch_server,
     prepare_app_dir,
     render_build_context,
 )
@@ -88,11 +89,8 @@ def load_average() -> str:
 
 
 def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (client.metrics uses the same definition)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+    """client.metrics.percentile, NaN for no values."""
+    return percentile(values, q) if values else float("nan")
 
 
 # ---- 1. the grammar in isolation ----
@@ -307,41 +305,6 @@ def _summary(fmt: str, concurrency: int, timings: list[Timing], wall: float) -> 
     }
 
 
-class Server:
-    def __init__(self, context: Path, **settings: object) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(tempfile.mkstemp(suffix=".log")[1])
-        values = dev_settings() | {k: str(v) for k, v in settings.items()}
-        self.proc = launch_server(context, self.port, values, self.log_path.open("w"))
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.25)
-        raise RuntimeError(f"server did not start:\n{self.log_path.read_text()[-3000:]}")
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process (the engine thread included)."""
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(120)
-            except Exception:
-                self.proc.kill()
-
-
 @dataclass
 class Timing:
     ttft: float
@@ -391,19 +354,21 @@ def chat_stream(url: str, fmt: str, i: int, max_tokens: int) -> Timing:
     return Timing(first - sent, tpot, tokens, "".join(text), finish)
 
 
-def run_point(server: Server, fmt: str, concurrency: int, n: int, max_tokens: int) -> dict:
+def run_point(server: LocalServer, fmt: str, concurrency: int, n: int, max_tokens: int) -> dict:
     def send(i: int) -> Timing:
         return chat_stream(server.url, fmt, i, max_tokens)
 
     with ThreadPoolExecutor(concurrency) as pool:  # warm-up at this batch size
         list(pool.map(send, range(10_000, 10_000 + concurrency)))
-    cpu = server.cpu_seconds()
+    cpu = process_cpu_seconds(server.process.pid) or 0.0
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         timings = list(pool.map(send, range(n)))
     point = _summary(fmt, concurrency, timings, time.perf_counter() - started)
     # CPU time per token: steadier than wall time when other work shares the cores.
-    point["server_cpu_ms_per_token"] = (server.cpu_seconds() - cpu) / point["tokens"] * 1e3
+    point["server_cpu_ms_per_token"] = (
+        ((process_cpu_seconds(server.process.pid) or 0.0) - cpu) / point["tokens"] * 1e3
+    )
     return point
 
 
@@ -415,7 +380,7 @@ def run_server(
     if guided_py is not None:  # an A/B of a change: serve another version of guided.py
         shutil.copyfile(guided_py, context / "packages" / "mistral_serving" / "guided.py")
     prepare_app_dir(context)
-    server = Server(context)
+    server = LocalServer.start(context, dev_settings())
     results = []
     try:
         for concurrency in concurrencies:

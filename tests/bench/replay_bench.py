@@ -15,7 +15,6 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
 import json
 import subprocess
@@ -26,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
 
-from client.bench import BenchConfig, run_bench  # noqa: E402
+from client.bench import closed_loop_level  # noqa: E402
 from client.hostinfo import process_cpu_seconds  # noqa: E402
 from client.metrics import summary_row  # noqa: E402
 
@@ -48,21 +47,7 @@ def load_level(
     transport: str = "raw",
 ) -> dict:
     """One closed-loop level through the benchmark client; its compact figures and host."""
-    cfg = BenchConfig(
-        url=url,
-        backend="openai",
-        prompt_ids=True,
-        num_prompts=concurrency * per_worker,
-        input_len=in_len,
-        output_len=out_len,
-        concurrency=[concurrency],
-        warmup=0,
-        transport=transport,
-        client_procs=procs,
-        progress=False,
-        report=False,
-    )
-    results = asyncio.run(run_bench(cfg))
+    results = closed_loop_level(url, concurrency, in_len, out_len, per_worker, transport, procs)
     row = {"concurrency": concurrency, "input_len": in_len, "output_len": out_len}
     row.update(summary_row(results["runs"][0]["metrics"]), host=results["host"])
     return row
@@ -83,7 +68,12 @@ def top_functions(raw: Path, n: int = 25) -> list[str]:
 
 def main() -> int:
     from mistral_build.dev_model import build_dev_model
-    from mistral_build.local_server import launch_server, prepare_app_dir, render_build_context
+    from mistral_build.local_server import (
+        launch_server,
+        prepare_app_dir,
+        render_build_context,
+        wait_ready,
+    )
     from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -124,17 +114,7 @@ def main() -> int:
     url = f"http://127.0.0.1:{args.port}"
     spy = None
     try:
-        import httpx
-
-        for _ in range(600):
-            try:
-                if httpx.get(url + "/v1/models/model", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None:
-                raise SystemExit(f"server exited; see {log.name}")
-            time.sleep(0.1)
+        wait_ready(url, proc, 60, Path(log.name))
         load_level(url, 8, args.input_len, 8, 1, 1)  # warm-up
         if args.profile:
             raw = Path(args.profile).with_suffix(".raw")

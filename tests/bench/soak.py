@@ -33,10 +33,12 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT), str(ROOT / "mistral-trt-truss" / "packages")]
 
+from client.hostinfo import process_cpu_seconds  # noqa: E402
+from client.metrics import percentile  # noqa: E402
 from mistral_build.dev_model import build_dev_model  # noqa: E402
 from mistral_build.local_server import (  # noqa: E402
+    LocalServer,
     dev_settings,
-    launch_server,
     prepare_app_dir,
     render_build_context,
 )
@@ -46,54 +48,24 @@ from tests.e2e.util import scrape  # noqa: E402
 PREDICT = "/v1/models/model:predict"
 
 
-class Server:
-    def __init__(self, context: Path, **settings: object) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(tempfile.mkstemp(suffix=".log")[1])
-        values = dev_settings() | {k: str(v) for k, v in settings.items()}
-        self.proc = launch_server(context, self.port, values, self.log_path.open("w"))
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.25)
-        raise RuntimeError(f"server did not start:\n{self.log_path.read_text()[-3000:]}")
-
-    def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-        return 0.0
-
-    def gauge(self, name: str) -> float:
-        return scrape(self.url).get((f"mtt:{name}", ()), 0.0)
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                return self.proc.wait(120)
-            except Exception:
-                self.proc.kill()
-        return self.proc.wait()
+def start(context: Path, **settings: object) -> LocalServer:
+    """A dev-model server with these settings, ready."""
+    return LocalServer.start(context, dev_settings() | {k: str(v) for k, v in settings.items()})
 
 
-def pct(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (client.metrics uses the same definition)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+def cpu_seconds(server: LocalServer) -> float:
+    return process_cpu_seconds(server.process.pid) or 0.0
+
+
+def rss_mb(server: LocalServer) -> float:
+    for line in Path(f"/proc/{server.process.pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def gauge(server: LocalServer, name: str) -> float:
+    return scrape(server.url).get((f"mtt:{name}", ()), 0.0)
 
 
 def stream(url: str, n: int, prompt: str = "busy") -> requests.Response:
@@ -106,7 +78,7 @@ def stream(url: str, n: int, prompt: str = "busy") -> requests.Response:
 
 
 def phase_bad_input(context: Path, fuzz: int) -> dict:
-    server = Server(context)
+    server = start(context)
     rng = random.Random(0)
     fivexx = 0
     cases = list(BATTERY)
@@ -130,19 +102,19 @@ def phase_bad_input(context: Path, fuzz: int) -> dict:
 
 
 def phase_disconnects(context: Path, n: int = 100) -> dict:
-    server = Server(context)
+    server = start(context)
     for i in range(n):
         r = stream(server.url, 400, f"disconnect {i}")
         it = r.iter_content(chunk_size=None)
         next(it)
         r.close()
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and server.gauge("num_requests_running") > 0:
+    while time.monotonic() < deadline and gauge(server, "num_requests_running") > 0:
         time.sleep(0.2)
     result = {
         "disconnects": n,
-        "running_after": server.gauge("num_requests_running"),
-        "waiting_after": server.gauge("num_requests_waiting"),
+        "running_after": gauge(server, "num_requests_running"),
+        "waiting_after": gauge(server, "num_requests_waiting"),
     }
     server.stop()
     return result
@@ -150,11 +122,11 @@ def phase_disconnects(context: Path, n: int = 100) -> dict:
 
 def phase_overload(context: Path, seconds: float) -> dict:
     inflight, waiting = 4, 4
-    server = Server(context, max_inflight=inflight, max_waiting=waiting)
+    server = start(context, max_inflight=inflight, max_waiting=waiting)
     reference = requests.post(
         server.url + PREDICT, json={"prompt": "reference", "max_new_tokens": 8}, timeout=120
     ).json()["output"]
-    rss_before = server.rss_mb()
+    rss_before = rss_mb(server)
     # CPU per 429: hold every slot and queue place with long streams, then send refusals.
     holders = [stream(server.url, 100_000) for _ in range(inflight)]
     readers = [h.iter_content(chunk_size=None) for h in holders]  # kept: dropping one closes it
@@ -169,17 +141,17 @@ def phase_overload(context: Path, seconds: float) -> dict:
             + body
         )
         waiters.append(sock)
-    while server.gauge("num_requests_waiting") < waiting:
+    while gauge(server, "num_requests_waiting") < waiting:
         time.sleep(0.1)
     cpu_per_429 = {}
     for size in (10, 100_000, 1_000_000):
         body = json.dumps({"prompt": "x" * size, "max_new_tokens": 4}).encode()
         session = requests.Session()
         n = 200
-        cpu0 = server.cpu_seconds()
+        cpu0 = cpu_seconds(server)
         for _ in range(n):
             assert session.post(server.url + PREDICT, data=body, timeout=60).status_code == 429
-        cpu_per_429[f"{size}_chars"] = round((server.cpu_seconds() - cpu0) / n * 1000, 3)
+        cpu_per_429[f"{size}_chars"] = round((cpu_seconds(server) - cpu0) / n * 1000, 3)
     for h in holders:
         h.close()
     for s in waiters:
@@ -212,12 +184,12 @@ def phase_overload(context: Path, seconds: float) -> dict:
             if r.status_code == 429:
                 time.sleep(0.05)
 
-    cpu0 = server.cpu_seconds()
+    cpu0 = cpu_seconds(server)
     with ThreadPoolExecutor(clients) as pool:
         for _ in range(clients):
             pool.submit(client)
-    cpu = server.cpu_seconds() - cpu0
-    rss_after = server.rss_mb()
+    cpu = cpu_seconds(server) - cpu0
+    rss_after = rss_mb(server)
     server.stop()
     return {
         "limits": {"max_inflight": inflight, "max_waiting": waiting},
@@ -227,8 +199,12 @@ def phase_overload(context: Path, seconds: float) -> dict:
         "wrong_answers": wrong,
         "other_errors": errors,
         "refused_429": len(latencies_429),
-        "429_latency_ms_p50": round(pct(latencies_429, 50) * 1000, 1) if latencies_429 else None,
-        "429_latency_ms_p99": round(pct(latencies_429, 99) * 1000, 1) if latencies_429 else None,
+        "429_latency_ms_p50": round(percentile(latencies_429, 50) * 1000, 1)
+        if latencies_429
+        else None,
+        "429_latency_ms_p99": round(percentile(latencies_429, 99) * 1000, 1)
+        if latencies_429
+        else None,
         "server_cpu_ms_per_429_when_full": cpu_per_429,
         "server_cpu_s_during_overload": round(cpu, 1),
         "rss_mb_before": round(rss_before, 1),
@@ -237,13 +213,13 @@ def phase_overload(context: Path, seconds: float) -> dict:
 
 
 def phase_sigterm(context: Path, grace: float = 10.0, n: int = 64) -> dict:
-    server = Server(context, drain_grace_seconds=grace, max_inflight=n)
+    server = start(context, drain_grace_seconds=grace, max_inflight=n)
     responses = [stream(server.url, 100_000, f"s{i}") for i in range(n)]
     readers = [r.iter_content(chunk_size=None) for r in responses]
     for reader in readers:
         next(reader)
     sent = time.monotonic()
-    server.proc.send_signal(signal.SIGTERM)
+    server.process.send_signal(signal.SIGTERM)
     cut_after: list[float] = []
     completed = 0
 
@@ -261,7 +237,7 @@ def phase_sigterm(context: Path, grace: float = 10.0, n: int = 64) -> dict:
         t.start()
     for t in threads:
         t.join(grace + 120)
-    status = server.proc.wait(120)
+    status = server.process.wait(120)
     return {
         "streams": n,
         "grace_s": grace,
@@ -273,7 +249,7 @@ def phase_sigterm(context: Path, grace: float = 10.0, n: int = 64) -> dict:
 
 
 def phase_poison(context: Path) -> dict:
-    server = Server(context)
+    server = start(context)
     body = {"prompt": "Tell me a story", "max_new_tokens": 64, "streaming": True}
 
     def text() -> bytes:

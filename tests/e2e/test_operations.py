@@ -10,7 +10,8 @@ import time
 import pytest
 import requests
 
-from tests.e2e.util import raw_post, scrape, value, wait_for
+from mistral_build.local_server import raw_post
+from tests.e2e.util import scrape, value, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,9 @@ import uuid
 import pytest
 import requests
 
+from mistral_build.local_server import raw_post
 from mistral_serving.tokenizer import load_tokenizer
-from tests.e2e.util import aborted, raw_post, value, wait_for
+from tests.e2e.util import aborted, value, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -1,13 +1,10 @@
-"""Helpers for the end-to-end tests: read /metrics, wait for server state, send a raw
-request whose connection the test closes itself."""
+"""Helpers for the end-to-end tests: read /metrics and wait for server state (a raw
+request whose connection the test closes itself: `mistral_build.local_server.raw_post`)."""
 
 from __future__ import annotations
 
-import json
-import socket
 import time
 from collections.abc import Callable
-from urllib.parse import urlparse
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,17 +37,3 @@ def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "cond
 def aborted(url: str) -> float:
     """Predict requests that ended with finish_reason abort so far."""
     return value(url, "mtt:request_finished_total", route="predict", finished_reason="abort")
-
-
-def raw_post(url: str, path: str, body: dict) -> socket.socket:
-    """Send a POST on a bare socket and return it unread: the test decides when the
-    client goes away (close the socket) without waiting for response headers."""
-    host = urlparse(url)
-    data = json.dumps(body).encode()
-    sock = socket.create_connection((host.hostname, host.port))
-    sock.sendall(
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(data)}\r\n\r\n".encode()
-        + data
-    )
-    return sock
