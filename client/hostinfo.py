@@ -170,8 +170,10 @@ def busy_warning(info: HostInfo) -> str | None:
         own = 0.0
         if info.benchmark_cpu_s is not None and info.duration_s:
             own = info.benchmark_cpu_s / info.duration_s
+        # Only a rise beyond our own use means competition: a short run's own load has not
+        # yet shown in the 1-minute average, which is no sign of a busy machine.
         rise = info.load_after - info.load_before - own
-        if abs(rise) > limit:
+        if rise > limit:
             reasons.append(
                 f"load average went from {info.load_before:.2f} to {info.load_after:.2f} "
                 f"(the benchmark itself averaged {own:.2f} busy CPUs)"

@@ -37,6 +37,13 @@ def test_load_that_rose_beyond_the_benchmark_itself() -> None:
     assert warning is not None and "from 0.20 to 3.20" in warning
 
 
+def test_a_short_run_whose_own_load_has_not_shown_yet_is_quiet() -> None:
+    # 0.51 -> 0.63 on 2 CPUs while the benchmark kept ~2 CPUs busy for a second or two:
+    # the 1-minute average lags; nothing else competed.
+    quiet = HostInfo(cpus=2, load_before=0.51, load_after=0.63, benchmark_cpu_s=4.3, duration_s=2.2)
+    assert busy_warning(quiet) is None
+
+
 def test_monitor_records_host_versions_and_commit(monkeypatch: pytest.MonkeyPatch) -> None:
     loads = iter([0.25, 0.75])
     monkeypatch.setattr(hostinfo, "load_average", lambda: next(loads))
