@@ -134,3 +134,24 @@ def test_the_mask_equals_xgrammars_own_kernel(tok, schema, dtype) -> None:
             break
         ours.accept(token)
         reference.accept(token)
+
+
+def test_xgrammar_is_loaded_at_the_first_structured_request_not_at_start(dev_model) -> None:
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from mistral_serving.guided import GuidedDecoder\n"
+        "from mistral_serving.tokenizer import load_tokenizer\n"
+        f"decoder = GuidedDecoder(load_tokenizer(Path({str(dev_model)!r})))\n"
+        "assert 'xgrammar' not in sys.modules, 'imported at start-up'\n"
+        "from mistral_serving.engines.base import GuidedDecoding\n"
+        "decoder.matcher(GuidedDecoding('json_object'))\n"
+        "assert 'xgrammar' in sys.modules\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr

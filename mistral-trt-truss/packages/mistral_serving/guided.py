@@ -26,22 +26,33 @@ from mistral_serving.tokenizer import Tokenizer
 
 
 class GuidedDecoder:
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int | None = None) -> None:
-        import xgrammar as xgr
+    """xgrammar (a 1.3 s import) and its compiler are set up at the first structured
+    request, not at start-up: most servers never see one."""
 
-        self._xgr = xgr
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int | None = None) -> None:
+        self._tokenizer = tokenizer
         # The model's vocabulary can be larger than the tokenizer's (padded embeddings):
         # those ids decode to nothing and are never allowed.
-        vocab = [b or b"" for b in tokenizer.table.token_bytes]
-        self.vocab_size = max(vocab_size or len(vocab), len(vocab))
-        info = xgr.TokenizerInfo(
-            vocab,
-            xgr.VocabType.RAW,
-            vocab_size=self.vocab_size,
-            stop_token_ids=sorted({tokenizer.eos_id, *tokenizer.stop_token_ids}),
-        )
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        n = len(tokenizer.table.token_bytes)
+        self.vocab_size = max(vocab_size or n, n)
+        self._compiler = None
         self._lock = threading.Lock()  # compile calls come from request threads
+
+    def _compiler_once(self):
+        """Under the lock: the grammar compiler for this tokenizer."""
+        if self._compiler is None:
+            import xgrammar as xgr
+
+            tok = self._tokenizer
+            info = xgr.TokenizerInfo(
+                [b or b"" for b in tok.table.token_bytes],
+                xgr.VocabType.RAW,
+                vocab_size=self.vocab_size,
+                stop_token_ids=sorted({tok.eos_id, *tok.stop_token_ids}),
+            )
+            self._xgr = xgr
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        return self._compiler
 
     def matcher(self, guided: GuidedDecoding) -> GuidedMatcher:
         """A fresh matcher for one request; a schema xgrammar cannot compile is the
@@ -51,7 +62,7 @@ class GuidedDecoder:
                 # json_object is OpenAI's "any JSON object"; no free whitespace, so a model
                 # cannot stall in a run of spaces.
                 schema = guided.json_schema if guided.kind == "json_schema" else None
-                compiled = self._compiler.compile_json_schema(
+                compiled = self._compiler_once().compile_json_schema(
                     schema or '{"type": "object"}', any_whitespace=False
                 )
             except Exception as exc:  # xgrammar raises RuntimeError/ValueError on bad schemas
