@@ -229,6 +229,20 @@ def test_a_client_that_leaves_while_sending_gets_nothing() -> None:
     assert counted == [("chat_completions", "client_gone")]
 
 
+def test_a_passing_request_id_is_left_to_the_frontend(caplog: pytest.LogCaptureFixture) -> None:
+    # An odd X-Request-Id is refused (and logged) once, by the frontend; the guard, which
+    # does not answer this request, does not look at it.
+    app = FakeApp()
+    middleware, _ = guard(app)
+    scope = scope_for("/v1/models/model:predict")
+    scope["headers"].append((b"x-request-id", b"odd id " * 40))
+    peer = Peer([chunk(b"{}")])
+    with caplog.at_level("WARNING"):
+        asyncio.run(middleware(scope, peer.receive, peer.send))
+    assert app.body == b"{}"
+    assert "X-Request-Id refused" not in caplog.text
+
+
 @pytest.mark.parametrize(
     ("path", "shape"),
     [("/v1/chat/completions", "openai"), ("/v1/models/model:predict", "predict")],

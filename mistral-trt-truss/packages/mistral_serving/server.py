@@ -115,10 +115,9 @@ class BodyGuard:
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
         path = scope["path"]
-        request_id = request_id_from(_header(scope, b"x-request-id"))
         if path in _NOT_SERVED:
             body = error_json(None, 404, f"{path} is not served by this model")
-            return await _answer(send, 404, body, request_id)
+            return await _answer(send, 404, body, scope)
         route = route_of(path)
         if route is None:
             return await self.app(scope, receive, send)
@@ -126,20 +125,20 @@ class BodyGuard:
             status, message, code, headers = refusal
             self.count(route, "rejected")
             body = error_json(route, status, message, code)
-            return await _answer(send, status, body, request_id, headers)
+            return await _answer(send, status, body, scope, headers)
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             self.count(route, "invalid")
-            return await _answer(send, 413, error_json(route, 413, self._too_large()), request_id)
+            return await _answer(send, 413, error_json(route, 413, self._too_large()), scope)
         try:
             body = await asyncio.wait_for(self._read(receive), self.timeout_s)
         except TimeoutError:
             self.count(route, "invalid")
             message = f"request body did not arrive within {self.timeout_s:g}s"
-            return await _answer(send, 408, error_json(route, 408, message), request_id)
+            return await _answer(send, 408, error_json(route, 408, message), scope)
         except _TooLarge:
             self.count(route, "invalid")
-            return await _answer(send, 413, error_json(route, 413, self._too_large()), request_id)
+            return await _answer(send, 413, error_json(route, 413, self._too_large()), scope)
         except _Gone:
             self.count(route, "client_gone")
             return None
@@ -194,8 +193,11 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _answer(
-    send: Send, status: int, body: bytes, request_id: str, headers: dict[str, str] | None = None
+    send: Send, status: int, body: bytes, scope: Scope, headers: dict[str, str] | None = None
 ) -> None:
+    """The guard's own answer; the request id is worked out only here (a request that
+    passes through gets it from the frontend)."""
+    request_id = request_id_from(_header(scope, b"x-request-id"))
     extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send(
         {
