@@ -660,6 +660,7 @@ def service_bench(args) -> None:
         for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):  # same warm-up as the engine run
             if c <= args.max_batch_size:
                 service_level(url, c, 128, 4, 1, transport="httpx")
+        gc_at_ready = gc_histogram(url)  # the run's pauses: from here to the end
         shapes = [(128, 128, 2, 20)] + ([(1024, 256, 1, 60)] if args.long else [])
         for in_len, out_len, per_worker, budget in shapes:
             for c in args.concurrency:
@@ -675,8 +676,55 @@ def service_bench(args) -> None:
 
             name = env.get("MTT_SERVED_MODEL_NAME") or Settings().served_model_name
             text_sweep(url, name, f"ours {args.set}", args.text_levels)
+        emit(figure="server_gc", set=args.set, **gc_pauses(gc_at_ready, gc_histogram(url)))
     finally:
         stop(proc)
+
+
+def gc_histogram(url: str) -> dict:
+    """The server's `gc_pause_seconds` histogram from `/metrics`, by generation:
+    {"gen2": {"count": n, "sum": s, "buckets": {le: cumulative count}}}."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict = {}
+    text = requests.get(url + "/metrics", timeout=30).text
+    for family in text_string_to_metric_families(text):
+        if family.name.endswith("gc_pause_seconds"):
+            for sample in family.samples:
+                row = out.setdefault(
+                    "gen" + sample.labels["generation"], {"count": 0, "sum": 0.0, "buckets": {}}
+                )
+                if sample.name.endswith("_count"):
+                    row["count"] = sample.value
+                elif sample.name.endswith("_sum"):
+                    row["sum"] = sample.value
+                elif sample.name.endswith("_bucket"):
+                    row["buckets"][float(sample.labels["le"])] = sample.value
+    return out
+
+
+def gc_pauses(before: dict, after: dict) -> dict:
+    """The pauses between two `gc_histogram` reads: count, total seconds, and an upper
+    bound of the longest (the first bucket holding all of them), by generation."""
+    out = {}
+    for gen, row in after.items():
+        old = before.get(gen, {"count": 0, "sum": 0.0, "buckets": {}})
+        count = int(row["count"] - old["count"])
+        bound = next(
+            (
+                le
+                for le, v in sorted(row["buckets"].items())
+                if v - old["buckets"].get(le, 0) >= count
+            ),
+            None,
+        )
+        out[gen] = {
+            "count": count,
+            "sum_s": round(row["sum"] - old["sum"], 4),
+            "max_le_s": bound if count else None,
+        }
+    return out
 
 
 # ---- a peer: transformers serve with continuous batching ----

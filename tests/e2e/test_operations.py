@@ -152,3 +152,10 @@ def test_sigterm_aborts_what_outlasts_the_grace_period(start_server):
     assert '"finish_reason": "abort"' in log
     assert "shutting the engine down" in log  # Engine.shutdown() ran as the server stopped
     assert "Finished server process" in log
+
+
+def test_the_server_runs_on_uvloop_with_the_httptools_parser(server_url):
+    # Truss's own start runs h11 on a stdlib asyncio loop; the launcher's are faster.
+    version = requests.get(server_url + "/version", timeout=30).json()
+    assert version["server"] == {"event_loop": "uvloop", "http_parser": "httptools"}
+    assert version["engine"] and version["details"]

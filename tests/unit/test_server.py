@@ -367,7 +367,8 @@ def test_models_and_health_before_load(monkeypatch: pytest.MonkeyPatch) -> None:
     assert answer.status_code == 503
     assert answer.json()["error"]["type"] == "service_unavailable"
     assert client.get("/health").status_code == 503
-    assert client.get("/version").json() == {"version": __version__, "engine": None}
+    version = client.get("/version").json()
+    assert version == {"version": __version__, "server": version["server"], "engine": None}
     loading = Frontend(Settings(), Metrics(CollectorRegistry()))
     monkeypatch.setattr(frontend_module, "_current", loading)
     assert client.get("/v1/models").status_code == 503
@@ -379,8 +380,11 @@ def test_health_and_version(registered: Frontend) -> None:
     add_routes(app)
     client = TestClient(app)
     assert client.get("/health").status_code == 200
-    assert client.get("/version").json() == {
+    version = client.get("/version").json()
+    assert version["server"]["event_loop"] in ("asyncio", "uvloop")  # TestClient: anyio's
+    assert version == {
         "version": __version__,
+        "server": version["server"],
         "engine": "scripted",
         "details": registered.service.engine.info.details,
     }

@@ -117,6 +117,9 @@ def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"max_seq_len": 1}, {}, "max_seq_len"),
         ({}, {"MTT_MAX_INPUT_LEN": "0"}, "max_input_len"),
         ({}, {"MTT_MAX_BATCH_SIZE": ""}, "max_batch_size"),  # "" -> None: not an int
+        ({"artifact": "~no-such-user-here/model"}, {}, "artifact"),  # no home to expand
+        ({}, {"MTT_CACHE_DIR": "~no-such-user-here"}, "cache_dir"),
+        ({}, {"MTT_HTTP_PARSER": "http2"}, "http_parser"),
     ],
 )
 def test_invalid_values_name_the_field(meta: dict, env: dict, field: str) -> None:
@@ -169,3 +172,14 @@ def test_int_settings_roundtrip(value: int, via_env: bool) -> None:
         else:
             s = Settings.load({name: value}, env={})
         assert getattr(s, name) == value
+
+
+@settings(max_examples=200, deadline=None)
+@given(artifact=st.text(max_size=40), cache_dir=st.text(max_size=40))
+def test_any_path_setting_loads_or_is_refused_in_one_line(artifact: str, cache_dir: str) -> None:
+    try:
+        s = Settings.load({"artifact": artifact, "cache_dir": cache_dir}, env={})
+    except SettingsError as exc:
+        assert "\n" not in str(exc)
+        return
+    s.cache_path  # noqa: B018 - expands without raising

@@ -28,6 +28,7 @@ from mistral_serving.admission import (
     Draining,
     Overloaded,
 )
+from mistral_serving.collector import freeze_loaded_objects, time_collections
 from mistral_serving.engines.base import EngineError
 from mistral_serving.errors import RequestError
 from mistral_serving.metrics import Metrics, default_metrics
@@ -92,12 +93,14 @@ class Frontend:
     # ---- lifecycle ----
 
     def load(self, hf_token: str | None) -> None:
+        time_collections(self.metrics.gc_pause)
         try:
             service = GenerationService.start(self.settings, hf_token, self.metrics)
         except Exception as exc:
             self.load_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
             raise
         self.attach(service)
+        freeze_loaded_objects()  # later full collections skip the imports and the model
 
     def attach(self, service: GenerationService) -> None:
         """Serve with this (started) service."""

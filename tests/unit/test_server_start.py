@@ -1,0 +1,86 @@
+"""server.serve against Truss's own `TrussServer.start`, in a fresh interpreter with the
+rendered app folder (truss's real `truss_server` module): the same uvicorn settings but
+the HTTP parser, and a real uvloop loop where Truss's `asyncio.run` makes a stdlib one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+DRIVER = r"""
+import asyncio, json, sys, types
+import uvicorn
+import truss_server
+from mistral_serving import server as ours
+
+seen = []
+
+class Config:
+    def __init__(self, app, **kwargs):
+        seen.append({"app": app, **kwargs})
+
+class Server:
+    def __init__(self, config):
+        pass
+
+    async def serve(self):
+        seen[-1]["running_loop"] = type(asyncio.get_running_loop()).__module__
+
+uvicorn.Config, uvicorn.Server = Config, Server
+runtime = json.loads(sys.argv[1])
+fake = types.SimpleNamespace(
+    _config={"runtime": runtime}, _http_port=8123, create_application=lambda: "the app"
+)
+truss_server.TrussServer.start(fake)
+ours.serve(fake, sys.argv[2])
+print(json.dumps(seen, default=repr))
+"""
+
+
+def started(app_context: Path, runtime: dict, parser: str) -> tuple[dict, dict]:
+    app = app_context / "app"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "mistral-trt-truss/packages"), str(app)])
+    out = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(runtime), parser],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    truss, mine = json.loads(out.strip().splitlines()[-1])
+    return truss, mine
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [
+        {},
+        {
+            "enable_debug_logs": True,
+            "transport": {"ping_interval_seconds": 7, "ping_timeout_seconds": 9},
+        },
+    ],
+)
+def test_same_uvicorn_settings_as_truss_but_the_parser_and_a_real_uvloop(
+    app_context: Path, runtime: dict
+) -> None:
+    truss, mine = started(app_context, runtime, "httptools")
+    assert truss.pop("http") == "h11" and mine.pop("http") == "httptools"
+    assert truss.pop("running_loop") == "asyncio.unix_events"  # asked for uvloop, got this
+    assert mine.pop("running_loop") == "uvloop"
+    assert mine == truss  # app, host, port, workers, timeouts, log config, ws settings
+
+
+def test_h11_can_be_chosen(app_context: Path) -> None:
+    _, mine = started(app_context, {}, "h11")
+    assert mine["http"] == "h11"
