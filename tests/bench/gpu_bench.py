@@ -657,6 +657,8 @@ def service_bench(args) -> None:
             engine=args.engine,
             set=args.set,
         )
+        if args.start_only:
+            return
         for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):  # same warm-up as the engine run
             if c <= args.max_batch_size:
                 service_level(url, c, 128, 4, 1, transport="httpx")
@@ -865,6 +867,7 @@ def main() -> int:
         "--peer-flags", default="", help="peer: more `transformers serve` flags, one string"
     )
     ap.add_argument("--disk-test", action="store_true", help="time cold disk reads first")
+    ap.add_argument("--start-only", action="store_true", help="service: time the start, stop")
     ap.add_argument(
         "--drop-page-cache",
         action="store_true",

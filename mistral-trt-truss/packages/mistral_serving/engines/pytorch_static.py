@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from mistral_serving.engines.base import EngineError, EngineLimits
 from mistral_serving.engines.pytorch import LoadedModel, TorchEngine, _Sequence, load_model
 from mistral_serving.engines.sampling import prompt_logprobs
+from mistral_serving.engines.weights import copy_shards, read_header
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -104,9 +105,10 @@ def load_safetensors_direct(
 ) -> torch.nn.Module:
     """The model's modules made without memory (meta device), given uninitialised
     tensors on `device`, and every safetensors tensor copied straight into its parameter
-    (one reader thread per shard). Skips transformers' loader (weight init, key
-    conversion, per-tensor dispatch), which took most of a 7B cold start. Falls back to
-    `from_pretrained`, logging why, for anything it does not recognise."""
+    (`weights.copy_shards`: large sequential reads through pinned buffers). Skips
+    transformers' loader (weight init, key conversion, per-tensor dispatch), which took
+    most of a 7B cold start. Falls back to `from_pretrained`, logging why, for anything
+    it does not recognise."""
     from transformers import AutoModelForCausalLM
 
     try:
@@ -118,7 +120,6 @@ def load_safetensors_direct(
 
 
 def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.device):
-    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     shards = sorted(model_dir.glob("*.safetensors"))
@@ -136,10 +137,13 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
     where: dict[str, Path] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - not a dict
-                where[name] = shard
-                shapes[name] = tuple(f.get_slice(name).get_shape())
+        try:
+            entries = read_header(shard)
+        except (OSError, ValueError) as exc:
+            raise _NotDirect(str(exc)) from None
+        for entry in entries:
+            where[entry.name] = shard
+            shapes[entry.name] = entry.shape
     tied = bool(getattr(config, "tie_word_embeddings", False))
     missing = set(targets) - set(where) - ({"lm_head.weight"} if tied else set())
     unexpected = set(where) - set(targets)
@@ -154,27 +158,15 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
     model.to_empty(device=device)
     targets = model.state_dict()
     model.model.rotary_emb = type(rotary)(model.config).to(device)
-    errors: list[BaseException] = []
-
-    def read(shard: Path) -> None:
-        try:
-            with torch.no_grad(), safe_open(str(shard), framework="pt") as f:
-                for name in f.keys():  # noqa: SIM118 - not a dict
-                    targets[name].copy_(f.get_tensor(name))
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
-            errors.append(exc)
-
-    readers = [threading.Thread(target=read, args=(s,), name="load-shard") for s in shards]
-    for t in readers:
-        t.start()
-    for t in readers:
-        t.join()
-    if errors:
-        raise errors[0]
+    started = time.perf_counter()
+    copy_shards(shards, {name: targets[name] for name in where})
     if tied:
         model.tie_weights()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    size = sum(s.stat().st_size for s in shards) / 1e9
+    log.info("weights: %.2f GB copied in %.1f s (%.2f GB/s)", size, seconds, size / seconds)
     return model
 
 
