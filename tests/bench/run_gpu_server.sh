@@ -5,7 +5,6 @@
 #   -> the real server (defaults: uvloop, httptools, engine in the server's process) started
 #      with the whole page cache dropped (cold start), same sweeps, its GC pauses
 #   -> the same server with http_parser=h11 at 128/128 (the parser's share; SKIP_H11=1: not)
-#   -> PREFETCH_AB="0 1": cold starts (start -> ready only) with those load_prefetch_threads.
 # Prepared as for run_gpu.sh (docs/performance.md: .whl/, .benchcarry/ctx/app, .benchcarry/tok).
 # Usage (device tool): bash tests/bench/run_gpu_server.sh   (results under $OUT)
 set -u -o pipefail
@@ -42,9 +41,4 @@ grep -ah "frozen\|page cache\|hashes verified\|loaded\|KV cache" "$L/server.log"
 [ -n "${SKIP_H11:-}" ] || timeout $(left 100) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} \
   --concurrency ${H11_LEVELS:-256} --set http_parser=h11 --deadline $(( $(at 100) - 5 )) \
   --log "$L/server-h11.log" --out "$R" 2>&1 | tee "$L/service-h11.log"
-for T in ${PREFETCH_AB:-}; do   # cold starts only, with other load_prefetch_threads values
-  timeout $(left 100) $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} --start-only \
-    ${MBS:+--max-batch-size $MBS} --verify "$CACHE" --set load_prefetch_threads=$T \
-    --log "$L/server-prefetch-$T.log" --out "$R" 2>&1 | tee -a "$L/service-ab.log"
-done
 snap; echo "total $(( $(date +%s) - START )) s"
