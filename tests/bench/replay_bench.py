@@ -8,6 +8,7 @@ other cores).
 
     python tests/bench/replay_bench.py [--concurrency 256] [--output-len 256] \
         [--profile docs/replay-profile.txt]   # py-spy: self time per function
+        [--set http_parser=h11] [--context .benchcarry/ctx]  # a setting; no truss package
 
 Prints one JSON line.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import subprocess
 import sys
 import time
@@ -95,11 +97,25 @@ def main() -> int:
         help="load client processes (this machine has 2 cores: keep 1)",
     )
     ap.add_argument("--profile", help="write py-spy's top self-time functions here")
+    ap.add_argument(
+        "--context",
+        type=Path,
+        help="a prepared Truss build context (local_server.prepare_app_dir) to run, for a "
+        "machine without the truss package; the repo's serving code is imported",
+    )
+    ap.add_argument("--set", action="append", default=[], help="more settings: KEY=VALUE")
     args = ap.parse_args()
 
     build_dev_model()
-    context = render_build_context(CACHE_DIR / "replay-bench-context")
-    prepare_app_dir(context)
+    if args.context is not None:
+        context = args.context.resolve()
+        packages = str(ROOT / "mistral-trt-truss/packages")
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (packages, os.environ.get("PYTHONPATH", "")) if p
+        )
+    else:
+        context = render_build_context(CACHE_DIR / "replay-bench-context")
+        prepare_app_dir(context)
     settings = {
         "artifact": str(DEV_MODEL_DIR),
         "engine": "replay",
@@ -108,7 +124,7 @@ def main() -> int:
         "max_waiting": "1024",
         "max_batch_size": str(args.concurrency),
         "replay_step_ms": str(args.step_ms),
-    }
+    } | dict(item.partition("=")[::2] for item in args.set)
     log = open(CACHE_DIR / "replay-bench-server.log", "w")  # noqa: SIM115
     proc = launch_server(context, args.port, settings, log)
     url = f"http://127.0.0.1:{args.port}"
@@ -148,6 +164,7 @@ def main() -> int:
         cpu, wall = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
         row.update(
             kind="service+replay",
+            set=args.set,
             step_ms=args.step_ms,
             server_cpu_s=round(cpu, 2),
             server_cores_busy=round(cpu / wall, 2),

@@ -137,23 +137,3 @@ def test_any_artifact_setting_gives_a_list(artifact: str, revision: str | None) 
     except ValueError:
         return
     assert isinstance(artifact_weight_files(values), list)
-
-
-def test_libraries_first_then_weights_and_no_libraries_for_the_cpu(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    package = tmp_path / "site" / "fakegpu"
-    (package / "lib").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "lib" / "libfake.so.12").write_bytes(b"l" * 10)
-    (package / "lib" / "notes.txt").write_text("not a library")
-    monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    monkeypatch.setattr(prefetch, "LIBRARY_PACKAGES", ("fakegpu", "no_such_package_here"))
-    started: list[list[Path]] = []
-    monkeypatch.setattr(prefetch, "prefetch_files", lambda paths, threads: started.append(paths))
-    root = artifact(tmp_path / "a")
-    prefetch_artifact(Settings(artifact=str(root), device="cuda"))
-    weights = artifact_weight_files(Settings(artifact=str(root)))
-    assert started[-1] == [package / "lib" / "libfake.so.12", *weights]
-    prefetch_artifact(Settings(artifact=str(root), device="cpu"))
-    assert started[-1] == weights

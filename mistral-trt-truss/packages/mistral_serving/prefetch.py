@@ -1,19 +1,18 @@
-"""Read what a cold start needs into the OS page cache, in the background.
+"""Read the artifact's weight files into the OS page cache in the background.
 
-A cold start reads ~14.5 GB of weights, and before the loader asks for the first byte
-the process imports torch and its CUDA libraries, which the dynamic loader pages in by
-page faults: small scattered reads that a busy disk serves slowly. The launcher starts,
-first thing (`prefetch_artifact`), one sequential pass over those libraries and then the
-artifact's weight files, in reads small enough (`CHUNK_BYTES`) that the imports' own
-reads are not queued behind them, so the loader finds the pages in memory. Reads are
-only a hint: any error stops them quietly, and the loader reads (and checks) the files
-itself. No torch here (finding the libraries does not import them).
+Off by default (`load_prefetch_threads: 0`): the static engine's loader already reads
+each shard front to back from several threads at the disk's rate (`engines/weights.py`),
+and on the H200 VM's disk reading ahead while Python, torch and CUDA start up slowed
+their own (cold) reads more than it saved: start -> ready 22.7-24.9 s without, 23.8-31.6 s
+with 1-8 threads (docs/performance.md). Disks that serve many parallel reads much faster
+than one stream may still gain: then the launcher starts the reads first thing
+(`prefetch_artifact`), before Truss and torch are imported. Reads are only a hint: any
+error stops them quietly, and the loader reads (and checks) the files itself. No torch.
 """
 
 from __future__ import annotations
 
 import collections
-import importlib.util
 import logging
 import os
 import re
@@ -25,10 +24,8 @@ from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 8 * 2**20  # 64 MB reads from 8 threads held the imports' reads back ~6 s
+CHUNK_BYTES = 64 * 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".engine")  # checkpoint shards, TensorRT-LLM engines
-# Packages whose shared libraries a GPU engine loads at start.
-LIBRARY_PACKAGES = ("torch", "nvidia", "tensorrt_llm", "tensorrt_libs")
 
 _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _lock = threading.Lock()
@@ -91,34 +88,14 @@ def artifact_weight_files(settings: Settings) -> list[Path]:
     return [directory / name for name in files if name.endswith(WEIGHT_SUFFIXES)]
 
 
-def library_files() -> list[Path]:
-    """The shared libraries (`*.so*`) shipped inside the `LIBRARY_PACKAGES` installed."""
-    files: list[Path] = []
-    for name in LIBRARY_PACKAGES:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        for root in (spec.submodule_search_locations or []) if spec else []:
-            files.extend(sorted(p for p in Path(root).rglob("*.so*") if p.is_file()))
-    return files
-
-
 def prefetch_artifact(settings: Settings) -> None:
-    """Start reading, with `load_prefetch_threads` threads, the GPU libraries (unless the
-    device is the CPU) and then the artifact's weight files."""
+    """Start reading the artifact's weights with `load_prefetch_threads` threads."""
     if settings.load_prefetch_threads < 1:
         return
-    libraries = library_files() if settings.device != "cpu" else []
-    weights = artifact_weight_files(settings)
-    if prefetch_files(libraries + weights, settings.load_prefetch_threads):
-        size = sum(p.stat().st_size for p in libraries + weights if p.exists()) / 1e9
-        log.info(
-            "reading %d libraries and %d weight files (%.1f GB) into the page cache",
-            len(libraries),
-            len(weights),
-            size,
-        )
+    files = artifact_weight_files(settings)
+    if prefetch_files(files, settings.load_prefetch_threads):
+        size = sum(p.stat().st_size for p in files if p.exists()) / 1e9
+        log.info("reading %d weight files (%.1f GB) into the page cache", len(files), size)
 
 
 def _local_directory(settings: Settings) -> Path | None:

@@ -66,11 +66,11 @@ class Settings(BaseModel):
         "without sliding window or biases), else dynamic, logging why.",
     )
     load_prefetch_threads: int = Field(
-        8,
+        0,
         ge=0,
         description="Threads that read the artifact's weight files into the page cache "
-        "from the server's first moment, while Python and torch start (cold-start time); "
-        "0: off.",
+        "from the server's first moment, while Python and torch start; 0: off (the loader "
+        "streams the files itself; on the H200 VM's disk reading ahead slowed the start).",
     )
     gil_switch_interval_ms: float = Field(
         0.5,
