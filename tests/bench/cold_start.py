@@ -1,9 +1,9 @@
 """Where a cold start's seconds go: a fresh interpreter loads the PyTorch engine the way
 the server's engine does (factory defaults), timing each phase from process start.
 
-    python tests/bench/cold_start.py ARTIFACT --evict all|artifact [--out results.jsonl]
+    python tests/bench/cold_start.py ARTIFACT --evict all|artifact|none [--out results.jsonl]
 
---evict all: `sync; echo 3 > /proc/sys/vm/drop_caches` first (root only: nothing is
+--evict none: nothing evicted (what is cached stays). --evict all: `sync; echo 3 > /proc/sys/vm/drop_caches` first (root only: nothing is
 cached, the Python packages and CUDA libraries included). --evict artifact: only the
 artifact's pages leave the page cache (posix_fadvise DONTNEED), as on a node that has
 run the image before. Prints one JSON line.
@@ -43,6 +43,16 @@ def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int) -> No
         marks[name] = round(time.time() - t0, 2)
 
     mark("interpreter")
+    import logging
+
+    # The engine's own log lines, stamped with seconds since the process started.
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    stamp = logging.Formatter.format
+
+    def stamped(self, record):  # noqa: ANN001, ANN202
+        return f"[{time.time() - t0:6.2f} s] " + stamp(self, record)
+
+    logging.Formatter.format = stamped
     import torch
 
     mark("import torch")
@@ -77,7 +87,7 @@ def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int) -> No
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("artifact")
-    ap.add_argument("--evict", choices=["all", "artifact"], default="artifact")
+    ap.add_argument("--evict", choices=["all", "artifact", "none"], default="artifact")
     ap.add_argument("--max-batch-size", type=int, default=256)
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--out")
@@ -86,7 +96,8 @@ def main() -> int:
     if args.child is not None:
         child(args.artifact, args.child, args.max_batch_size, args.max_seq_len)
         return 0
-    evict(Path(args.artifact), args.evict)
+    if args.evict != "none":
+        evict(Path(args.artifact), args.evict)
     t0 = time.time()
     out = subprocess.run(
         [
@@ -106,6 +117,7 @@ def main() -> int:
     )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     row = json.loads(lines[-1]) if lines else {"error": out.stderr[-1500:]}
+    row["log"] = [line for line in out.stderr.splitlines() if line.startswith("[")][-12:]
     row = {"figure": "cold_start_phases", "evicted": args.evict, **row}
     print(json.dumps(row), flush=True)
     if args.out:

@@ -405,7 +405,7 @@ def engine_bench(args) -> None:
         sweep(engine, "default, GIL switch 5 ms", [1, 256], 128, 128, 1, 20)
         sys.setswitchinterval(interval)
     if not args.skip_variants:
-        article_way(model, args)
+        article_way(hf_copy(model), args)
     if args.correctness:
         correctness_check(engine, model, args)
     if args.long:
@@ -423,7 +423,7 @@ def engine_bench(args) -> None:
         release(eager)
         del eager
     if time_left() > 60:
-        dynamic = TorchEngine(model, 2, limits, 8192)
+        dynamic = TorchEngine(hf_copy(model), 2, limits, 8192)
         sweep(dynamic, "dynamic (before)", [1, 64, 256][: 1 if args.quick else 3], 128, 128, 1, 40)
         release(dynamic)
         del dynamic
@@ -447,20 +447,23 @@ def greedy_sequences(engine, prompts: list[list[int]], out_len: int) -> list[lis
     return asyncio.run(every())
 
 
-def fp32_copy(model):
-    """The same weights in float32 on the same device (bf16 -> fp32 is exact)."""
+def hf_copy(model, dtype=None):
+    """The engine's weights in transformers' own model class (the static engine's modules
+    have no forward pass of their own), on the same device, in `dtype` (default: the
+    weights' own; bf16 -> fp32 is exact)."""
     import copy
 
     import torch
     from transformers import AutoModelForCausalLM
 
     config = copy.deepcopy(model.config)
+    dtype = dtype or next(model.parameters()).dtype
     with torch.device("meta"):
-        ref = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        ref = AutoModelForCausalLM.from_config(config, dtype=dtype)
     device = next(model.parameters()).device
     ref.to_empty(device=device)
     ref.load_state_dict(model.state_dict())
-    ref.model.rotary_emb = type(model.model.rotary_emb)(ref.config).to(device)
+    ref.model.rotary_emb = type(ref.model.rotary_emb)(ref.config).to(device)
     return ref.eval()
 
 
@@ -499,8 +502,10 @@ def correctness_check(engine, model, args) -> None:
     engine_name = type(engine).__name__
     # The engine stays (idle): bf16 weights + KV cache + an fp32 copy fit on an H200.
     seqs = [p + o[:-1] for p, o in zip(prompts, outs) if o]  # the last token is not fed back
-    bf16 = teacher_forced_logits(model, seqs)
-    ref_model = fp32_copy(model)
+    hf_model = hf_copy(model)
+    bf16 = teacher_forced_logits(hf_model, seqs)
+    del hf_model
+    ref_model = hf_copy(model, torch.float32)
     ref = teacher_forced_logits(ref_model, seqs)
     del ref_model
     gc.collect()

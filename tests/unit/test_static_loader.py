@@ -1,10 +1,17 @@
-"""The static engine's direct safetensors loader: the same model as transformers'
-`from_pretrained`, and a logged fallback to it for checkpoints it does not recognise."""
+"""The static engine's direct safetensors loader: transformers' parameters (names, values)
+and rotary tables in our own modules (engines/llama.py, which the static engine's forward
+reads: its tokens equal HF generate's in test_pytorch_static_engine.py), without importing
+transformers' modeling code; a logged fallback to `from_pretrained` for checkpoints it does
+not recognise."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +19,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from mistral_serving.engines import llama
 from mistral_serving.engines.pytorch_static import load_safetensors_direct
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def reference(model_dir: Path):
@@ -26,16 +35,85 @@ def load(model_dir: Path, dtype=torch.float32):
     return load_safetensors_direct(model_dir, config, dtype, CPU).eval()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_the_direct_loader_builds_the_same_model(dev_model, seed):
+def test_the_direct_loader_holds_transformers_parameters(dev_model):
     ours, ref = load(dev_model), reference(dev_model)
+    assert isinstance(ours, llama.CausalLM)
     assert list(ours.state_dict()) == list(ref.state_dict())
     for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values()):
-        assert torch.equal(a, b), name
+        assert a.dtype == b.dtype and torch.equal(a, b), name
     assert torch.equal(ours.model.rotary_emb.inv_freq, ref.model.rotary_emb.inv_freq)
-    ids = torch.randint(100, 31000, (2, 9), generator=torch.Generator().manual_seed(seed))
+    assert ours.model.rotary_emb.attention_scaling == ref.model.rotary_emb.attention_scaling
+    assert ours.get_input_embeddings().num_embeddings == ref.config.vocab_size
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_its_modules_compute_what_transformers_modules_do(dev_model, seed):
+    ours, ref = load(dev_model), reference(dev_model)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 5, ref.config.hidden_size, generator=g)
+    a, b = ours.model.layers[0], ref.model.layers[0]
     with torch.no_grad():
-        assert torch.equal(ours(ids).logits, ref(ids).logits)
+        assert torch.equal(a.input_layernorm(x), b.input_layernorm(x))
+        assert torch.equal(ours.model.norm(x.bfloat16()), ref.model.norm(x.bfloat16()))
+        assert torch.equal(a.mlp.act_fn(x), b.mlp.act_fn(x))
+        ids = torch.randint(0, ref.config.vocab_size, (2, 7), generator=g)
+        assert torch.equal(ours.model.embed_tokens(ids), ref.model.embed_tokens(ids))
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+)
+def test_scaled_rotary_tables_are_transformers_own(dev_model, tmp_path, rope):
+    model = tmp_path / "rope"
+    shutil.copytree(dev_model, model)
+    config = json.loads((model / "config.json").read_text())
+    config["rope_scaling"] = rope
+    config.pop("rope_parameters", None)
+    (model / "config.json").write_text(json.dumps(config))
+    ours, ref = load(model), reference(model)
+    assert ours.model.rotary_emb.rope_type == rope["rope_type"]
+    assert torch.equal(ours.model.rotary_emb.inv_freq, ref.model.rotary_emb.inv_freq)
+    assert ours.model.rotary_emb.attention_scaling == ref.model.rotary_emb.attention_scaling
+
+
+def test_loading_does_not_import_transformers_modeling_code(dev_model):
+    # The import chain of transformers' model classes cost ~6 s of a warm start on the H200.
+    script = (
+        "import sys, torch; from pathlib import Path\n"
+        "from transformers import AutoConfig\n"
+        "from mistral_serving.engines.pytorch_static import load_safetensors_direct\n"
+        f"d = Path({str(dev_model)!r})\n"
+        "load_safetensors_direct(d, AutoConfig.from_pretrained(d), torch.float32, torch.device('cpu'))\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('transformers.models.mistral.m', "
+        "'transformers.generation.utils', 'transformers.modeling_utils', 'sklearn'))))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "mistral-trt-truss/packages"))
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_an_activation_it_lacks_falls_back_to_transformers(dev_model, tmp_path, caplog):
+    model = tmp_path / "gelu"
+    shutil.copytree(dev_model, model)
+    config = json.loads((model / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (model / "config.json").write_text(json.dumps(config))
+    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch_static")
+    loaded = load(model)
+    assert "from_pretrained: activation gelu" in caplog.text
+    assert not isinstance(loaded, llama.CausalLM)
 
 
 def test_the_direct_loader_converts_to_the_requested_dtype(dev_model):

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mistral_serving.engines import llama
 from mistral_serving.engines.base import EngineError, EngineLimits
 from mistral_serving.engines.pytorch import LoadedModel, TorchEngine, _Sequence, load_model
 from mistral_serving.engines.sampling import prompt_logprobs
@@ -103,36 +104,32 @@ class _NotDirect(Exception):
 def load_safetensors_direct(
     model_dir: Path, config, dtype: torch.dtype, device: torch.device
 ) -> torch.nn.Module:
-    """The model's modules made without memory (meta device), given uninitialised
-    tensors on `device`, and every safetensors tensor copied straight into its parameter
-    (`weights.copy_shards`: large sequential reads through pinned buffers). Skips
-    transformers' loader (weight init, key conversion, per-tensor dispatch), which took
-    most of a 7B cold start. Falls back to `from_pretrained`, logging why, for anything
-    it does not recognise."""
-    from transformers import AutoModelForCausalLM
-
+    """The decoder's modules (`engines/llama.py`, not transformers' modeling code) made
+    without memory (meta device), given uninitialised tensors on `device`, and every
+    safetensors tensor copied straight into its parameter (`weights.copy_shards`: large
+    sequential reads through pinned buffers). Skips transformers' loader (weight init,
+    key conversion, per-tensor dispatch) and its modeling imports, which took most of a
+    7B start. Falls back to `from_pretrained`, logging why, for anything it does not
+    recognise."""
     try:
         return _load_direct(model_dir, config, dtype, device)
     except _NotDirect as exc:
         log.info("loading with transformers' from_pretrained: %s", exc)
+    from transformers import AutoModelForCausalLM
+
     placement = {"device_map": device} if device.type == "cuda" else {}
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
 
 
 def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.device):
-    from transformers import AutoModelForCausalLM
-
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
         raise _NotDirect("no safetensors files")
+    if why := llama.unsupported(config):
+        raise _NotDirect(why)
+    began = time.perf_counter()
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    inner = getattr(model, "model", None)
-    rotary = getattr(inner, "rotary_emb", None)
-    # Buffers are computed at init, not stored: only the rotary tables are rebuilt here.
-    others = [n for n, _ in model.named_buffers() if not n.startswith("model.rotary_emb.")]
-    if rotary is None or others:
-        raise _NotDirect(f"buffers outside the rotary embedding: {others[:3]}")
+        model = llama.CausalLM(config).to(dtype)
     targets = model.state_dict()  # names -> tensors sharing the parameters' storage
     where: dict[str, Path] = {}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -157,7 +154,7 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
             raise _NotDirect(f"{name}: shape {shape} differs from the model's")
     model.to_empty(device=device)
     targets = model.state_dict()
-    model.model.rotary_emb = type(rotary)(model.config).to(device)
+    model.model.rotary_emb = llama.RotaryTables(config).to(device)  # float32, computed
     started = time.perf_counter()
     copy_shards(shards, {name: targets[name] for name in where})
     if tied:
@@ -166,7 +163,14 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
     size = sum(s.stat().st_size for s in shards) / 1e9
-    log.info("weights: %.2f GB copied in %.1f s (%.2f GB/s)", size, seconds, size / seconds)
+    log.info(
+        "weights: model made and allocated on %s in %.1f s, %.2f GB copied in %.1f s (%.2f GB/s)",
+        device,
+        started - began,
+        size,
+        seconds,
+        size / seconds,
+    )
     return model
 
 
