@@ -87,7 +87,8 @@ def test_scaled_rotary_tables_are_transformers_own(dev_model, tmp_path, rope):
 
 
 def test_loading_does_not_import_transformers_modeling_code(dev_model):
-    # The import chain of transformers' model classes cost ~6 s of a warm start on the H200.
+    # transformers' model classes, nn.Embedding's init and Module.to_empty on the meta
+    # device (torch._dynamo, sympy, scikit-learn) cost ~6 s of a warm start on the H200.
     script = (
         "import sys, torch; from pathlib import Path\n"
         "from transformers import AutoConfig\n"
@@ -95,7 +96,8 @@ def test_loading_does_not_import_transformers_modeling_code(dev_model):
         f"d = Path({str(dev_model)!r})\n"
         "load_safetensors_direct(d, AutoConfig.from_pretrained(d), torch.float32, torch.device('cpu'))\n"
         "print(sorted(m for m in sys.modules if m.startswith(('transformers.models.mistral.m', "
-        "'transformers.generation.utils', 'transformers.modeling_utils', 'sklearn'))))\n"
+        "'transformers.generation.utils', 'transformers.modeling_utils', 'sklearn', "
+        "'torch._dynamo', 'sympy'))))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "mistral-trt-truss/packages"))
     out = subprocess.run(

@@ -22,9 +22,9 @@ ACTIVATIONS = {"silu": nn.SiLU}
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, **where: Any) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.weight = nn.Parameter(torch.ones(hidden_size, **where))
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -37,33 +37,33 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, **where: Any) -> None:
         super().__init__()
-        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
-        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False, **where)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False, **where)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False, **where)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False, **where)
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, activation: str) -> None:
+    def __init__(self, hidden: int, intermediate: int, activation: str, **where: Any) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False, **where)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False, **where)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False, **where)
         self.act_fn = ACTIVATIONS[activation]()
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: Any, head_dim: int) -> None:
+    def __init__(self, config: Any, head_dim: int, **where: Any) -> None:
         super().__init__()
         hidden = config.hidden_size
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        self.self_attn = Attention(hidden, heads, kv_heads, head_dim)
-        self.mlp = MLP(hidden, config.intermediate_size, config.hidden_act)
-        self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps)
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, **where)
+        self.mlp = MLP(hidden, config.intermediate_size, config.hidden_act, **where)
+        self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps, **where)
+        self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps, **where)
 
 
 class RotaryTables(nn.Module):
@@ -88,27 +88,32 @@ class RotaryTables(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, **where: Any) -> None:
         super().__init__()
         head_dim = head_dim_of(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # `_weight`: no random init (on the meta device nn.Embedding's normal_ imports
+        # torch._dynamo, ~1 s; nn.Linear's init there does not).
+        weight = torch.empty(config.vocab_size, config.hidden_size, **where)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, head_dim) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, head_dim, **where) for _ in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, **where)
         self.rotary_emb = RotaryTables(config)
 
 
 class CausalLM(nn.Module):
     """`model.model.{embed_tokens, layers, norm, rotary_emb}` and `model.lm_head`, with
-    the checkpoint's names. It has no forward pass of its own: the static engine's is
-    the only one."""
+    the checkpoint's names, made on `device` in `dtype` without initialising them (the
+    loader makes them on the meta device and copies the checkpoint in). It has no
+    forward pass of its own: the static engine's is the only one."""
 
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, device: str | torch.device, dtype: torch.dtype) -> None:
         super().__init__()
+        where = {"device": device, "dtype": dtype}
         self.config = config
-        self.model = Decoder(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = Decoder(config, **where)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False, **where)
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.model.embed_tokens
@@ -118,6 +123,17 @@ class CausalLM(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("the static engine runs its own forward pass")
+
+
+def allocate(model: nn.Module, device: torch.device) -> None:
+    """Give every parameter of a model made on the meta device uninitialised memory on
+    `device`. (`Module.to_empty` does the same through torch's reference `empty_like`,
+    which imports sympy and torch.fx's symbolic shapes: ~0.3-1 s of a start.)"""
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                fresh = torch.empty(p.shape, dtype=p.dtype, device=device)
+                module._parameters[name] = nn.Parameter(fresh, requires_grad=p.requires_grad)
 
 
 def unsupported(config: Any) -> str | None:

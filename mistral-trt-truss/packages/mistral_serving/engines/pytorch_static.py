@@ -128,8 +128,7 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
     if why := llama.unsupported(config):
         raise _NotDirect(why)
     began = time.perf_counter()
-    with torch.device("meta"):
-        model = llama.CausalLM(config).to(dtype)
+    model = llama.CausalLM(config, "meta", dtype)
     targets = model.state_dict()  # names -> tensors sharing the parameters' storage
     where: dict[str, Path] = {}
     shapes: dict[str, tuple[int, ...]] = {}
@@ -152,7 +151,7 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
     for name, shape in shapes.items():
         if tuple(targets[name].shape) != shape:
             raise _NotDirect(f"{name}: shape {shape} differs from the model's")
-    model.to_empty(device=device)
+    llama.allocate(model, device)
     targets = model.state_dict()
     model.model.rotary_emb = llama.RotaryTables(config).to(device)  # float32, computed
     started = time.perf_counter()
