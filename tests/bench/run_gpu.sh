@@ -10,29 +10,13 @@
 #   .benchcarry/tok/      the dev tokenizer files
 # Usage (device tool): bash tests/bench/run_gpu.sh   (results under $OUT)
 set -u -o pipefail
-OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
-PY=${PY:-python3}
-START=$(date +%s)
 BUDGET=${BUDGET:-540}            # seconds for the whole run
-ART=${ART:-/tmp/mistral-7b-random}
-CACHE=${CACHE:-/tmp/mtt-cache}   # the server's cache_dir: where the verified marker lives
-if [ -d .whl ] && [ -z "${NOWHL:-}" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-fi
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-R="$OUT/results.jsonl"
-L=${LOGS:-/tmp/bench-logs}; mkdir -p "$L"   # logs, tarred into $OUT/logs.tgz after each phase
-snap() { tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null; }
+source tests/bench/gpu_env.sh
 gpu_mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | sed "s/^/$1: GPU memory used /" | tee -a "$OUT/env.txt"; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
   nproc; free -g | head -2; df -h /tmp | tail -1
   $PY -c 'import torch, transformers, fastapi, uvicorn, openai, safetensors; print("torch", torch.__version__, "transformers", transformers.__version__, "fastapi", fastapi.__version__, "safetensors", safetensors.__version__)'
 } 2>&1 | tee "$OUT/env.txt"
-
-B="$PY tests/bench/gpu_bench.py"
-at() { echo $((START + BUDGET * $1 / 100)); }   # a deadline: percent of the budget
-left() { echo $(( $(at $1) - $(date +%s) )); }   # seconds until it (a phase's timeout)
 
 $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tee "$L/artifact.log"
 du -sh "$ART" | tee -a "$L/artifact.log"

@@ -4,22 +4,8 @@
 # -> the server (engine_process off, then on) started with only the artifact evicted
 # -> the in-process engine at 128/128 and 1024/256. Same preparation as run_gpu.sh.
 set -u -o pipefail
-OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
-PY=${PY:-python3}
-START=$(date +%s)
 BUDGET=${BUDGET:-330}
-ART=${ART:-/tmp/mistral-7b-random}
-if [ -d .whl ] && [ -z "${NOWHL:-}" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-fi
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-R="$OUT/results.jsonl"
-L=${LOGS:-/tmp/bench-logs}; mkdir -p "$L"
-snap() { tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null; }
-at() { echo $((START + BUDGET * $1 / 100)); }
-left() { echo $(( $(at $1) - $(date +%s) )); }
-B="$PY tests/bench/gpu_bench.py"
+source tests/bench/gpu_env.sh
 
 $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]"
 for EV in ${EVICT:-all artifact}; do $PY tests/bench/cold_start.py "$ART" --evict $EV ${MBS:+--max-batch-size $MBS} --out "$R"; done

@@ -5,21 +5,16 @@
 # -> the engine alone for the same loads. Prepared as run_gpu.sh (.whl with py-spy's wheel,
 # .benchcarry/ctx/app re-rendered, .benchcarry/tok). Results under $OUT.
 set -u -o pipefail
-OUT=${OUT:-/tmp/profile-out}; mkdir -p "$OUT"
-PY=${PY:-python3}
-if [ -d .whl ] && [ -z "${NOWHL:-}" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-fi
+OUT=${OUT:-/tmp/profile-out}
+BUDGET=${BUDGET:-380}
+source tests/bench/gpu_env.sh
 SPY=${SPY:-$(command -v py-spy || echo /tmp/site/bin/py-spy)}
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 # The last commit's serving code (git archive HEAD), not uncommitted work in the tree:
 [ -d .benchcarry/head ] && export BENCH_PACKAGES=$PWD/.benchcarry/head/mistral-trt-truss/packages
-ART=${ART:-/tmp/mistral-7b-random}
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; nproc; $SPY --version; } 2>&1 | tee "$OUT/env.txt"
 $PY tests/bench/gpu_bench.py make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} \
   --out "$OUT/results.jsonl" 2>&1 | grep -v "it/s]"
 timeout ${TLIM:-400} $PY tests/bench/profile_server.py "$ART" .benchcarry/ctx/app --out "$OUT" \
-  --pyspy "$SPY" --budget ${BUDGET:-380} ${MBS:+--max-batch-size $MBS --concurrency $MBS} \
+  --pyspy "$SPY" --budget $BUDGET ${MBS:+--max-batch-size $MBS --concurrency $MBS} \
   ${LPW:+--long-per-worker $LPW} 2>&1 | grep -v "it/s]" | tee "$OUT/driver.log"
 gzip -f "$OUT/server.log"; ls -la "$OUT"

@@ -8,23 +8,8 @@
 # Prepared as for run_gpu.sh (docs/performance.md: .whl/, .benchcarry/ctx/app, .benchcarry/tok).
 # Usage (device tool): bash tests/bench/run_gpu_server.sh   (results under $OUT)
 set -u -o pipefail
-OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
-PY=${PY:-python3}
-START=$(date +%s)
 BUDGET=${BUDGET:-420}
-ART=${ART:-/tmp/mistral-7b-random}
-CACHE=${CACHE:-/tmp/mtt-cache}
-if [ -d .whl ] && [ -z "${NOWHL:-}" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-fi
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-R="$OUT/results.jsonl"
-L=${LOGS:-/tmp/bench-logs}; mkdir -p "$L"
-snap() { tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null; }
-at() { echo $((START + BUDGET * $1 / 100)); }
-left() { echo $(( $(at $1) - $(date +%s) )); }
-B="$PY tests/bench/gpu_bench.py"
+source tests/bench/gpu_env.sh
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
   df -h /tmp | tail -1; $PY -c 'import torch, uvloop, httptools; print("torch", torch.__version__)'
 } 2>&1 | tee "$OUT/env.txt"

@@ -7,19 +7,7 @@
 # Prepared as for run_gpu.sh (docs/performance.md: .whl/, .benchcarry/ctx/app, .benchcarry/tok).
 # Usage (device tool): bash tests/bench/run_gpu_start.sh   (results under $OUT)
 set -u -o pipefail
-OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
-PY=${PY:-python3}
-START=$(date +%s)
-ART=${ART:-/tmp/mistral-7b-random}
-CACHE=${CACHE:-/tmp/mtt-cache}
-if [ -d .whl ] && [ -z "${NOWHL:-}" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
-fi
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-R="$OUT/results.jsonl"
-L=${LOGS:-/tmp/bench-logs}; mkdir -p "$L"
-B="$PY tests/bench/gpu_bench.py"
+source tests/bench/gpu_env.sh
 
 $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]"
 $B prepare-verify "$ART" --verify "$CACHE" ${DROP---drop-page-cache} --out "$R"

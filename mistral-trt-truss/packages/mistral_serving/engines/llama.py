@@ -76,7 +76,7 @@ class RotaryTables(nn.Module):
         if self.rope_type == "default":
             # transformers' compute_default_rope_parameters.
             dim = head_dim_of(config)
-            base = rope_parameters(config).get("rope_theta", getattr(config, "rope_theta", None))
+            base = rope_parameters(config).get("rope_theta") or getattr(config, "rope_theta", 1e4)
             arange = torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float)
             inv_freq, scaling = 1.0 / (float(base) ** (arange / dim)), 1.0
         else:
