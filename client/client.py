@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -147,16 +148,14 @@ class _Base:
             return None
 
 
-class StreamingText:
-    """Text pieces as they arrive; after iteration ``text``, ``usage``, ``finish_reason``.
-
-    Use it as an iterator (the connection closes when it is exhausted) or in a ``with``
-    block to close it early.
-    """
+class _StreamedText:
+    """What a stream has said so far; the sync and async streams differ only in how they
+    read the response."""
 
     def __init__(self, response: httpx.Response, spec: RequestSpec, decode_errors: str) -> None:
         self._response = response
         self._parser = stream_parser(spec, decode_errors)
+        self._sse = isinstance(self._parser, OpenAIStreamParser)
         self._pieces: list[str] = []
 
     @property
@@ -175,26 +174,48 @@ class StreamingText:
     def text(self) -> str:
         return "".join(self._pieces)
 
-    def __iter__(self) -> Iterator[str]:
+    def _parse(self, item: str | bytes) -> list[str]:
+        """The text pieces in one SSE event's data (OpenAI) or one body chunk (predict)."""
         parser = self._parser
+        if isinstance(parser, OpenAIStreamParser):
+            return parser.event(item)  # SSE data: str
+        return parser.feed(item)  # body bytes
+
+
+@contextlib.contextmanager
+def _stream_errors() -> Iterator[None]:
+    """Transport failures while streaming, as the client's own StreamError."""
+    try:
+        yield
+    except SSEError as exc:  # an httpx.TransportError: catch it first
+        raise StreamError(f"not an event stream: {exc}") from exc
+    except httpx.HTTPError as exc:
+        raise StreamError(f"stream broke off: {exc!r}") from exc
+
+
+class StreamingText(_StreamedText):
+    """Text pieces as they arrive; after iteration ``text``, ``usage``, ``finish_reason``.
+
+    Use it as an iterator (the connection closes when it is exhausted) or in a ``with``
+    block to close it early.
+    """
+
+    def __iter__(self) -> Iterator[str]:
         try:
-            if isinstance(parser, OpenAIStreamParser):
-                for event in EventSource(self._response).iter_sse():
-                    for piece in parser.event(event.data):
+            with _stream_errors():
+                if self._sse:
+                    items: Iterator[str | bytes] = (
+                        e.data for e in EventSource(self._response).iter_sse()
+                    )
+                else:
+                    items = self._response.iter_bytes()
+                for item in items:
+                    for piece in self._parse(item):
                         self._pieces.append(piece)
                         yield piece
-            else:
-                for data in self._response.iter_bytes():
-                    for piece in parser.feed(data):
-                        self._pieces.append(piece)
-                        yield piece
-            for piece in parser.close():
-                self._pieces.append(piece)
-                yield piece
-        except SSEError as exc:  # an httpx.TransportError: catch it first
-            raise StreamError(f"not an event stream: {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise StreamError(f"stream broke off: {exc!r}") from exc
+                for piece in self._parser.close():
+                    self._pieces.append(piece)
+                    yield piece
         finally:
             self._response.close()
 
@@ -342,50 +363,25 @@ class Client(_Base):
             time.sleep(interval)
 
 
-class AsyncStreamingText:
+class AsyncStreamingText(_StreamedText):
     """Async twin of :class:`StreamingText`."""
 
-    def __init__(self, response: httpx.Response, spec: RequestSpec, decode_errors: str) -> None:
-        self._response = response
-        self._parser = stream_parser(spec, decode_errors)
-        self._pieces: list[str] = []
-
-    @property
-    def state(self) -> StreamState:
-        return self._parser.state
-
-    @property
-    def usage(self) -> Usage | None:
-        return self._parser.state.usage
-
-    @property
-    def finish_reason(self) -> str | None:
-        return self._parser.state.finish_reason
-
-    @property
-    def text(self) -> str:
-        return "".join(self._pieces)
-
     async def __aiter__(self) -> AsyncIterator[str]:
-        parser = self._parser
         try:
-            if isinstance(parser, OpenAIStreamParser):
-                async for event in EventSource(self._response).aiter_sse():
-                    for piece in parser.event(event.data):
-                        self._pieces.append(piece)
-                        yield piece
-            else:
-                async for data in self._response.aiter_bytes():
-                    for piece in parser.feed(data):
-                        self._pieces.append(piece)
-                        yield piece
-            for piece in parser.close():
-                self._pieces.append(piece)
-                yield piece
-        except SSEError as exc:  # an httpx.TransportError: catch it first
-            raise StreamError(f"not an event stream: {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise StreamError(f"stream broke off: {exc!r}") from exc
+            with _stream_errors():
+                if self._sse:
+                    async for event in EventSource(self._response).aiter_sse():
+                        for piece in self._parse(event.data):
+                            self._pieces.append(piece)
+                            yield piece
+                else:
+                    async for data in self._response.aiter_bytes():
+                        for piece in self._parse(data):
+                            self._pieces.append(piece)
+                            yield piece
+                for piece in self._parser.close():
+                    self._pieces.append(piece)
+                    yield piece
         finally:
             await self._response.aclose()
 
