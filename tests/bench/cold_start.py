@@ -45,14 +45,15 @@ def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int) -> No
     mark("interpreter")
     import logging
 
-    # The engine's own log lines, stamped with seconds since the process started.
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
-    stamp = logging.Formatter.format
+    class Stamped(logging.Formatter):
+        """The engine's own log lines, stamped with seconds since the process started."""
 
-    def stamped(self, record):  # noqa: ANN001, ANN202
-        return f"[{time.time() - t0:6.2f} s] " + stamp(self, record)
+        def format(self, record: logging.LogRecord) -> str:
+            return f"[{time.time() - t0:6.2f} s] " + super().format(record)
 
-    logging.Formatter.format = stamped
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(Stamped("%(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     import torch
 
     mark("import torch")

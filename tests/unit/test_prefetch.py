@@ -4,6 +4,7 @@ snapshot) are read; any setting value gives a list or nothing, never an exceptio
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -137,3 +138,27 @@ def test_any_artifact_setting_gives_a_list(artifact: str, revision: str | None) 
     except ValueError:
         return
     assert isinstance(artifact_weight_files(values), list)
+
+
+def test_the_launcher_starts_the_reads_before_importing_truss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # truss_server is not importable here: had main imported it first, this would be an
+    # ImportError, not the stop below.
+    from mistral_serving import server
+
+    seen: list[Settings] = []
+
+    def stop(settings: Settings) -> int:
+        seen.append(settings)
+        raise SystemExit(7)
+
+    monkeypatch.setattr(server, "prefetch_artifact", stop)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        json.dumps({"model_metadata": {"artifact": str(tmp_path), "load_prefetch_threads": 2}})
+    )
+    with pytest.raises(SystemExit) as exit_:
+        server.main(str(config))
+    assert exit_.value.code == 7
+    assert seen[0].load_prefetch_threads == 2 and seen[0].artifact == str(tmp_path)

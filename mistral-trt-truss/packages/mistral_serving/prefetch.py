@@ -6,14 +6,14 @@ and on the H200 VM's disk reading ahead while Python, torch and CUDA start up sl
 their own (cold) reads more than it saved: start -> ready 22.7-24.9 s without, 23.8-31.6 s
 with 1-8 threads (docs/performance.md). Disks that serve many parallel reads much faster
 than one stream may still gain: then the launcher starts the reads first thing
-(`prefetch_artifact`), before Truss and torch are imported. Reads are only a hint: any
+(`prefetch_artifact`), before Truss and torch are imported; that is the only place (an
+engine in its own process finds the same page cache). Reads are only a hint: any
 error stops them quietly, and the loader reads (and checks) the files itself. No torch.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import re
 import threading
@@ -21,8 +21,6 @@ from pathlib import Path
 
 from mistral_serving.manifest import ManifestError, scan_files
 from mistral_serving.settings import Settings
-
-log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 64 * 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".engine")  # checkpoint shards, TensorRT-LLM engines
@@ -88,14 +86,12 @@ def artifact_weight_files(settings: Settings) -> list[Path]:
     return [directory / name for name in files if name.endswith(WEIGHT_SUFFIXES)]
 
 
-def prefetch_artifact(settings: Settings) -> None:
-    """Start reading the artifact's weights with `load_prefetch_threads` threads."""
+def prefetch_artifact(settings: Settings) -> int:
+    """Start reading the artifact's weights with `load_prefetch_threads` threads; how many
+    files it started on. (Nothing is logged: it runs before logging is set up.)"""
     if settings.load_prefetch_threads < 1:
-        return
-    files = artifact_weight_files(settings)
-    if prefetch_files(files, settings.load_prefetch_threads):
-        size = sum(p.stat().st_size for p in files if p.exists()) / 1e9
-        log.info("reading %d weight files (%.1f GB) into the page cache", len(files), size)
+        return 0
+    return prefetch_files(artifact_weight_files(settings), settings.load_prefetch_threads)
 
 
 def _local_directory(settings: Settings) -> Path | None:

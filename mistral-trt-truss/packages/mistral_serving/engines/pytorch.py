@@ -64,7 +64,6 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.engines.cpus import available_cpus
 from mistral_serving.engines.sampling import Sampled, prompt_logprobs, sample_next_tokens
-from mistral_serving.prefetch import prefetch_files
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -151,8 +150,6 @@ def load_model(
         raise EngineError(f"{model_dir}/config.json has no usable max_position_embeddings")
     max_seq = min(positions, settings.max_seq_len or positions)
     max_input = min(settings.max_input_len or max_seq - 1, max_seq - 1)
-    if settings.load_prefetch_threads:
-        prefetch_files(sorted(model_dir.glob("*.safetensors")), settings.load_prefetch_threads)
     # Straight to the GPU (no host copy of the weights) where transformers can.
     if loader is not None:
         model = loader(model_dir, config, dtype, device)

@@ -130,19 +130,14 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
     began = time.perf_counter()
     model = llama.CausalLM(config, "meta", dtype)
     targets = model.state_dict()  # names -> tensors sharing the parameters' storage
-    where: dict[str, Path] = {}
-    shapes: dict[str, tuple[int, ...]] = {}
-    for shard in shards:
-        try:
-            entries = read_header(shard)
-        except (OSError, ValueError) as exc:
-            raise _NotDirect(str(exc)) from None
-        for entry in entries:
-            where[entry.name] = shard
-            shapes[entry.name] = entry.shape
+    try:
+        headers = {shard: read_header(shard) for shard in shards}
+    except (OSError, ValueError) as exc:
+        raise _NotDirect(str(exc)) from None
+    shapes = {e.name: e.shape for entries in headers.values() for e in entries}
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    missing = set(targets) - set(where) - ({"lm_head.weight"} if tied else set())
-    unexpected = set(where) - set(targets)
+    missing = set(targets) - set(shapes) - ({"lm_head.weight"} if tied else set())
+    unexpected = set(shapes) - set(targets)
     if missing or unexpected:
         raise _NotDirect(
             f"checkpoint names differ from the model's (missing {sorted(missing)[:3]}, "
@@ -155,7 +150,7 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
     targets = model.state_dict()
     model.model.rotary_emb = llama.RotaryTables(config).to(device)  # float32, computed
     started = time.perf_counter()
-    copy_shards(shards, {name: targets[name] for name in where})
+    copy_shards(headers, {name: targets[name] for name in shapes})
     if tied:
         model.tie_weights()
     if device.type == "cuda":

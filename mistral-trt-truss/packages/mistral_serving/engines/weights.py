@@ -106,15 +106,16 @@ def copies_directly(entry: Entry, target: torch.Tensor) -> bool:
 
 
 def copy_shards(
-    shards: list[Path],
+    shards: dict[Path, list[Entry]],
     targets: dict[str, torch.Tensor],
     chunk_bytes: int = CHUNK_BYTES,
     readers: int = READERS,
 ) -> None:
-    """Fill `targets` (name -> preallocated tensor, all on one device) from the shards.
-    Every tensor of the shards must have a target of its shape (the caller checks)."""
-    work: queue.SimpleQueue[Path] = queue.SimpleQueue()
-    for shard in shards:
+    """Fill `targets` (name -> preallocated tensor, all on one device) from the shards
+    (path -> its `read_header` entries, read once by the caller). Every tensor of the
+    shards must have a target of its shape (the caller checks)."""
+    work: queue.SimpleQueue[tuple[Path, list[Entry]]] = queue.SimpleQueue()
+    for shard in shards.items():
         work.put(shard)
     errors: list[BaseException] = []
 
@@ -151,18 +152,17 @@ class _Reader:
         self.stream = torch.cuda.Stream(device) if self.cuda else None
         self.done: list[torch.cuda.Event | None] = [None, None]  # last copy out of buffer i
 
-    def drain(self, work: queue.SimpleQueue[Path]) -> None:
+    def drain(self, work: queue.SimpleQueue[tuple[Path, list[Entry]]]) -> None:
         while True:
             try:
-                shard = work.get_nowait()
+                shard, entries = work.get_nowait()
             except queue.Empty:
                 break
-            self.copy(shard)
+            self.copy(shard, entries)
         if self.stream is not None:
             self.stream.synchronize()
 
-    def copy(self, shard: Path) -> None:
-        entries = read_header(shard)
+    def copy(self, shard: Path, entries: list[Entry]) -> None:
         unknown = [e.name for e in entries if e.name not in self.targets]
         if unknown:
             raise ValueError(f"{shard.name}: tensor {unknown[0][:80]!r} is not in the model")
