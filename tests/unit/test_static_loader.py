@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from mistral_serving.engines import llama
+from mistral_serving.engines.pytorch import load_model
 from mistral_serving.engines.pytorch_static import load_safetensors_direct
+from mistral_serving.settings import Settings
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +33,9 @@ def reference(model_dir: Path):
 
 
 def load(model_dir: Path, dtype=torch.float32):
-    config = AutoConfig.from_pretrained(str(model_dir))
-    return load_safetensors_direct(model_dir, config, dtype, CPU).eval()
+    """As the static engine loads: the direct loader, or transformers' when it declines."""
+    settings = Settings(artifact=str(model_dir), device="cpu", torch_dtype=str(dtype)[6:])
+    return load_model(model_dir, settings, loader=load_safetensors_direct).model
 
 
 def test_the_direct_loader_holds_transformers_parameters(dev_model):

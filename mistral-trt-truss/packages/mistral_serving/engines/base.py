@@ -189,8 +189,8 @@ def deliver(items: Iterable[tuple[asyncio.AbstractEventLoop, asyncio.Queue, Item
 
 async def read_stream(queue: asyncio.Queue, what: str) -> AsyncIterator[TokenDelta]:
     """A stream's consumer side: yield its deltas (merged when it fell behind) until a
-    finish reason; an exception from the engine ends it as `EngineError`, after the
-    tokens delivered before it."""
+    finish reason; an exception from the engine ends it, after the tokens delivered
+    before it, as `EngineRequestError` (a refusal of its inputs) or `EngineError`."""
     while True:
         item = await queue.get()
         error = None
@@ -205,5 +205,7 @@ async def read_stream(queue: asyncio.Queue, what: str) -> AsyncIterator[TokenDel
             error = item
         if isinstance(error, EngineError):  # a fresh one per stream: one item may reach many
             raise EngineError(str(error)) from error
+        if isinstance(error, EngineRequestError):  # refused for its inputs: the client's fault
+            raise EngineRequestError(str(error)) from error
         if error is not None:
             raise EngineError(f"{what} failed: {error!r}") from error

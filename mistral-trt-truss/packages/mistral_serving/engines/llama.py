@@ -59,8 +59,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         hidden = config.hidden_size
         heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, **where)
+        self.self_attn = Attention(hidden, heads, kv_heads_of(config), head_dim, **where)
         self.mlp = MLP(hidden, config.intermediate_size, config.hidden_act, **where)
         self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps, **where)
         self.post_attention_layernorm = RMSNorm(hidden, config.rms_norm_eps, **where)
@@ -163,3 +162,7 @@ def rope_type(config: Any) -> str:
 
 def head_dim_of(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def kv_heads_of(config: Any) -> int:
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads

@@ -197,10 +197,8 @@ class ProcessEngine:
             async for delta in read_stream(stream.queue, "the engine process"):
                 finished = delta.finish_reason is not None
                 yield delta
-        except EngineError as exc:
+        except (EngineError, EngineRequestError):
             finished = True  # the engine already let go of it
-            if isinstance(exc.__cause__, EngineRequestError):  # refused: the client's fault
-                raise EngineRequestError(str(exc.__cause__)) from None
             raise
         finally:
             with self._lock:

@@ -133,11 +133,12 @@ class LoadedModel:
 def load_model(
     model_dir: Path,
     settings: Settings,
-    loader: Callable[[Path, object, torch.dtype, torch.device], torch.nn.Module] | None = None,
+    loader: Callable[[Path, object, torch.dtype, torch.device], torch.nn.Module | None]
+    | None = None,
 ) -> LoadedModel:
     """The checkpoint on its device, eval mode, with the sequence limits settings allow.
-    `loader(model_dir, config, dtype, device)` replaces transformers' `from_pretrained`
-    (the static engine's direct safetensors loader)."""
+    `loader(model_dir, config, dtype, device)` is tried before transformers'
+    `from_pretrained` (the static engine's direct safetensors loader; None: not for it)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     # Threads for the CPUs we really have (a quota, an affinity mask), not the host's.
@@ -151,9 +152,8 @@ def load_model(
     max_seq = min(positions, settings.max_seq_len or positions)
     max_input = min(settings.max_input_len or max_seq - 1, max_seq - 1)
     # Straight to the GPU (no host copy of the weights) where transformers can.
-    if loader is not None:
-        model = loader(model_dir, config, dtype, device)
-    else:
+    model = loader(model_dir, config, dtype, device) if loader is not None else None
+    if model is None:
         placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
     model = model.to(device).eval()

@@ -1,6 +1,7 @@
 """The PyTorch engine's fast path: a preallocated (static) KV cache and CUDA graphs.
 
-Selected by `pytorch_kv_cache: static` (Llama/Mistral-family checkpoints only). Same
+Selected by `pytorch_kv_cache: static`, and by `auto` on a CUDA GPU (Llama/Mistral-family
+checkpoints only; engines/factory.py). Same
 async interface, admission, abort and per-request sampling as `TorchEngine`; what
 changes is the batch underneath:
 
@@ -103,22 +104,19 @@ class _NotDirect(Exception):
 
 def load_safetensors_direct(
     model_dir: Path, config, dtype: torch.dtype, device: torch.device
-) -> torch.nn.Module:
+) -> torch.nn.Module | None:
     """The decoder's modules (`engines/llama.py`, not transformers' modeling code) made
     without memory (meta device), given uninitialised tensors on `device`, and every
     safetensors tensor copied straight into its parameter (`weights.copy_shards`: large
     sequential reads through pinned buffers). Skips transformers' loader (weight init,
     key conversion, per-tensor dispatch) and its modeling imports, which took most of a
-    7B start. Falls back to `from_pretrained`, logging why, for anything it does not
-    recognise."""
+    7B start. None, logging why, for anything it does not recognise: `load_model` then
+    loads it with transformers' `from_pretrained`."""
     try:
         return _load_direct(model_dir, config, dtype, device)
     except _NotDirect as exc:
         log.info("loading with transformers' from_pretrained: %s", exc)
-    from transformers import AutoModelForCausalLM
-
-    placement = {"device_map": device} if device.type == "cuda" else {}
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
+        return None  # load_model's own from_pretrained path
 
 
 def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.device):
@@ -148,7 +146,6 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
             raise _NotDirect(f"{name}: shape {shape} differs from the model's")
     llama.allocate(model, device)
     targets = model.state_dict()
-    model.model.rotary_emb = llama.RotaryTables(config).to(device)  # float32, computed
     started = time.perf_counter()
     copy_shards(headers, {name: targets[name] for name in shapes})
     if tied:
@@ -188,8 +185,8 @@ class StaticTorchEngine(TorchEngine):
         cfg = model.config
         self._layers = list(model.model.layers)
         self._n_heads = cfg.num_attention_heads
-        self._n_kv = getattr(cfg, "num_key_value_heads", None) or self._n_heads
-        self._head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self._n_heads
+        self._n_kv = llama.kv_heads_of(cfg)
+        self._head_dim = llama.head_dim_of(cfg)
         self._slots = limits.max_batch_size
         self._cols = limits.max_seq_len
         p = next(model.parameters())
@@ -202,12 +199,6 @@ class StaticTorchEngine(TorchEngine):
         self.info.details.update(
             kv_cache="static", kv_columns=self._cols, cuda_graphs=self._use_graphs
         )
-
-    @classmethod
-    def from_pretrained(
-        cls, model_dir: Path, settings: Settings, eos_token_id: int
-    ) -> StaticTorchEngine:
-        return cls.for_model(load_static_model(Path(model_dir), settings), settings, eos_token_id)
 
     @classmethod
     def for_model(
@@ -234,14 +225,11 @@ class StaticTorchEngine(TorchEngine):
 
     @staticmethod
     def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-        heads = config.num_attention_heads
-        kv = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return (
             2
             * config.num_hidden_layers
-            * kv
-            * head_dim
+            * llama.kv_heads_of(config)
+            * llama.head_dim_of(config)
             * torch.empty((), dtype=dtype).element_size()
         )
 
@@ -462,8 +450,9 @@ def static_kv_columns(model, settings: Settings, max_seq: int) -> int:
         budget = free * settings.kv_cache_free_gpu_memory_fraction - 4 * 2**30  # activations
     else:
         budget = 8 * 2**30
-    columns = int(budget // (per_token * settings.max_batch_size)) // 256 * 256
-    if columns < 256:
+    columns = int(budget // (per_token * settings.max_batch_size))
+    columns = columns // LENGTH_BUCKET * LENGTH_BUCKET
+    if columns < LENGTH_BUCKET:
         raise EngineError(
             f"a static KV cache for {settings.max_batch_size} sequences does not fit in "
             f"{budget / 2**30:.1f} GiB: lower max_batch_size or set max_seq_len"

@@ -166,8 +166,10 @@ class _Reader:
         unknown = [e.name for e in entries if e.name not in self.targets]
         if unknown:
             raise ValueError(f"{shard.name}: tensor {unknown[0][:80]!r} is not in the model")
-        direct = [e for e in entries if copies_directly(e, self.targets[e.name])]
-        converted = [e for e in entries if e not in direct]
+        direct: list[Entry] = []
+        converted: list[Entry] = []
+        for e in entries:
+            (direct if copies_directly(e, self.targets[e.name]) else converted).append(e)
         if direct:
             fd = os.open(shard, os.O_RDONLY)
             try:
