@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from mistral_serving import manifest as mf
 from mistral_serving.artifacts import (
     Artifact,
     ArtifactError,
+    hub_failure,
     load_artifact,
     marker_path,
     open_artifact,
@@ -532,3 +534,15 @@ def test_engine_name_for_refuses_a_mismatch(kind: str, setting: str, needles: li
         engine_name_for(kind, setting)
     for needle in needles:
         assert needle in str(err.value)
+
+
+def test_hub_failures_are_worded_without_httpx2_as_on_huggingface_hub_0x(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The TensorRT-LLM image runs huggingface_hub 0.x: requests, no httpx2.
+    import requests
+
+    monkeypatch.setitem(sys.modules, "httpx2", None)  # `import httpx2` -> ImportError
+    refused = requests.exceptions.ConnectionError("Connection refused")
+    message = hub_failure(refused, REPO, "0" * 40, None, tmp_path)
+    assert message.startswith(f"cannot reach the Hub at {constants.ENDPOINT} (ConnectionError)")

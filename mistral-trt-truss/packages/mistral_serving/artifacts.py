@@ -18,6 +18,7 @@ one-line message, meant to be the last line a failed load logs.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import logging
 import os
@@ -133,7 +134,6 @@ def hub_failure(
     exc: BaseException, repo_id: str, revision: str, token: str | None, hub_cache: Path
 ) -> str:
     """What went wrong fetching repo@revision, in one line: the Hub's answer if it gave one."""
-    import httpx2
     from huggingface_hub import constants
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -182,12 +182,29 @@ def hub_failure(
     for link in chain:
         if isinstance(link, OfflineModeIsEnabled):
             return f"HF_HUB_OFFLINE is set {not_cached}"
-        if isinstance(link, (httpx2.TransportError, ConnectionError, TimeoutError)):
+        if isinstance(link, _transport_errors()):
             return (
                 f"cannot reach the Hub at {constants.ENDPOINT} ({type(link).__name__}) for "
                 f"{where} {not_cached}"
             )
     return f"fetching {where} failed: {type(exc).__name__}: {shown(exc, 200)}"
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    """The "could not reach it" errors of whichever HTTP client huggingface_hub uses:
+    httpx2 (huggingface_hub 2.x), httpx (1.x), requests (0.x, the TensorRT-LLM image's)."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for module, names in (
+        ("httpx2", ("TransportError",)),
+        ("httpx", ("TransportError",)),
+        ("requests.exceptions", ("ConnectionError", "Timeout")),
+    ):
+        try:
+            imported = importlib.import_module(module)
+        except ImportError:
+            continue
+        errors += [getattr(imported, name) for name in names]
+    return tuple(errors)
 
 
 # ---- confine, read, verify ---------------------------------------------------------------
