@@ -4,9 +4,8 @@ installs (the dev extra, or guidellm's own venv's requirements)."""
 from __future__ import annotations
 
 import importlib.metadata
-from pathlib import Path
-
 import tomllib
+from pathlib import Path
 
 from tests.works_with import rows
 

@@ -20,7 +20,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -75,7 +75,7 @@ class BuildManifest(BaseModel):
     kind: ArtifactKind
     source_model: str
     source_revision: str | None = None
-    created_at: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    created_at: str = Field(default_factory=lambda: datetime.now(UTC).isoformat())
     versions: dict[str, str] = Field(default_factory=dict)  # package -> version
     gpu: GpuRecord | None = None  # None: not tied to a GPU (PyTorch checkpoint)
     build_options: dict[str, Any] = Field(default_factory=dict)
