@@ -23,6 +23,7 @@ from mistral_serving import manifest as mf
 from mistral_serving.artifacts import (
     Artifact,
     ArtifactError,
+    cached_snapshot,
     hub_failure,
     load_artifact,
     marker_path,
@@ -144,6 +145,7 @@ def test_pulls_the_pinned_commit_into_the_cache(
     hub, sha = standin
     artifact = load_artifact(from_hub(tmp_path, sha), TOKEN)
     assert artifact.path.name == sha and artifact.path.is_relative_to(tmp_path / "c" / "hub")
+    assert artifact.path == cached_snapshot(REPO, sha, tmp_path / "c")  # where read-ahead looks
     assert (artifact.path / "config.json").is_symlink()  # the cache layout: links to blobs
     assert artifact.kind == "hf_checkpoint" and artifact.config == {"model_type": "mistral"}
     assert artifact.manifest is not None and "model.safetensors" in artifact.manifest.files

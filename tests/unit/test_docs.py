@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 from mistral_serving.metrics import Metrics
 from mistral_serving.settings import ENV_PREFIX, Settings
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
 
 
 def test_every_setting_is_in_the_readme_table_with_its_env_var():
@@ -31,3 +32,12 @@ def test_the_two_commands_exist():
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     for target in ("serve", "test"):
         assert f"make {target}" in README and re.search(rf"^{target}:", makefile, re.M)
+
+
+def test_the_served_version_is_the_projects() -> None:
+    import tomllib
+
+    from mistral_serving import __version__
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert __version__ == project["version"]  # what GET /version says

@@ -3,4 +3,4 @@ the frontend (admission, streaming, drain), the generation service, engines, art
 and metrics. `model/model.py` is a thin adapter over `frontend`; `server.py` starts the
 real Truss server with the routes it lacks."""
 
-__version__ = "0.2.0"
+__version__ = "0.1.0"  # pyproject.toml's version

@@ -51,7 +51,8 @@ __all__ = ["Artifact", "ArtifactError", "ArtifactKind", "load_artifact", "resolv
 log = logging.getLogger(__name__)
 
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
+HUB_DIR = "hub"  # under the cache dir: huggingface_hub's cache
 MARKER_DIR = "verified"  # under the cache dir: one marker per artifact directory
 
 
@@ -95,7 +96,7 @@ def resolve_artifact(settings: Settings, hf_token: str | None) -> Path:
             f"artifact_revision is not set for repo {settings.artifact}: pin the commit sha that "
             "`build.py engine --push` printed (or a tag), so every replica serves the same files"
         )
-    if not _COMMIT_SHA.match(settings.artifact_revision):
+    if not COMMIT_SHA.match(settings.artifact_revision):
         log.warning(
             "artifact_revision %r is not a commit sha: a moved branch or tag changes "
             "what new replicas serve",
@@ -104,10 +105,17 @@ def resolve_artifact(settings: Settings, hf_token: str | None) -> Path:
     return download(settings.artifact, settings.artifact_revision, settings.cache_path, hf_token)
 
 
+def cached_snapshot(repo_id: str, revision: str, cache_dir: Path) -> Path:
+    """Where `download` keeps repo@revision (huggingface_hub's cache layout under
+    `cache_dir/hub`), whether or not it is there yet."""
+    owner, _, name = repo_id.partition("/")
+    return cache_dir / HUB_DIR / f"models--{owner}--{name}" / "snapshots" / revision
+
+
 def download(repo_id: str, revision: str, cache_dir: Path, token: str | None) -> Path:
     from huggingface_hub import snapshot_download
 
-    hub_cache = cache_dir / "hub"
+    hub_cache = cache_dir / HUB_DIR
     try:
         return Path(
             snapshot_download(

@@ -125,10 +125,12 @@ class Frontend:
 
     async def is_healthy(self) -> bool:
         self.drainer.install()  # here: the first call on the server's main-thread loop
-        if self.service is not None and not self.service.is_healthy():
+        if self.service is None:
+            return False
+        if not self.service.is_healthy():
             self.drainer.engine_died()
             return False
-        return self.ready
+        return not self.drainer.draining
 
     def shutdown(self) -> None:
         """The server is exiting: stop the engine (and its executor processes)."""
@@ -165,7 +167,8 @@ class Frontend:
             if ticket is not None:
                 ticket.release()
             return self._refuse(fmt, err, record, headers)
-        prompt_text = call.gen.prompt_text
+        # Only logged with log_prompts: joining a large chat's messages is not free.
+        prompt_text = call.gen.prompt_text if self.settings.log_prompts else None
         if call.stream:
             events = fmt.stream_events(call, service.stream(prepared, record, prompt_text), record)
             return self._streaming_response(events, ticket, record, fmt.stream_media_type, headers)

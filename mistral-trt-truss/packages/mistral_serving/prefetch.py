@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import threading
 from pathlib import Path
 
+from mistral_serving.artifacts import COMMIT_SHA, cached_snapshot
 from mistral_serving.manifest import ManifestError, scan_files
 from mistral_serving.settings import Settings
 
 CHUNK_BYTES = 64 * 2**20
 WEIGHT_SUFFIXES = (".safetensors", ".engine")  # checkpoint shards, TensorRT-LLM engines
 
-_COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _lock = threading.Lock()
 _started: set[Path] = set()  # files this process is reading already (or has read)
 
@@ -101,9 +100,7 @@ def _local_directory(settings: Settings) -> Path | None:
     if local.is_dir():
         return local
     revision = settings.artifact_revision or ""
-    owner, _, name = settings.artifact.partition("/")
-    if not (name and _COMMIT_SHA.match(revision)):
-        return None
-    # huggingface_hub's cache layout (what `artifacts.download` fills).
-    snapshot = settings.cache_path / "hub" / f"models--{owner}--{name}" / "snapshots" / revision
+    if "/" not in settings.artifact or not COMMIT_SHA.match(revision):
+        return None  # only a pinned revision names files that cannot move
+    snapshot = cached_snapshot(settings.artifact, revision, settings.cache_path)
     return snapshot if snapshot.is_dir() else None

@@ -28,7 +28,7 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.engines.factory import start_engine
 from mistral_serving.errors import RequestError
-from mistral_serving.manifest import BuildManifest, describe
+from mistral_serving.manifest import describe
 from mistral_serving.metrics import Metrics, default_metrics
 from mistral_serving.settings import Settings
 from mistral_serving.streaming import TextStream
@@ -89,13 +89,11 @@ class GenerationService:
         settings: Settings,
         tokenizer: Tokenizer,
         engine: Engine,
-        manifest: BuildManifest | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self.settings = settings
         self.tokenizer = tokenizer
         self.engine = engine
-        self.manifest = manifest
         self.telemetry = Telemetry(metrics or default_metrics(), settings.log_prompts)
         self._live: set[str] = set()  # engine ids of the requests in the engine now
         # No token is longer than this many bytes (so no prompt of more characters than
@@ -126,7 +124,7 @@ class GenerationService:
             done - fetched,
             engine.limits,
         )
-        service = cls(settings, tokenizer, engine, manifest, metrics)
+        service = cls(settings, tokenizer, engine, metrics)
         service.telemetry.metrics.artifact.labels(
             engine.info.name, settings.artifact, described
         ).set(1)
