@@ -41,3 +41,18 @@ def test_the_served_version_is_the_projects() -> None:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert __version__ == project["version"]  # what GET /version says
+
+
+def test_the_readme_settings_table_states_each_default() -> None:
+    rows = re.findall(r"^\| `(\w+)` \| `MTT_\w+` \| ([^|]+) \|", README, flags=re.M)
+    assert {name for name, _ in rows} == set(Settings.model_fields)
+    for name, cell in rows:
+        default, shown = Settings.model_fields[name].default, cell.strip().strip("`")
+        if default in (None, ""):
+            assert shown in ("—", "unset", "engine's"), name
+        elif isinstance(default, bool):
+            assert shown == str(default).lower(), name
+        elif isinstance(default, int | float):
+            assert float(shown) == default, name
+        else:
+            assert shown == default, name

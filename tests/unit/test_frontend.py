@@ -684,3 +684,44 @@ def test_any_body_is_answered_200_or_4xx_and_counted_once(
         assert isinstance(error if route == "predict" else error["message"], str)
     else:
         assert client.complete
+
+
+# ---- settings that reach the request path and the process ----
+
+
+def test_default_max_tokens_reaches_a_chat_request(tok: Tokenizer) -> None:
+    served = serve(tok, default_max_tokens=3)
+    messages = [{"role": "user", "content": "Hi"}]
+    run(served, Client(body(messages=messages), route="chat_completions"))
+    (gen,) = served.engine.calls
+    assert gen.sampling.max_new_tokens == 3
+
+
+def test_metrics_names_picks_the_served_prefix() -> None:
+    frontend = Frontend(Settings(metrics_names="vllm"))
+    assert frontend.metrics.ttft._name == "vllm:time_to_first_token_seconds"
+
+
+def test_load_times_collections_and_freezes_what_loading_made(
+    tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mistral_serving.frontend as frontend_module
+
+    steps: list[str] = []
+    registry = CollectorRegistry()
+    frontend = Frontend(Settings(), Metrics(registry))
+    engine = ScriptedEngine(limits=LIMITS)
+
+    def start(settings: Settings, hf_token: str | None, metrics: Metrics) -> GenerationService:
+        steps.append("load")
+        return GenerationService(settings, tok, engine, metrics=metrics)
+
+    monkeypatch.setattr(frontend_module.GenerationService, "start", start)
+    monkeypatch.setattr(frontend_module, "time_collections", lambda h: steps.append("time"))
+    monkeypatch.setattr(
+        frontend_module,
+        "freeze_loaded_objects",
+        lambda: steps.append("freeze" if frontend.service is not None else "freeze early"),
+    )
+    frontend.load(None)
+    assert steps == ["time", "load", "freeze"]

@@ -118,6 +118,9 @@ def prepare(service: GenerationService, call: OpenAICall) -> PreparedRequest:
         (False, {"prompt": "x", "best_of": 2}, "best_of"),
         (False, {"prompt": "x", "suffix": "y"}, "suffix"),
         (False, {"prompt": "x", "n": 3}, "n"),
+        (True, {"messages": USER, "n": True}, "n"),  # true == 1 in Python: still refused
+        (False, {"prompt": "x", "n": 1.0}, "n"),
+        (False, {"prompt": "x", "best_of": True}, "best_of"),
         (False, {"prompt": "x", "logit_bias": {}}, "logit_bias"),
         (False, {"prompt": "x", "messages": USER}, "messages"),
     ],
