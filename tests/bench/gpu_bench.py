@@ -616,43 +616,47 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def service_bench(args) -> None:
+def start_server(
+    app: Path, settings: dict[str, str], log: str | None, packages: str | None = None
+) -> tuple:
+    """The launcher (`python -m mistral_serving.server`, as the image runs it) on a prepared
+    app folder, through `local_server.LocalServer`, importing the serving code from
+    `packages` (default: this repo's); (the server, seconds from launch to ready)."""
+    from mistral_build.local_server import LocalServer
 
-    app = Path(args.app).resolve()
-    env = dict(os.environ)
-    packages = str(Path(__file__).resolve().parents[2] / "mistral-trt-truss/packages")
-    env.update(
-        {
-            "INFERENCE_SERVER_PORT": str(args.port),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(p for p in (packages, env.get("PYTHONPATH", "")) if p),
-            "MTT_ARTIFACT": str(Path(args.dir).resolve()),
-            "MTT_ENGINE": args.engine,
-            "MTT_VERIFY_HASHES": "true" if args.verify else "false",
-            "MTT_MAX_BATCH_SIZE": str(args.max_batch_size),
-            "MTT_MAX_SEQ_LEN": str(args.max_seq_len),
-            "MTT_MAX_INFLIGHT": "512",
-            "MTT_MAX_WAITING": "1024",
-        }
-    )
+    packages = packages or str(Path(__file__).resolve().parents[2] / "mistral-trt-truss/packages")
+    path = os.pathsep.join(p for p in (packages, os.environ.get("PYTHONPATH", "")) if p)
+    log_path = Path(log) if log else None
+    started = time.perf_counter()
+    server = LocalServer.start(app.parent, settings, {"PYTHONPATH": path}, log_path)
+    return server, time.perf_counter() - started
+
+
+def warm_up(url: str, max_batch_size: int) -> None:
+    """Capture the CUDA-graph buckets the levels use, outside the timings (the engine
+    benchmark's warm-up, through the server)."""
+    for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+        if c <= max_batch_size:
+            service_level(url, c, 128, 4, 1, transport="httpx")
+
+
+def service_bench(args) -> None:
+    settings = {
+        "artifact": str(Path(args.dir).resolve()),
+        "engine": args.engine,
+        "verify_hashes": "true" if args.verify else "false",
+        "max_batch_size": str(args.max_batch_size),
+        "max_seq_len": str(args.max_seq_len),
+        "max_inflight": "512",
+        "max_waiting": "1024",
+    }
     if args.verify:
-        env["MTT_CACHE_DIR"] = args.verify
-    for item in args.set or []:
-        key, _, value = item.partition("=")
-        env["MTT_" + key.upper()] = value
+        settings["cache_dir"] = args.verify
+    settings |= dict(item.partition("=")[::2] for item in args.set or [])
     cold = drop_page_cache()
-    log = open(args.log, "w") if args.log else subprocess.DEVNULL  # noqa: SIM115
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mistral_serving.server"],
-        cwd=app,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{args.port}"
+    server, ready = start_server(Path(args.app).resolve(), settings, args.log)
+    url = server.url
     try:
-        ready = wait_until_ready(proc, url + "/v1/models/model", t0, args.log)
         emit(
             figure="server_start_to_ready",
             seconds=round(ready, 1),
@@ -664,9 +668,7 @@ def service_bench(args) -> None:
         )
         if args.start_only:
             return
-        for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):  # same warm-up as the engine run
-            if c <= args.max_batch_size:
-                service_level(url, c, 128, 4, 1, transport="httpx")
+        warm_up(url, args.max_batch_size)
         gc_at_ready = gc_histogram(url)  # the run's pauses: from here to the end
         shapes = [(128, 128, 2, 20)] + ([(1024, 256, 1, 60)] if args.long else [])
         for in_len, out_len, per_worker, budget in shapes:
@@ -681,11 +683,11 @@ def service_bench(args) -> None:
         if args.text_levels:
             from mistral_serving.settings import Settings
 
-            name = env.get("MTT_SERVED_MODEL_NAME") or Settings().served_model_name
+            name = Settings.load(settings).served_model_name  # with any MTT_* of this process
             text_sweep(url, name, f"ours {args.set}", args.text_levels)
         emit(figure="server_gc", set=args.set, **gc_pauses(gc_at_ready, gc_histogram(url)))
     finally:
-        stop(proc)
+        server.stop(timeout=30)
 
 
 def gc_histogram(url: str) -> dict:

@@ -115,55 +115,39 @@ def profiled_level(url: str, args, pid: int, name: str, extra: list[str]) -> Non
 
 
 def server(args) -> None:
-    app = Path(args.app).resolve()
-    env = dict(os.environ)
-    packages = PACKAGES
-    env.update(
-        {
-            "INFERENCE_SERVER_PORT": str(args.port),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join(p for p in (packages, env.get("PYTHONPATH", "")) if p),
-            "MTT_ARTIFACT": str(Path(args.artifact).resolve()),
-            "MTT_ENGINE": "pytorch",
-            "MTT_VERIFY_HASHES": "false",
-            "MTT_MAX_BATCH_SIZE": str(args.max_batch_size),
-            "MTT_MAX_SEQ_LEN": "2048",
-            "MTT_MAX_INFLIGHT": "512",
-            "MTT_MAX_WAITING": "1024",
-        }
-    )
+    settings = {
+        "artifact": str(Path(args.artifact).resolve()),
+        "engine": "pytorch",
+        "verify_hashes": "false",
+        "max_batch_size": str(args.max_batch_size),
+        "max_seq_len": "2048",
+        "max_inflight": "512",
+        "max_waiting": "1024",
+    }
     log_path = Path(args.out) / "server.log"
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(  # the launcher, as the image runs it
-            [sys.executable, "-m", "mistral_serving.server"],
-            cwd=app,
-            env=env,
-            stdout=log,
-            stderr=log,
+    app = Path(args.app).resolve()
+    srv, ready = gb.start_server(app, settings, str(log_path), PACKAGES)
+    url = srv.url
+    try:
+        gb.emit(figure="server_start_to_ready", seconds=round(ready, 1), pid=srv.process.pid)
+        t = time.time()
+        gb.warm_up(url, args.max_batch_size)
+        gb.emit(figure="warmup", seconds=round(time.time() - t, 1))
+        level(url, args, 2, "plain")
+        profiled_level(
+            url,
+            args,
+            srv.process.pid,
+            "spy-threads.json",
+            ["--threads", "--idle", "--format", "speedscope"],
         )
-        url = f"http://127.0.0.1:{args.port}"
-        try:
-            ready = gb.wait_until_ready(proc, url + "/v1/models/model", t0, str(log_path))
-            gb.emit(figure="server_start_to_ready", seconds=round(ready, 1), pid=proc.pid)
-            t = time.time()
-            for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):  # the service benchmark's warm-up
-                if c <= args.max_batch_size:
-                    gb.service_level(url, c, 128, 4, 1, transport="httpx")
-            gb.emit(figure="warmup", seconds=round(time.time() - t, 1))
-            level(url, args, 2, "plain")
-            profiled_level(
-                url,
-                args,
-                proc.pid,
-                "spy-threads.json",
-                ["--threads", "--idle", "--format", "speedscope"],
-            )
-            profiled_level(url, args, proc.pid, "spy-gil.json", ["--gil", "--format", "speedscope"])
-            if time.time() < args.deadline - 60:
-                level(url, args, args.long_per_worker, "long")
-        finally:
-            gb.stop(proc)
+        profiled_level(
+            url, args, srv.process.pid, "spy-gil.json", ["--gil", "--format", "speedscope"]
+        )
+        if time.time() < args.deadline - 60:
+            level(url, args, args.long_per_worker, "long")
+    finally:
+        srv.stop(timeout=30)
 
 
 def engine_alone(args) -> None:
@@ -196,7 +180,6 @@ def main() -> int:
     ap.add_argument("--long-per-worker", type=int, default=6)
     ap.add_argument("--pyspy", default="py-spy")
     ap.add_argument("--rate", type=int, default=200)
-    ap.add_argument("--port", type=int, default=8089)
     ap.add_argument("--budget", type=float, default=400, help="seconds for both parts")
     ap.add_argument("--skip-engine", action="store_true")
     args = ap.parse_args()

@@ -22,13 +22,13 @@ $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "
 du -sh "$ART" | tee -a "$L/artifact.log"
 $B prepare-verify "$ART" --verify "$CACHE" ${DROP---drop-page-cache} --out "$R" 2>&1 | tee -a "$L/artifact.log"
 
-[ -n "${SKIP_ENGINE:-}" ] || timeout $(left 40) $B engine "$ART" ${DROP---drop-page-cache} ${QUICK:+--quick} \
+[ -n "${SKIP_ENGINE:-}" ] || timeout $(left 40) $B engine "$ART" ${DROP---drop-page-cache} \
   --skip-variants --compare-loaders --correctness ${LONG---long} ${MBS:+--max-batch-size $MBS} \
   --deadline $(at 34) --out "$R" 2>&1 | grep -v "it/s]" | tee "$L/engine.log"
 gpu_mem "after engine"; snap
 for EP in on off; do
   END=$([ $EP = on ] && echo 60 || echo 78)
-  timeout $(left $END) $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} ${QUICK:+--quick} \
+  timeout $(left $END) $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} \
     ${MBS:+--max-batch-size $MBS} ${LEVELS:+--concurrency $LEVELS} --set engine_process=$EP \
     --verify "$CACHE" ${LONG---long} $([ $EP = on ] && echo "--text-levels ${TEXT_LEVELS:-1 64 256}") \
     --deadline $(( $(at $END) - 15 )) --log "$L/server-$EP.log" --out "$R" 2>&1 | tee "$L/service-$EP.log"

@@ -19,7 +19,7 @@ $B prepare-verify "$ART" --verify "$CACHE" ${DROP---drop-page-cache} --out "$R" 
 timeout $(left 52) $B engine "$ART" ${DROP---drop-page-cache} ${DISK---disk-test} ${QUICK:+--quick} \
   --skip-variants ${LONG---long} ${MBS:+--max-batch-size $MBS} --deadline $(at 50) --out "$R" \
   2>&1 | grep -v "it/s]" | tee "$L/engine.log"; snap
-timeout $(left 85) $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} ${QUICK:+--quick} \
+timeout $(left 85) $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} \
   ${MBS:+--max-batch-size $MBS} ${LEVELS:+--concurrency $LEVELS} --verify "$CACHE" ${LONG---long} \
   --deadline $(( $(at 85) - 10 )) --log "$L/server.log" --out "$R" 2>&1 | tee "$L/service.log"
 grep -ah "frozen\|page cache\|hashes verified\|loaded\|KV cache" "$L/server.log" | cut -c1-300 | tail -8; snap
