@@ -43,6 +43,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from client.cli import HelpFormatter
 from client.client import DEFAULT_URL, AsyncClient
 from client.datasets import (
     PromptItem,
@@ -584,10 +585,6 @@ def _csv(kind: type, text: str) -> list[Any]:
         return [kind(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError as exc:
         raise ValueError(f"bad list {text!r}: {exc}") from exc
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default, and keeps the description's line breaks."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

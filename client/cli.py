@@ -24,7 +24,7 @@ PREDICT_STREAM_USAGE_NOTE = (
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default."""
+    """Shows every option's default, and keeps the description's line breaks."""
 
 
 def build_parser() -> argparse.ArgumentParser:

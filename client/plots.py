@@ -142,7 +142,7 @@ def figure(runs: Sequence[dict[str, Any]], slos: dict[str, float] | None = None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from client.bench import HelpFormatter
+    from client.cli import HelpFormatter
 
     p = argparse.ArgumentParser(
         prog="python -m client bench plot",

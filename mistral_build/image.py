@@ -38,7 +38,7 @@ from mistral_build.deploy_settings import (
     add_settings_arguments,
     settings_from_args,
 )
-from mistral_build.local_server import render_build_context
+from mistral_build.local_server import SERVER_MODULE, render_build_context
 from mistral_build.paths import CACHE_DIR, REPO_ROOT, TRUSS_DIR
 from mistral_build.truss_config import truss_config, write_config
 
@@ -90,7 +90,6 @@ COMPAT_DEVIATIONS: dict[str, str] = {
 
 # The container's command: the real Truss server with our routes (mistral_serving.server),
 # from /app (the Truss server's modules) with the bundled packages importable at start.
-SERVER_MODULE = "mistral_serving.server"
 PACKAGES_DIR = "/packages"
 
 DOCKER_PLATFORM = "linux/amd64"

@@ -60,7 +60,8 @@ def server_env(context_dir: Path, port: int, settings: dict[str, str]) -> dict[s
 
 
 def dev_settings(artifact: Path = DEV_MODEL_DIR) -> dict[str, str]:
-    """Settings for the CPU dev model (what `make serve` and the e2e tests use)."""
+    """Settings for the CPU dev model (what `make serve MODEL=dev-mistral`, `build.py serve`
+    without --artifact and the e2e tests use)."""
     return {
         "artifact": str(artifact),
         "engine": "pytorch",
@@ -69,10 +70,13 @@ def dev_settings(artifact: Path = DEV_MODEL_DIR) -> dict[str, str]:
     }
 
 
-def server_command(app_dir: Path) -> list[str]:
+SERVER_MODULE = "mistral_serving.server"  # the launcher: the image's command too
+
+
+def server_command() -> list[str]:
     """The real Truss server through our launcher (run with the app folder as cwd),
     exactly as the image's command runs it."""
-    return [sys.executable, "-m", "mistral_serving.server"]
+    return [sys.executable, "-m", SERVER_MODULE]
 
 
 def launch_server(
@@ -87,7 +91,7 @@ def launch_server(
     app = context_dir / "app"
     env = server_env(context_dir, port, settings) | (extra_env or {})
     return subprocess.Popen(
-        server_command(app),
+        server_command(),
         cwd=app,
         env=env,
         stdout=log,
@@ -216,7 +220,7 @@ def serve(args: argparse.Namespace) -> int:
     )
     # Become the server (exec, no child process): Ctrl-C and SIGTERM reach it directly.
     os.chdir(app)
-    command = server_command(app)
+    command = server_command()
     os.execve(command[0], command, server_env(context, args.port, settings))
 
 

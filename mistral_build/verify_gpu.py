@@ -5,8 +5,8 @@ For each engine kind asked for it
    model's code, two layers, head_dim 64, float16) and, for `tensorrt_llm`, an engine built
    from it by the same code as `build.py engine` (checkpoint conversion + `trtllm-build`
    subprocesses; minutes, no download);
-2. starts the real Truss server on it (`local_server.launch_server`, as `make serve` and the
-   end-to-end tests do);
+2. starts the real Truss server on it (`local_server.LocalServer`, as `make serve`'s
+   launcher and the end-to-end tests do);
 3. runs engine-agnostic end-to-end checks over HTTP, each a plain function returning
    pass/fail and a detail line (streaming equals non-streaming, stop strings, penalties,
    concurrency, abort on disconnect, 429 past the queue, /health and /v1/models), a short
