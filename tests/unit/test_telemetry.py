@@ -164,3 +164,16 @@ def test_a_refusal_is_counted_under_its_reason(status: int, reason: str) -> None
     labels = {"route": "completions", "finished_reason": reason}
     assert value(registry, "mtt:request_finished_total", labels) == 1
     assert value(registry, "mtt:time_to_first_token_seconds_count", {"route": "completions"}) == 0
+
+
+@pytest.mark.parametrize("reason", ["invalid", "rejected", "client_gone"])
+def test_a_refusal_is_counted_but_not_put_in_the_histograms(reason: str) -> None:
+    telemetry, registry = make()
+    record = RequestRecord(request_id="r", route="predict")
+    record.finish_reason = reason
+    telemetry.finished(record)
+    route = {"route": "predict"}
+    assert value(registry, "mtt:request_finished_total", route | {"finished_reason": reason}) == 1
+    assert not value(registry, "mtt:e2e_request_latency_seconds_count", route)
+    assert not value(registry, "mtt:request_prompt_tokens_count")
+    assert not value(registry, "mtt:request_generation_tokens_count")

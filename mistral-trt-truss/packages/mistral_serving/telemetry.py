@@ -8,6 +8,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from mistral_serving.errors import REFUSAL_REASONS
 from mistral_serving.metrics import Metrics
 
 log = logging.getLogger("mistral_serving.requests")
@@ -44,7 +45,7 @@ class RequestRecord:
     ended_at: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    finish_reason: str | None = None  # stop, length, abort, error
+    finish_reason: str | None = None  # stop, length, abort, error; or a refusal's (REFUSED)
     output: str = ""
 
     @property
@@ -58,6 +59,10 @@ class RequestRecord:
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.arrived_at
+
+
+# Reasons a request ended before generating: counted, not put in the latency/size histograms.
+REFUSED = frozenset(REFUSAL_REASONS.values())
 
 
 class Telemetry:
@@ -76,9 +81,10 @@ class Telemetry:
         m.finished.labels(route, record.finish_reason or "error").inc()
         m.prompt_tokens.inc(record.prompt_tokens)
         m.generation_tokens.inc(record.completion_tokens)
-        m.request_prompt_tokens.observe(record.prompt_tokens)
-        m.request_generation_tokens.observe(record.completion_tokens)
-        m.e2e.labels(route).observe(duration)
+        if record.finish_reason not in REFUSED:  # refusals would pull these toward 0
+            m.request_prompt_tokens.observe(record.prompt_tokens)
+            m.request_generation_tokens.observe(record.completion_tokens)
+            m.e2e.labels(route).observe(duration)
         if record.ttft_s is not None:
             m.ttft.labels(route).observe(record.ttft_s)
             if record.completion_tokens > 1:
