@@ -43,6 +43,7 @@ def test_auto_is_dynamic_on_a_cpu():
         ({"sliding_window": 4096}, "sliding-window"),
         ({"attention_bias": True}, "biases"),
         ({"mlp_bias": True}, "biases"),
+        ({"hidden_act": "gelu"}, "activation gelu"),
         ({"rope_parameters": {"rope_type": "yarn"}}, "rope type yarn"),
         ({"rope_parameters": None, "rope_scaling": {"type": "dynamic"}}, "rope type dynamic"),
     ],

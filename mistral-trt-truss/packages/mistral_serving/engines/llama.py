@@ -137,8 +137,9 @@ def allocate(model: nn.Module, device: torch.device) -> None:
 
 def unsupported(config: Any) -> str | None:
     """None if these modules can hold this config's checkpoint, else why not."""
-    if getattr(config, "hidden_act", None) not in ACTIVATIONS:
-        return f"activation {getattr(config, 'hidden_act', None)}"
+    activation = getattr(config, "hidden_act", "silu")  # transformers' Llama/Mistral default
+    if activation not in ACTIVATIONS:
+        return f"activation {activation}"
     if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
         return "the projections have biases"
     if getattr(config, "sliding_window", None):

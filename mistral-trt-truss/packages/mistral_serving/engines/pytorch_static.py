@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -82,20 +83,13 @@ STATIC_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 
 def static_path_problem(config: dict[str, Any]) -> str | None:
     """From config.json alone (before any weight is read): None if this checkpoint is
-    one the fast path runs (Llama/Mistral, no sliding window, no biases, a rope type it
-    implements), else why not. `supports_static_path` checks the loaded modules too."""
+    one the fast path runs (Llama/Mistral, and what `llama.unsupported` accepts: SiLU, no
+    sliding window, no biases, a rope type it implements), else why not.
+    `supports_static_path` checks the loaded modules too."""
     archs = config.get("architectures") or []
     if not any(a in STATIC_ARCHITECTURES for a in archs):
         return f"architecture {'/'.join(archs) or 'unknown'} is not Llama/Mistral"
-    if config.get("sliding_window"):
-        return "sliding-window attention"
-    if config.get("attention_bias") or config.get("mlp_bias"):
-        return "the projections have biases"
-    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else None
-    if kind not in ("default", "linear", "llama3"):
-        return f"rope type {kind}"
-    return None
+    return llama.unsupported(types.SimpleNamespace(**config))
 
 
 class _NotDirect(Exception):
