@@ -149,6 +149,12 @@ def refuse_unsupported(sampling: SamplingOptions) -> None:
 Item = TokenDelta | BaseException
 
 
+def stop_ids_for(eos_token_id: int, sampling: SamplingOptions) -> frozenset[int]:
+    """Tokens that end generation: EOS (unless ignore_eos) and the request's stop ids."""
+    eos = () if sampling.ignore_eos else (eos_token_id,)
+    return frozenset((*eos, *sampling.stop_token_ids))
+
+
 def merge_ready(first: TokenDelta, queue: asyncio.Queue) -> tuple[TokenDelta, BaseException | None]:
     """`first` plus the deltas already queued behind it, as one delta: a consumer that
     fell behind the engine catches up in one pass (one chunk, one event) instead of one

@@ -61,6 +61,7 @@ from mistral_serving.engines.base import (
     deliver,
     read_stream,
     refuse_unsupported,
+    stop_ids_for,
 )
 from mistral_serving.engines.cpus import available_cpus
 from mistral_serving.engines.sampling import Sampled, prompt_logprobs, sample_next_tokens
@@ -93,12 +94,6 @@ class _Sequence:
 
     def emit(self, item: TokenDelta | BaseException) -> None:
         deliver([(self.loop, self.queue, item)])
-
-
-def stop_ids_for(eos_token_id: int, sampling: SamplingOptions) -> frozenset[int]:
-    """Tokens that end generation: EOS (unless ignore_eos) and the request's stop ids."""
-    eos = () if sampling.ignore_eos else (eos_token_id,)
-    return frozenset((*eos, *sampling.stop_token_ids))
 
 
 def pick_device(setting: str) -> torch.device:

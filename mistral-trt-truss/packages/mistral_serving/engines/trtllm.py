@@ -72,6 +72,7 @@ from mistral_serving.engines.base import (
     SamplingOptions,
     TokenDelta,
     TokenLogprob,
+    stop_ids_for,
 )
 from mistral_serving.manifest import read_manifest
 from mistral_serving.settings import Settings
@@ -291,9 +292,7 @@ class LlmApiEngine:
             logprobs_unavailable=self.logprobs_unavailable,
             prompt_logprobs_unavailable=self.prompt_logprobs_unavailable,
         )
-        stop_ids = set(sampling.stop_token_ids)
-        if not sampling.ignore_eos:
-            stop_ids.add(self.eos_token_id)
+        stop_ids = stop_ids_for(self.eos_token_id, sampling)
         try:
             result = self.llm.generate_async(
                 list(prompt_ids), sampling_params=params, streaming=True
