@@ -91,7 +91,7 @@ def meta(s: DeploySettings, name: str, extra_labels: dict[str, str] | None = Non
 
 def metric_name(s: DeploySettings, gauge: str) -> str:
     """The name the pod exports a gauge under (Settings.metrics_names picks the prefix)."""
-    return f"{s.serving_settings.metrics_names}:{gauge}"
+    return s.serving_settings.metrics_prefix + gauge
 
 
 # The service's gauges (mistral_serving.metrics) that the HPA and the endpoint picker read.

@@ -571,3 +571,8 @@ def test_scripted_engine_satisfies_the_engine_protocol() -> None:
     from mistral_serving.engines.base import Engine
 
     assert isinstance(ScriptedEngine(), Engine)
+
+
+def test_a_service_without_given_metrics_uses_the_settings_prefix(tok: Tokenizer) -> None:
+    service = GenerationService(Settings(metrics_names="vllm"), tok, ScriptedEngine(limits=LIMITS))
+    assert service.telemetry.metrics.e2e._name == "vllm:e2e_request_latency_seconds"

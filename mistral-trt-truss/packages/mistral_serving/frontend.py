@@ -83,7 +83,7 @@ class _Stream(StreamingResponse):
 class Frontend:
     def __init__(self, settings: Settings, metrics: Metrics | None = None) -> None:
         self.settings = settings
-        self.metrics = metrics or default_metrics(settings.metrics_names + ":")
+        self.metrics = metrics or default_metrics(settings.metrics_prefix)
         self.admission = Admission(settings.max_inflight, settings.max_waiting, self.metrics)
         self.drainer = Drainer(settings.drain_grace_seconds, self._stop_admitting, self._abort_all)
         self.service: GenerationService | None = None

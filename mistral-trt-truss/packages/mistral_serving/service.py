@@ -94,7 +94,10 @@ class GenerationService:
         self.settings = settings
         self.tokenizer = tokenizer
         self.engine = engine
-        self.telemetry = Telemetry(metrics or default_metrics(), settings.log_prompts)
+        self.telemetry = Telemetry(
+            metrics or default_metrics(settings.metrics_prefix), settings.log_prompts
+        )
+
         self._live: set[str] = set()  # engine ids of the requests in the engine now
         # No token is longer than this many bytes (so no prompt of more characters than
         # max_input_len * this can fit): the bound checked before tokenizing.

@@ -179,6 +179,11 @@ class Settings(BaseModel):
         return self
 
     @property
+    def metrics_prefix(self) -> str:
+        """What every exported metric name starts with: `mtt:` or `vllm:`."""
+        return self.metrics_names + ":"
+
+    @property
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser()
 
