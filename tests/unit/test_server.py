@@ -22,6 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, make_asgi_
 from mistral_serving import __version__
 from mistral_serving import frontend as frontend_module
 from mistral_serving.engines.base import EngineLimits
+from mistral_serving.errors import RequestError
 from mistral_serving.frontend import Frontend
 from mistral_serving.metrics import Metrics, default_metrics
 from mistral_serving.server import BodyGuard, add_routes, error_json, extend, route_of
@@ -250,7 +251,9 @@ def test_a_passing_request_id_is_left_to_the_frontend(caplog: pytest.LogCaptureF
 def test_an_early_refusal_is_answered_before_any_body_byte(path: str, shape: str) -> None:
     app = FakeApp()
     counted: list[tuple[str, str]] = []
-    refusal = (429, "server is at capacity", "rate_limit_exceeded", {"Retry-After": "1"})
+    refusal = RequestError(
+        "server is at capacity", 429, code="rate_limit_exceeded", headers={"Retry-After": "1"}
+    )
     middleware = BodyGuard(
         app, MAX, TIMEOUT, lambda r, why: counted.append((r, why)), refuse=lambda: refusal
     )

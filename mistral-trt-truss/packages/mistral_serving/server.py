@@ -35,6 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from mistral_serving import __version__
+from mistral_serving.errors import RequestError, openai_error_body
 from mistral_serving.prefetch import prefetch_artifact
 from mistral_serving.settings import Settings, SettingsError
 from mistral_serving.telemetry import request_id_from
@@ -80,24 +81,13 @@ def route_of(path: str) -> str | None:
 
 
 def error_json(route: str | None, status: int, message: str, code: str | None = None) -> bytes:
-    """An error body in the route's shape (OpenAI's for its routes, else predict's)."""
+    """An error body in the route's shape (OpenAI's for its routes, else predict's: what
+    `protocols/` answers for the same refusal)."""
     if route in ("chat_completions", "completions") or route is None:
-        kind = {404: "not_found_error", 429: "rate_limit_error", 503: "service_unavailable"}
-        body: dict[str, Any] = {
-            "error": {
-                "message": message,
-                "type": kind.get(status, "invalid_request_error"),
-                "param": None,
-                "code": code,
-            }
-        }
+        body = openai_error_body(RequestError(message, status, code=code))
     else:
         body = {"error": message}
     return json.dumps(body).encode()
-
-
-# (status, message, code, headers) of a refusal the frontend decides before any body.
-Refusal = tuple[int, str, str | None, dict[str, str]]
 
 
 class BodyGuard:
@@ -110,7 +100,7 @@ class BodyGuard:
         max_bytes: int,
         timeout_s: float,
         count: Callable[[str, str], None] = lambda route, reason: None,
-        refuse: Callable[[], Refusal | None] = lambda: None,
+        refuse: Callable[[], RequestError | None] = lambda: None,
     ) -> None:
         self.app = app
         self.max_bytes = max_bytes
@@ -128,11 +118,10 @@ class BodyGuard:
         route = route_of(path)
         if route is None:
             return await self.app(scope, receive, send)
-        if (refusal := self.refuse()) is not None:
-            status, message, code, headers = refusal
-            self.count(route, "rejected")
-            body = error_json(route, status, message, code)
-            return await _answer(send, status, body, scope, headers)
+        if (err := self.refuse()) is not None:
+            self.count(route, err.finish_reason)
+            body = error_json(route, err.status, err.message, err.code)
+            return await _answer(send, err.status, body, scope, err.headers)
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             self.count(route, "invalid")
@@ -231,17 +220,7 @@ def add_routes(app: FastAPI) -> None:
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
     def unavailable(message: str) -> JSONResponse:
-        return JSONResponse(
-            status_code=503,
-            content={
-                "error": {
-                    "message": message,
-                    "type": "service_unavailable",
-                    "param": None,
-                    "code": None,
-                }
-            },
-        )
+        return JSONResponse(status_code=503, content=openai_error_body(RequestError(message, 503)))
 
     async def list_models() -> Response:
         frontend = _current()
@@ -305,10 +284,9 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
         if frontend is not None:
             frontend.metrics.finished.labels(route, reason).inc()
 
-    def refuse() -> Refusal | None:
+    def refuse() -> RequestError | None:
         frontend = _current()
-        err = frontend.early_refusal() if frontend is not None else None
-        return None if err is None else (err.status, err.message, err.code, err.headers)
+        return frontend.early_refusal() if frontend is not None else None
 
     app.add_middleware(
         BodyGuard,

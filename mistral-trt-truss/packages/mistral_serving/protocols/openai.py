@@ -26,7 +26,7 @@ from pydantic import Field, model_validator
 
 from mistral_serving.chat import ChatMessage
 from mistral_serving.engines.base import GuidedDecoding, SamplingOptions, TokenLogprob
-from mistral_serving.errors import RequestError
+from mistral_serving.errors import RequestError, openai_error_body
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.fields import (
     MAX_TOKENS_LIMIT,
@@ -374,14 +374,7 @@ class OpenAIFormat:
         yield "data: [DONE]\n\n"
 
     def error_body(self, err: RequestError) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": err.message,
-                "type": _ERROR_TYPES.get(err.status, "server_error"),
-                "param": err.param,
-                "code": err.code,
-            }
-        }
+        return openai_error_body(err)
 
 
 def _completion_prompt(
@@ -403,15 +396,3 @@ def _completion_prompt(
 
 def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    408: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    499: "invalid_request_error",
-    500: "server_error",
-    503: "service_unavailable",
-}
