@@ -64,18 +64,25 @@ class Admission:
         busy = self._inflight >= self.max_inflight or bool(self._waiters)
         return busy and len(self._waiters) >= self.max_waiting
 
+    def refusal(self) -> Draining | Overloaded | None:
+        """Why a new request would be refused at once (counted in `rejected`), or None:
+        the one rule for `acquire` and for refusals decided before a body is read."""
+        if self.draining:
+            self._metrics.rejected.labels("draining").inc()
+            return Draining()
+        if self.full:
+            self._metrics.rejected.labels("queue_full").inc()
+            return Overloaded()
+        return None
+
     async def acquire(
         self, is_disconnected: Callable[[], Awaitable[bool]] | None = None, poll_s: float = 0.5
     ) -> Ticket:
-        if self.draining:
-            self._metrics.rejected.labels("draining").inc()
-            raise Draining
+        if (refused := self.refusal()) is not None:
+            raise refused
         if self._inflight < self.max_inflight and not self._waiters:
             self._take()
             return Ticket(self)
-        if len(self._waiters) >= self.max_waiting:
-            self._metrics.rejected.labels("queue_full").inc()
-            raise Overloaded
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._metrics.waiting.set(len(self._waiters))

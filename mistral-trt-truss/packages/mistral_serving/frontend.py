@@ -189,11 +189,10 @@ class Frontend:
         """503 while draining, 429 when no slot and no queue place is free: decided
         before the body is read or decoded (the body guard asks too), so a refusal costs
         the same for any body."""
-        if self.admission.draining:
-            self.metrics.rejected.labels("draining").inc()
+        refused = self.admission.refusal()
+        if isinstance(refused, Draining):
             return _draining()
-        if self.admission.full:
-            self.metrics.rejected.labels("queue_full").inc()
+        if isinstance(refused, Overloaded):
             return self._overloaded()
         return None
 
