@@ -46,15 +46,23 @@ $(SMOLLM2): $(STAMP) mistral_build/smollm2.py
 	$(PY) build.py dev-model --model smollm2 --force
 
 # `make serve` answers with SmolLM2 (a real model, its own chat template, on the CPU);
-# `make serve MODEL=dev-mistral` serves the tiny random-weight Mistral-tokenizer dev model.
+# `make serve MODEL=dev-mistral` serves the tiny random-weight Mistral-tokenizer dev model;
+# `MTT_ARTIFACT=PATH_OR_REPO make serve` serves that artifact with the MTT_* settings of the
+# environment (build.py serve refuses MTT_* settings that a dev model would override).
+ifneq ($(MTT_ARTIFACT),)
+MODEL ?= env
+else
 MODEL ?= smollm2
+endif
+SERVE_NEEDS_env := $(STAMP)
+SERVE_ARGS_env :=
 SERVE_NEEDS_smollm2 := $(SMOLLM2)
 SERVE_ARGS_smollm2 := --artifact $(CURDIR)/.cache/smollm2 --set engine=pytorch \
   --set served_model_name=smollm2-135m-instruct
 SERVE_NEEDS_dev-mistral := $(DEV_MODEL)
 ifneq ($(filter serve,$(MAKECMDGOALS)),)
 ifeq ($(SERVE_NEEDS_$(MODEL)),)
-$(error MODEL must be smollm2 or dev-mistral, not '$(MODEL)')
+$(error MODEL must be smollm2 or dev-mistral (or set MTT_ARTIFACT), not '$(MODEL)')
 endif
 endif
 serve: $(SERVE_NEEDS_$(MODEL))

@@ -145,6 +145,12 @@ class Settings(BaseModel):
         "dashboards and the Inference Gateway's endpoint picker work unchanged).",
     )
 
+    host: str = Field(
+        "0.0.0.0",
+        pattern=r"^[0-9A-Za-z.:-]{1,64}$",
+        description="Address the server listens on: every interface in the image (the pod's "
+        "port); `make serve` and `build.py serve` use 127.0.0.1 unless given `--host`.",
+    )
     http_parser: Literal["httptools", "h11"] = Field(
         "httptools",
         description="uvicorn's HTTP/1.1 parser: `httptools` (C; uvicorn's own default when "
