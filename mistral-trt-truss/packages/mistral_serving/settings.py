@@ -93,8 +93,9 @@ class Settings(BaseModel):
         None,
         ge=1,
         description="PyTorch engine: torch's intra-op CPU threads. Unset: the CPUs this "
-        "process may really use (cgroup CPU quota, CPU affinity), so a container on a big "
-        "node does not run one thread per host core.",
+        "process may really use (cgroup CPU quota, CPU affinity) less one, left to the event "
+        "loop, so a container on a big node does not run one thread per host core and a busy "
+        "small one does not spin its threads against the server.",
     )
 
     replay_step_ms: float = Field(
