@@ -258,17 +258,24 @@ def package_modules(roots: Mapping[str, Path]) -> dict[str, Path]:
     return found
 
 
-def _imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
     """Every import statement, at any depth (functions, methods, try/except), except under
-    `if TYPE_CHECKING:`, which never runs."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for sub in node.orelse:
-                yield from _imports(sub)
-            continue
-        if isinstance(node, ast.Import | ast.ImportFrom):
-            yield node
-        yield from _imports(node)
+    `if TYPE_CHECKING:`, which never runs (its `else:` does)."""
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        yield node
+        return
+    if isinstance(node, ast.If) and _is_type_checking(node.test):
+        children: list[ast.AST] = list(node.orelse)
+    else:
+        children = list(ast.iter_child_nodes(node))
+    for child in children:
+        yield from _imports(child)
 
 
 def imported_modules(name: str, path: Path, modules: Mapping[str, Path]) -> set[str]:
@@ -473,6 +480,13 @@ def test_imports_under_type_checking_do_not_count(tmp_path: Path) -> None:
     graph = full_import_graph(roots)
     assert graph["pkg.low"] == set()
     assert cycle_problems(graph) == []
+    # Its else branch runs, and so does `if not TYPE_CHECKING:`.
+    for source in (
+        "import typing\nif typing.TYPE_CHECKING:\n    pass\nelse:\n    import pkg.high\n",
+        "from typing import TYPE_CHECKING\nif not TYPE_CHECKING:\n    import pkg.high\n",
+    ):
+        (tmp_path / "pkg" / "low.py").write_text(source)
+        assert full_import_graph(roots)["pkg.low"] == {"pkg.high"}, source
 
 
 def test_a_known_cycle_that_is_gone_fails(tmp_path: Path) -> None:
