@@ -114,8 +114,8 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-# mypy with pyproject's [tool.mypy]: strict on the serving library, default mode on
-# mistral_build/ and client/ (docs/architecture.md, "Checks").
+# mypy with pyproject's [tool.mypy]: strict on the serving library and client/, default
+# mode on mistral_build/ (docs/architecture.md, "Checks").
 typecheck: $(STAMP)
 	$(PY) -m mypy
 

@@ -320,4 +320,5 @@ def closed_port() -> int:
     """A loopback port with nothing listening (for connection-refused tests)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # getsockname() is typed Any
+        return port
