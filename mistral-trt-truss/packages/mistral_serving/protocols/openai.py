@@ -284,9 +284,7 @@ class OpenAIFormat:
         assert head is not None and tail is not None
         return {key: head[key] + tail[key] for key in head}
 
-    def _logprobs(
-        self, logprobs: list[TokenLogprob] | None, offset: int
-    ) -> dict[str, Any] | None:
+    def _logprobs(self, logprobs: list[TokenLogprob] | None, offset: int) -> dict[str, Any] | None:
         if logprobs is None:
             return None
         if self.chat:
