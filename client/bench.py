@@ -43,7 +43,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from client.cli import HelpFormatter
 from client.client import DEFAULT_URL, AsyncClient
 from client.datasets import (
     PromptItem,
@@ -53,6 +52,7 @@ from client.datasets import (
     token_id_prompts,
 )
 from client.errors import ClientError
+from client.helpformat import HelpFormatter
 from client.hostinfo import HostMonitor
 from client.metrics import RequestTiming, compute_metrics, parse_slos
 from client.protocol import build_request

@@ -12,6 +12,7 @@ from typing import Any
 
 from client.client import DEFAULT_URL, Client
 from client.errors import ClientError, StreamError
+from client.helpformat import HelpFormatter
 from client.types import Message, SamplingParams
 
 USAGE_HINT = "python -m client PROMPT [options]  |  python -m client bench --help"
@@ -25,10 +26,6 @@ PREDICT_STREAM_USAGE_NOTE = (
     "the predict route streams text only, without token counts: pass --tokenizer to count "
     "completion tokens here, or drop --stream (or use --api openai) for the server's usage"
 )
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default, and keeps the description's line breaks."""
 
 
 def build_parser() -> argparse.ArgumentParser:
