@@ -195,7 +195,7 @@ def fake_trtllm(monkeypatch: pytest.MonkeyPatch):
 
 def trt_engine(tmp_path: Path, gather_context: bool):
     from mistral_serving.engines.trtllm import TrtLlmEngine
-    from tests.unit.test_trtllm_engine import H100, make_engine_dir
+    from tests.doubles.trtllm_helpers import H100, make_engine_dir
 
     engine_dir = make_engine_dir(tmp_path)
     config = json.loads((engine_dir / "config.json").read_text())
@@ -241,7 +241,7 @@ def test_trtllm_engine_without_context_logits_refuses_echo(fake_trtllm, tmp_path
 
 
 def test_trtllm_pytorch_kind_asks_for_context_logits(fake_trtllm, tmp_path):
-    from tests.unit.test_trtllm_engine import load_pytorch_kind
+    from tests.doubles.trtllm_helpers import load_pytorch_kind
 
     engine = load_pytorch_kind(tmp_path)
     deltas = asyncio.run(drain(engine, "r", [1, 5, 9], echo(0, k=1)))
