@@ -135,3 +135,14 @@ def test_the_servers_shutdown_stops_the_executor(fake_trtllm, tmp_path, dev_mode
         assert executor.shutdown_calls == 1 and executor.is_shutdown()
     finally:
         frontend_module.register(previous)
+
+
+def test_pytorch_kind_pads_batches_to_cuda_graphs(fake_trtllm, tmp_path):
+    engine = load_pytorch_kind(tmp_path / "a", Settings(max_batch_size=256))
+    graphs = engine.llm.args.cuda_graph_config
+    assert graphs.enable_padding and graphs.max_batch_size == 256
+    assert graphs.batch_sizes[:4] == [1, 2, 4, 8] and graphs.batch_sizes[-1] == 256
+    assert engine.info.details["cuda_graph_padding"] is True
+    exact = load_pytorch_kind(tmp_path / "b", Settings(trtllm_cuda_graph_padding=False))
+    assert not exact.llm.args.cuda_graph_config.enable_padding
+    assert exact.llm.args.cuda_graph_config.max_batch_size == 64
