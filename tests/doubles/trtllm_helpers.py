@@ -110,7 +110,7 @@ def load_pytorch_kind(root: Path, settings: Settings | None = None) -> TrtLlmPyt
     )
 
 
-async def stats_polled(engine) -> None:
-    """Wait for the background stats poll the last kv_cache_usage() call started."""
-    while engine._stats_task is not None:
+async def settle() -> None:
+    """Let background tasks (the adapter's stats reader) run what is ready."""
+    for _ in range(10):
         await asyncio.sleep(0)

@@ -20,6 +20,9 @@ from tests.doubles.trtllm_helpers import (
     tokens_of,
 )
 
+SERVES_LOGPROBS = Settings(trtllm_logprobs_abort_safe=True)
+
+
 # -- penalties, EOS, min_tokens, logprobs, guided decoding ----------------------------------
 
 
@@ -52,13 +55,9 @@ def test_ignore_eos_streams_the_eos_token_and_runs_to_length(fake_trtllm, tmp_pa
     assert deltas[-1].finish_reason == "length"
 
 
-def test_min_tokens_is_passed_and_holds_off_stop_tokens(fake_trtllm, tmp_path):
-    engine = load(tmp_path)
-    engine.llm.script = [10, 13, 11, 13, 12]
-    deltas = run(engine, SamplingOptions(max_new_tokens=9, stop_token_ids=(13,), min_tokens=3))
-    assert engine.llm.requests[0].sampling_params.min_tokens == 3
-    assert tokens_of(deltas) == [10, 13, 11] and deltas[-1].finish_reason == "stop"
+def test_min_tokens_is_unset_when_zero(fake_trtllm):
     assert to_sampling_params(SamplingOptions(max_new_tokens=3), EOS, 0).min_tokens is None
+    assert to_sampling_params(SamplingOptions(3, min_tokens=2), EOS, 0).min_tokens == 2
 
 
 def test_logprobs_need_an_engine_that_gathers_generation_logits(fake_trtllm, tmp_path):
@@ -71,7 +70,7 @@ def test_logprobs_need_an_engine_that_gathers_generation_logits(fake_trtllm, tmp
 
 @pytest.mark.parametrize("k", [0, 1, 3])
 def test_logprobs_stream_with_their_tokens(fake_trtllm, tmp_path, k):
-    engine = load_with_logits(tmp_path)
+    engine = load_with_logits(tmp_path, SERVES_LOGPROBS)
     assert engine.llm.args.gather_generation_logits is True
     engine.llm.tokens_per_step = 2
     engine.llm.script = [10, 11, 12, 13, EOS]
@@ -90,7 +89,7 @@ def test_logprobs_stream_with_their_tokens(fake_trtllm, tmp_path, k):
 
 
 def test_logprobs_of_a_trimmed_stop_token_are_dropped(fake_trtllm, tmp_path):
-    engine = load_with_logits(tmp_path)
+    engine = load_with_logits(tmp_path, SERVES_LOGPROBS)
     engine.llm.script = [10, EOS]
     engine.llm.include_end_id_in_output = True  # the runtime returns the end token too
     deltas = run(engine, SamplingOptions(max_new_tokens=9, logprobs=1))
@@ -99,7 +98,7 @@ def test_logprobs_of_a_trimmed_stop_token_are_dropped(fake_trtllm, tmp_path):
 
 
 def test_no_logprobs_when_not_asked(fake_trtllm, tmp_path):
-    deltas = run(load_with_logits(tmp_path), SamplingOptions(max_new_tokens=3))
+    deltas = run(load_with_logits(tmp_path, SERVES_LOGPROBS), SamplingOptions(max_new_tokens=3))
     assert all(d.logprobs is None for d in deltas)
 
 

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 from mistral_serving.engine_checks import EngineCheckError
-from mistral_serving.engines import trtllm
 from mistral_serving.engines.base import (
     Engine,
     EngineLimits,
@@ -24,7 +23,7 @@ from tests.doubles.trtllm_helpers import (
     make_checkpoint_dir,
     make_engine_dir,
     run,
-    stats_polled,
+    settle,
     tokens_of,
 )
 
@@ -41,7 +40,7 @@ def test_pytorch_kind_starts_the_pytorch_backend(fake_trtllm, tmp_path):
     assert (args.max_seq_len, args.max_batch_size, args.max_num_tokens) == (2048, 16, 4096)
     assert args.enable_chunked_prefill and args.enable_iter_perf_stats
     assert args.guided_decoding_backend == "xgrammar"
-    assert args.sampler_type == "TRTLLMSampler"  # applies the penalties
+    assert args.sampler_type == "TRTLLMSampler"  # applies the penalties (trtllm_sampler)
     assert engine.limits == EngineLimits(max_input_len=2047, max_seq_len=2048, max_batch_size=16)
     assert isinstance(engine, Engine) and engine.info.name == "trtllm_pytorch"
 
@@ -51,10 +50,9 @@ def test_pytorch_kind_limits_default_to_the_checkpoint(fake_trtllm, tmp_path):
     assert engine.limits.max_seq_len == 4096 and engine.limits.max_input_len == 4095
 
 
-def test_pytorch_kind_shares_streaming_abort_logprobs_and_stats(fake_trtllm, tmp_path, monkeypatch):
-    monkeypatch.setattr(trtllm, "STATS_INTERVAL_S", 0.0)
+def test_pytorch_kind_shares_streaming_abort_logprobs_and_stats(fake_trtllm, tmp_path):
     engine = load_pytorch_kind(tmp_path)
-    deltas = run(engine, SamplingOptions(max_new_tokens=4, logprobs=2, presence_penalty=0.4))
+    deltas = run(engine, SamplingOptions(max_new_tokens=4, logprobs=0, presence_penalty=0.4))
     assert tokens_of(deltas) == engine.llm.script[:4] and deltas[-1].finish_reason == "length"
     assert all(len(d.logprobs) == len(d.token_ids) for d in deltas)
     sp = engine.llm.requests[0].sampling_params
@@ -63,8 +61,7 @@ def test_pytorch_kind_shares_streaming_abort_logprobs_and_stats(fake_trtllm, tmp
     async def main():
         stream = engine.generate("r2", [1] * 40, SamplingOptions(max_new_tokens=50))
         await stream.__anext__()
-        engine.kv_cache_usage()
-        await stats_polled(engine)
+        await settle()
         usage = engine.kv_cache_usage()
         engine.abort("r2")
         rest = [d async for d in stream]

@@ -13,7 +13,7 @@ from mistral_serving.engines.base import (
 )
 from tests.doubles.trtllm_helpers import (
     load,
-    stats_polled,
+    settle,
     tokens_of,
 )
 
@@ -21,8 +21,7 @@ from tests.doubles.trtllm_helpers import (
 
 
 @pytest.mark.parametrize("as_json", [False, True])
-def test_kv_cache_usage_reads_the_iteration_stats(fake_trtllm, tmp_path, monkeypatch, as_json):
-    monkeypatch.setattr(trtllm, "STATS_INTERVAL_S", 0.0)
+def test_kv_cache_usage_reads_the_iteration_stats(fake_trtllm, tmp_path, as_json):
     engine = load(tmp_path)
     engine.llm.stats_as_json = as_json
     engine.llm.tokens_per_block, engine.llm.max_num_blocks = 32, 64
@@ -32,8 +31,7 @@ def test_kv_cache_usage_reads_the_iteration_stats(fake_trtllm, tmp_path, monkeyp
         assert engine.kv_cache_usage() == 0.0  # nothing running
         async for delta in engine.generate("r1", [7] * 40, SamplingOptions(max_new_tokens=30)):
             if len(tokens_of([delta])) and delta.token_ids[0] == engine.llm.script[2]:
-                engine.kv_cache_usage()  # starts a poll
-                await stats_polled(engine)
+                await settle()
                 seen.append(engine.kv_cache_usage())
         seen.append(engine.kv_cache_usage())
 
@@ -42,8 +40,7 @@ def test_kv_cache_usage_reads_the_iteration_stats(fake_trtllm, tmp_path, monkeyp
     assert seen[-1] == 0.0  # idle again
 
 
-def test_kv_cache_usage_polls_at_most_once_per_interval(fake_trtllm, tmp_path, monkeypatch):
-    monkeypatch.setattr(trtllm, "STATS_INTERVAL_S", 1e9)
+def test_one_stats_reader_however_often_the_gauge_is_read(fake_trtllm, tmp_path):
     engine = load(tmp_path)
 
     async def main():

@@ -22,16 +22,11 @@ from tests.doubles.trtllm_helpers import (
     load_pytorch_kind,
     load_with_logits,
     run,
+    settle,
     tokens_of,
 )
 
 HANG_GUARD_S = 60.0  # only turns a hang into a failure; never reached when the code is right
-
-
-async def settle() -> None:
-    """Let background tasks (the stats consumer) run what is ready."""
-    for _ in range(10):
-        await asyncio.sleep(0)
 
 
 # -- the sampler of the PyTorch-backend kind ---------------------------------------------
@@ -167,7 +162,7 @@ def test_a_fatal_error_ends_every_running_stream(fake_trtllm, tmp_path):
         try:
             async for _ in engine.generate(rid, [1, 2], SamplingOptions(max_new_tokens=500)):
                 await asyncio.sleep(0)
-        except EngineError as exc:
+        except (EngineError, EngineRequestError) as exc:
             return exc
         return None
 
@@ -178,8 +173,7 @@ def test_a_fatal_error_ends_every_running_stream(fake_trtllm, tmp_path):
         return await asyncio.wait_for(asyncio.gather(*tasks), HANG_GUARD_S)
 
     errors = asyncio.run(main())
-    assert all(isinstance(e, EngineError) for e in errors)
-    assert sum("illegal memory access" in str(e) for e in errors) == 1
+    assert all(isinstance(e, EngineError) and "illegal memory access" in str(e) for e in errors)
     assert not engine.is_healthy() and engine.num_running() == 0
 
 
@@ -195,7 +189,7 @@ def test_a_refused_grammar_is_the_clients_error_and_a_bystanders_engine_error(
         try:
             async for _ in engine.generate(rid, [1, 2], opts):
                 await asyncio.sleep(0)
-        except EngineError as exc:
+        except (EngineError, EngineRequestError) as exc:
             return exc
         return None
 

@@ -134,6 +134,12 @@ class GenerationResult:
     def abort(self) -> None:
         self._llm._executor.abort_request(self.request_id)
         self._aborted = True
+        if self._llm._abort_crashes(self):
+            # Upstream issue 10810: the executor dies processing this cancel; the error
+            # surfaces in the next stream that handles a response.
+            self._llm._executor._error_queue.append(
+                RuntimeError("Executor worker died while cancelling a request")
+            )
 
     def aborted(self) -> bool:
         return self._aborted
@@ -190,12 +196,6 @@ class GenerationResult:
         out._last_logprobs_len = len(out.logprobs)
         if self._aborted:
             if self._steps_since_abort >= self._llm.steps_after_abort:
-                if self._llm._abort_crashes(self):
-                    # Upstream issue 10810: processing this cancel kills the executor.
-                    executor._error_queue.append(
-                        RuntimeError("Executor worker died while cancelling a request")
-                    )
-                    self._raise_background_error(executor)
                 out.finish_reason = "cancelled"
                 self._done = True
                 self._llm._record_iteration()
@@ -286,7 +286,10 @@ class IterationResult:
         while not self._items:
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), self._timeout)
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
+                # races the wake-up (3.12, the release image's Python, cannot).
+                async with asyncio.timeout(self._timeout):
+                    await self._arrived.wait()
             except TimeoutError:
                 self._done = True  # sticky: see the class docstring
                 raise StopAsyncIteration from None
