@@ -48,9 +48,9 @@ def detect_gpu() -> GpuInfo | None:
     """The GPUs this process may use; None on a CPU-only machine.
 
     Read through NVML (`pynvml`, from nvidia-ml-py, which TensorRT-LLM requires), which
-    creates no CUDA context. torch.cuda would: `get_device_capability` / `get_device_name`
-    initialise CUDA in this process, and that context holds GPU memory (some hundreds of MB)
-    the executor then cannot size its KV cache from. torch.cuda only where NVML is absent.
+    creates no CUDA context: a context in this process (~0.5 GiB on an H200, see
+    docs/tensorrt-llm.md) is memory the executor cannot size its KV cache from.
+    torch.cuda only where NVML is absent.
     """
     try:
         import pynvml
