@@ -9,7 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mistral_serving import engine_checks as ec
@@ -456,3 +456,29 @@ def test_detect_gpu_without_torch(monkeypatch, no_nvml):
 def test_detect_gpu_reads_torch_cuda_only_without_nvml(monkeypatch, no_nvml):
     monkeypatch.setitem(sys.modules, "torch", fake_torch(True, 2, (9, 0), "NVIDIA H100"))
     assert ec.detect_gpu() == GpuInfo(name="NVIDIA H100", capability="9.0", count=2)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    visible=st.lists(
+        st.one_of(
+            st.integers(-2, 4).map(str),
+            st.sampled_from(["GPU-aaaa", "GPU-hhhh", "GPU-x", "MIG-1", "", " 1", "0x1"]),
+            st.text(
+                st.characters(blacklist_characters=",\x00", blacklist_categories=("Cs",)),
+                max_size=6,
+            ),
+        ),
+        max_size=5,
+    ).map(",".join)
+)
+def test_fuzz_cuda_visible_devices(monkeypatch, visible):
+    """Any CUDA_VISIBLE_DEVICES: an answer, never an exception, never more GPUs than listed."""
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([NVML_A100, NVML_H200]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    info = ec.detect_gpu()
+    assert info is None or (
+        info.name in (NVML_A100[0], NVML_H200[0]) and 1 <= info.count <= len(visible.split(","))
+    )
