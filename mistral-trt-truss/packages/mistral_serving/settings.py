@@ -125,6 +125,27 @@ class Settings(BaseModel):
         " guaranteed_no_evict admits a request only if KV for prompt + max_tokens is free; "
         "max_utilization admits more and pauses requests when the cache runs out.",
     )
+    trtllm_sampler: Literal["trtllm", "torch"] = Field(
+        "trtllm",
+        description="engine=trtllm_pytorch: TensorRT-LLM's sampler. trtllm (TRTLLMSampler) "
+        "applies repetition/presence/frequency penalties but returns only the sampled "
+        "token's logprob (top_logprobs above 0 are refused); torch (TorchSampler) returns "
+        "top-k logprobs but ignores penalties in 1.2 (requests with penalties are refused).",
+    )
+    trtllm_logprobs_abort_safe: bool = Field(
+        False,
+        description="engine=tensorrt_llm: serve logprobs from an engine built with "
+        "gather_generation_logits. Off: logprobs are refused, because aborting a request "
+        "with logprobs (any client disconnect) crashes the executor on TensorRT-LLM 1.1.0 and "
+        "1.2.0rc7. Turn on only after verify-gpu's abort-with-logprobs check passed on the "
+        "release you serve.",
+    )
+    trtllm_cuda_graph_padding: bool = Field(
+        True,
+        description="engine=trtllm_pytorch: pad decode batches up to the next captured CUDA "
+        "graph size (CudaGraphConfig.enable_padding; graphs up to max_batch_size), so every "
+        "decode step replays a graph instead of launching kernels one by one.",
+    )
 
     # Requests.
     default_max_tokens: int = Field(
