@@ -121,7 +121,13 @@ class Frontend:
 
     @property
     def ready(self) -> bool:
-        return self.service is not None and not self.drainer.draining and self.service.is_healthy()
+        service = self.service
+        return (
+            service is not None
+            and not self.drainer.draining
+            and service.is_healthy()
+            and service.stalled() is None  # the watchdog: a hung engine is not ready
+        )
 
     async def is_healthy(self) -> bool:
         self.drainer.install()  # here: the first call on the server's main-thread loop
@@ -130,6 +136,8 @@ class Frontend:
         if not self.service.is_healthy():
             self.drainer.engine_died()
             return False
+        if self.service.stalled() is not None:
+            return False  # hung, not dead: ready again if it moves (or the watchdog exits)
         return not self.drainer.draining
 
     def shutdown(self) -> None:
