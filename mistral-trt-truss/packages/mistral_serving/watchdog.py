@@ -18,11 +18,11 @@ while it had work pending. The watchdog reads it:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 
 from mistral_serving.engines.base import Engine
+from mistral_serving.shutdown import exit_now
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,7 @@ def _exit_process(engine: Engine, reason: str) -> None:
     stopper = threading.Thread(target=engine.shutdown, name="watchdog-engine-stop", daemon=True)
     stopper.start()
     stopper.join(ENGINE_STOP_S)
-    log.error("%s", reason)
-    logging.disable(logging.CRITICAL)  # the reason stays the last line
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    os._exit(EXIT_STATUS)
+    exit_now(EXIT_STATUS, reason)
 
 
 class Watchdog:
