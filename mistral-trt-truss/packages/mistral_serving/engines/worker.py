@@ -281,5 +281,16 @@ def main(argv: list[str]) -> int:
         log.info("engine process exiting after %.1fs", time.monotonic() - started)
 
 
+def exit_without_finalizing(status: int) -> None:
+    """End the process without the interpreter's finalization: the engine has already
+    shut down and logged goodbye; finalizing only makes nanobind (triton's bindings, which
+    torch imports) print ~100 "nanobind: leaked ..." lines at exit. There is no Python
+    hook for nanobind's `set_leak_warnings(false)` in those bindings."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_without_finalizing(main(sys.argv[1:]))
