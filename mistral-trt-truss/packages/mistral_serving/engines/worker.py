@@ -46,7 +46,7 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from mistral_serving.collector import freeze_loaded_objects
+from mistral_serving.collector import freeze_loaded_objects, thaw_loaded_objects
 from mistral_serving.engines.base import (
     EngineError,
     EngineRequestError,
@@ -240,6 +240,7 @@ def serve(conn: Connection) -> int:
     finally:
         stopping.set()
         engine.shutdown()  # pending streams end with EngineError("the engine shut down")
+        thaw_loaded_objects()  # else nanobind reports the frozen objects as leaked at exit
     return 0
 
 
@@ -281,16 +282,5 @@ def main(argv: list[str]) -> int:
         log.info("engine process exiting after %.1fs", time.monotonic() - started)
 
 
-def exit_without_finalizing(status: int) -> None:
-    """End the process without the interpreter's finalization: the engine has already
-    shut down and logged goodbye; finalizing only makes nanobind (triton's bindings, which
-    torch imports) print ~100 "nanobind: leaked ..." lines at exit. There is no Python
-    hook for nanobind's `set_leak_warnings(false)` in those bindings."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
-
-
 if __name__ == "__main__":
-    exit_without_finalizing(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))
