@@ -10,7 +10,7 @@ settings, and adds, before it starts:
   POST routes Truss has but this model does not serve (`/v1/embeddings`, `/v1/messages`,
   `/v1/responses`, `/hot-reload`) get 404 without their body being read.
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
-  ready; 503 while loading, draining or with a dead engine: vLLM's meaning),
+  ready; 503 while loading, draining, or with a dead or stalled engine),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
 - With read-ahead on (`load_prefetch_threads` > 0; off by default) the artifact's weight
   files start streaming into the page cache before Truss and torch are imported
