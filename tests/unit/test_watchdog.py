@@ -240,3 +240,31 @@ def test_shutdown_kills_a_silent_engine_process_at_once(proxy) -> None:
     engine._heard_at -= 60  # not heard from for a minute (stopped)
     engine.shutdown()
     assert proc.returncode == -9  # killed, not waited on for SHUTDOWN_TIMEOUT_S
+
+
+def test_the_worker_monitor_beats_with_its_engines_own_stall() -> None:
+    """The engine process's monitor thread (alive while the step loop is wedged) sends
+    ("beat", engine.stalled_for()) every HEARTBEAT_S, idle or busy."""
+    from mistral_serving.engines import worker
+
+    engine = ScriptedEngine(limits=LIMITS)
+    engine.stalled_s = 42.0
+    sent: list[tuple] = []
+
+    class Outbox:
+        def send(self, message: tuple) -> None:
+            sent.append(message)
+
+        def send_gauges_if_changed(self) -> None:
+            pass
+
+    stopping = threading.Event()
+    monitor = threading.Thread(
+        target=worker._monitor, args=(engine, Outbox(), stopping), daemon=True
+    )
+    monitor.start()
+    try:
+        wait_until(lambda: ("beat", 42.0) in sent, "a beat")
+    finally:
+        stopping.set()
+        monitor.join(DEADLINE_S)
