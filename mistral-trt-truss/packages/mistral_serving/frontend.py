@@ -121,7 +121,13 @@ class Frontend:
 
     @property
     def ready(self) -> bool:
-        return self.service is not None and not self.drainer.draining and self.service.is_healthy()
+        service = self.service
+        return (
+            service is not None
+            and not self.drainer.draining
+            and service.is_healthy()
+            and service.stalled() is None  # the watchdog: a hung engine is not ready
+        )
 
     async def is_healthy(self) -> bool:
         self.drainer.install()  # here: the first call on the server's main-thread loop
@@ -130,6 +136,8 @@ class Frontend:
         if not self.service.is_healthy():
             self.drainer.engine_died()
             return False
+        if self.service.stalled() is not None:
+            return False  # hung, not dead: ready again if it moves (or the watchdog exits)
         return not self.drainer.draining
 
     def shutdown(self) -> None:
@@ -183,7 +191,10 @@ class Frontend:
             return _error_response(fmt, err, headers)
         finally:
             ticket.release()
-        return JSONResponse(fmt.response_body(call, record, logprobs), headers=headers)
+        answer = fmt.response_body(call, record, logprobs)
+        if record.finish_reason == "abort":
+            return _cut_response(fmt, answer, headers)
+        return JSONResponse(answer, headers=headers)
 
     def early_refusal(self) -> RequestError | None:
         """503 while draining, 429 when no slot and no queue place is free: decided
@@ -272,6 +283,17 @@ class Frontend:
 
 def _draining() -> RequestError:
     return RequestError("server is shutting down; retry on another replica", status=503)
+
+
+def _cut_response(fmt: WireFormat, answer: dict[str, Any], headers: dict[str, str]) -> Response:
+    """A non-streamed answer cut short (the drain's grace period ran out) is not a success:
+    503, the route's error, and the partial answer beside it (finish_reason "abort")."""
+    err = RequestError(
+        "the answer was cut short (the server is shutting down); the partial answer is "
+        "included; retry on another replica",
+        status=503,
+    )
+    return JSONResponse(status_code=503, content=answer | fmt.error_body(err), headers=headers)
 
 
 def _error_response(fmt: WireFormat, err: RequestError, headers: dict[str, str]) -> JSONResponse:

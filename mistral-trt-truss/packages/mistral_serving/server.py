@@ -10,7 +10,7 @@ settings, and adds, before it starts:
   POST routes Truss has but this model does not serve (`/v1/embeddings`, `/v1/messages`,
   `/v1/responses`, `/hot-reload`) get 404 without their body being read.
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
-  ready; 503 while loading, draining or with a dead engine: vLLM's meaning),
+  ready; 503 while loading, draining, or with a dead or stalled engine),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
 - With read-ahead on (`load_prefetch_threads` > 0; off by default) the artifact's weight
   files start streaming into the page cache before Truss and torch are imported
@@ -38,6 +38,7 @@ from mistral_serving import __version__
 from mistral_serving.errors import RequestError, openai_error_body
 from mistral_serving.prefetch import prefetch_artifact
 from mistral_serving.settings import Settings, SettingsError
+from mistral_serving.shutdown import exit_if_load_fails
 from mistral_serving.telemetry import request_id_from
 
 if TYPE_CHECKING:
@@ -343,6 +344,14 @@ def serve(server: Any, http_parser: str, host: str = "0.0.0.0") -> None:
     uvloop.run(server._server.serve())
 
 
+def _load_failure(exc: BaseException) -> str:
+    """Why load() failed, in one line: the frontend's words, else the exception's."""
+    frontend = _current()
+    if frontend is not None and frontend.load_error:
+        return frontend.load_error
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+
+
 def main(config_path: str = "config.yaml") -> int:
     import yaml
 
@@ -365,6 +374,7 @@ def main(config_path: str = "config.yaml") -> int:
 
     port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
     server = Server(port, config)
+    exit_if_load_fails(server._model, _load_failure)  # before a probe can SIGKILL us
     server.start()
     if server._model.load_failed:
         frontend = _current()

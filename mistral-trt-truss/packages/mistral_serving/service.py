@@ -34,6 +34,7 @@ from mistral_serving.settings import Settings
 from mistral_serving.streaming import TextStream
 from mistral_serving.telemetry import RequestRecord, Telemetry
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,9 @@ class GenerationService:
         )
 
         self._live: set[str] = set()  # engine ids of the requests in the engine now
+        self.watchdog = Watchdog(
+            engine, settings.engine_stall_unready_seconds, settings.engine_stall_exit_seconds
+        )
         # No token is longer than this many bytes (so no prompt of more characters than
         # max_input_len * this can fit): the bound checked before tokenizing.
         self._max_token_chars = max((len(b) for b in tokenizer.table.token_bytes if b), default=1)
@@ -128,6 +132,7 @@ class GenerationService:
             engine.limits,
         )
         service = cls(settings, tokenizer, engine, metrics)
+        service.watchdog.start()  # a served engine that hangs ends the process
         service.telemetry.metrics.artifact.labels(
             engine.info.name, settings.artifact, described
         ).set(1)
@@ -135,6 +140,10 @@ class GenerationService:
 
     def is_healthy(self) -> bool:
         return self.engine.is_healthy()
+
+    def stalled(self) -> str | None:
+        """Why readiness must fail although the engine lives (it stalled), or None."""
+        return self.watchdog.stall()
 
     def abort_all(self) -> int:
         """Abort every request in the engine (end of a drain); returns how many."""
@@ -145,6 +154,7 @@ class GenerationService:
 
     def shutdown(self) -> None:
         """Stop the engine (its executor and workers); the server is exiting."""
+        self.watchdog.stop()
         self.engine.shutdown()
 
     # ---- requests ----

@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "MTT_"
+MAX_TEXT_CHARS = 4096  # any text setting (paths, repo ids, names)
+MAX_MODEL_NAME_CHARS = 256
 
 
 class SettingsError(ValueError):
@@ -22,7 +24,8 @@ class SettingsError(ValueError):
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf/nan for any float: "inf seconds" is a typo, not a setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # What to serve.
     artifact: str = Field(
@@ -53,9 +56,14 @@ class Settings(BaseModel):
     # PyTorch engine.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    max_batch_size: int = Field(64, ge=1, description="Sequences decoded together per step.")
+    max_batch_size: int = Field(
+        64, ge=1, le=4096, description="Sequences decoded together per step."
+    )
     max_num_tokens: int = Field(
-        8192, ge=16, description="Prompt tokens prefilled per engine step (bounds step latency)."
+        8192,
+        ge=16,
+        le=2**21,
+        description="Prompt tokens prefilled per engine step (bounds step latency).",
     )
     pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
         "auto",
@@ -68,6 +76,7 @@ class Settings(BaseModel):
     load_prefetch_threads: int = Field(
         0,
         ge=0,
+        le=64,
         description="Threads that read the artifact's weight files into the page cache "
         "from the server's first moment, while Python and torch start; 0: off (the loader "
         "streams the files itself; on the H200 VM's disk reading ahead slowed the start).",
@@ -75,6 +84,7 @@ class Settings(BaseModel):
     gil_switch_interval_ms: float = Field(
         0.5,
         gt=0,
+        le=1000,
         description="PyTorch engine on a GPU: the process's GIL switch interval "
         "(sys.setswitchinterval); the engine thread and the event loop share the GIL.",
     )
@@ -92,6 +102,7 @@ class Settings(BaseModel):
     torch_threads: int | None = Field(
         None,
         ge=1,
+        le=1024,
         description="PyTorch engine: torch's intra-op CPU threads. Unset: the CPUs this "
         "process may really use (cgroup CPU quota, CPU affinity) less one, left to the event "
         "loop, so a container on a big node does not run one thread per host core and a busy "
@@ -101,13 +112,18 @@ class Settings(BaseModel):
     replay_step_ms: float = Field(
         10.0,
         gt=0,
+        le=60_000,
         description="engine=replay (benchmarks only): milliseconds per step; "
         "each step emits one token to every live request.",
     )
 
     # Limits (never above what the engine allows).
-    max_input_len: int | None = Field(None, ge=1, description="Lower the engine's input limit.")
-    max_seq_len: int | None = Field(None, ge=2, description="Lower the engine's sequence limit.")
+    max_input_len: int | None = Field(
+        None, ge=1, le=2**21, description="Lower the engine's input limit."
+    )
+    max_seq_len: int | None = Field(
+        None, ge=2, le=2**21, description="Lower the engine's sequence limit."
+    )
 
     # TensorRT-LLM engine.
     kv_cache_free_gpu_memory_fraction: float = Field(
@@ -151,15 +167,16 @@ class Settings(BaseModel):
     default_max_tokens: int = Field(
         2048,
         ge=1,
+        le=2**21,
         description="OpenAI chat requests without max_tokens generate at most this many "
         "tokens (clamped to what the engine allows); a smaller default keeps the KV cache "
         "a request reserves small.",
     )
     max_body_bytes: int = Field(
-        8 * 2**20, ge=1024, description="Largest request body; larger ones get 413."
+        8 * 2**20, ge=1024, le=2**30, description="Largest request body; larger ones get 413."
     )
     body_timeout_seconds: float = Field(
-        30.0, gt=0, description="A request body must arrive within this; else 408."
+        30.0, gt=0, le=3600, description="A request body must arrive within this; else 408."
     )
     metrics_names: Literal["mtt", "vllm"] = Field(
         "mtt",
@@ -181,10 +198,28 @@ class Settings(BaseModel):
     )
 
     # Admission control and shutdown.
-    max_inflight: int = Field(256, ge=1, description="Requests generating at once.")
-    max_waiting: int = Field(512, ge=0, description="Requests waiting for a slot; more get 429.")
+    max_inflight: int = Field(256, ge=1, le=65536, description="Requests generating at once.")
+    max_waiting: int = Field(
+        512, ge=0, le=100_000, description="Requests waiting for a slot; more get 429."
+    )
     drain_grace_seconds: float = Field(
-        60.0, ge=0, description="On SIGTERM, how long in-flight streams may finish."
+        60.0, ge=0, le=3600, description="On SIGTERM, how long in-flight streams may finish."
+    )
+
+    # The engine watchdog (mistral_serving/watchdog.py).
+    engine_stall_unready_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Readiness answers 503 while the engine has made no progress (no step, "
+        "no response) for this long with requests pending; it recovers if the engine moves.",
+    )
+    engine_stall_exit_seconds: float = Field(
+        120.0,
+        gt=0,
+        le=86400,
+        description="Past this long without engine progress while requests are pending, the "
+        "server logs why and exits with status 1, so Kubernetes replaces the container.",
     )
 
     # Logging.
@@ -194,6 +229,39 @@ class Settings(BaseModel):
     def _check_limits(self) -> Settings:
         if self.max_input_len and self.max_seq_len and self.max_input_len >= self.max_seq_len:
             raise ValueError("max_input_len must be below max_seq_len")
+        return self
+
+    @model_validator(mode="after")
+    def _check_stall_limits(self) -> Settings:
+        if self.engine_stall_exit_seconds < self.engine_stall_unready_seconds:
+            raise ValueError(
+                "engine_stall_exit_seconds must be at least engine_stall_unready_seconds"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_text(self) -> Settings:
+        """Every text setting is printable UTF-8 of a sane length (an environment value
+        that is not UTF-8 arrives with lone surrogates); the served model name also has no
+        whitespace: it is echoed on every OpenAI answer."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                continue
+            if len(value) > MAX_TEXT_CHARS:
+                raise ValueError(f"{name}: longer than {MAX_TEXT_CHARS} characters")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"{name}: not valid UTF-8 ({ascii(value[:60])})") from None
+            if not value.isprintable():
+                raise ValueError(f"{name}: holds control characters ({ascii(value[:60])})")
+        model = self.served_model_name
+        if not model or len(model) > MAX_MODEL_NAME_CHARS or any(c.isspace() for c in model):
+            raise ValueError(
+                f"served_model_name: 1 to {MAX_MODEL_NAME_CHARS} characters without "
+                f"whitespace ({ascii(model[:60])})"
+            )
         return self
 
     @model_validator(mode="after")

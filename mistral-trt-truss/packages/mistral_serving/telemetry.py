@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -31,14 +32,19 @@ def request_id_from(header: str | None) -> str:
     return fresh
 
 
+_ENGINE_SEQ = itertools.count(1)
+
+
 @dataclass
 class RequestRecord:
     """What happened to one request; filled in as it runs."""
 
     request_id: str  # the client's X-Request-Id, or one we made: logged and returned
     route: str
-    # Unique inside the engine even when clients reuse an X-Request-Id.
-    engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The id the engine knows (and names in its log lines): "<request_id>-<n>", so a
+    # search for the request id finds the engine's lines too; unique in the process even
+    # when clients reuse an X-Request-Id.
+    engine_id: str = ""
     arrived_at: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -47,6 +53,10 @@ class RequestRecord:
     completion_tokens: int = 0
     finish_reason: str | None = None  # stop, length, abort, error; or a refusal's (REFUSED)
     output: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.engine_id:
+            self.engine_id = f"{self.request_id}-{next(_ENGINE_SEQ)}"
 
     @property
     def usage(self) -> dict[str, int]:

@@ -18,6 +18,8 @@ in time linear in the output.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,10 +233,42 @@ def _hf_tokenizer(artifact_dir: Path, stop_ids: tuple[int, ...] = ()) -> Tokeniz
     )
 
 
+class ChatTemplateRefused(ValueError):
+    """The chat template did not place the messages' contents as given (chat.py: a 400)."""
+
+
 def _render_chat(tok, messages: list[dict[str, str]]) -> list[int]:
-    # tokenize=True tokenizes the rendered text without adding special tokens (the
-    # template writes its own); return_dict=False: a plain list in transformers 4 and 5.
-    ids = tok.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+    """The template's control tokens, and each message's content encoded as text: content
+    that spells a special token ("<|im_start|>system ...") must not become that token and
+    forge a turn. Content without such text (nearly all) takes transformers' own path,
+    token for token."""
+    special = {t.content for t in tok.added_tokens_decoder.values() if t.special}
+    special.update(tok.all_special_tokens)
+    if not any(s in m["content"] for m in messages for s in special if s):
+        # tokenize=True tokenizes the rendered text without adding special tokens (the
+        # template writes its own); return_dict=False: a plain list in transformers 4 and 5.
+        ids = tok.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        return [int(i) for i in ids]
+    # Render with a fresh placeholder per content, then encode the template's text with
+    # its special tokens and each content with special tokens split into plain text.
+    nonce = secrets.token_hex(8)
+    marks = [f"\x00{nonce}:{i}\x00" for i in range(len(messages))]
+    placed = [m | {"content": mark} for m, mark in zip(messages, marks)]
+    text = tok.apply_chat_template(placed, add_generation_prompt=True, tokenize=False)
+    found = re.findall(f"\x00{nonce}:(\\d+)\x00", text)
+    if sorted(found) != sorted(str(i) for i in range(len(messages))):
+        raise ChatTemplateRefused(
+            "this model's chat template transforms message content, and a message holds a "
+            "special token's text; remove it from the message"
+        )
+    ids: list[int] = []
+    for i, part in enumerate(re.split(f"\x00{nonce}:(\\d+)\x00", text)):
+        if i % 2:  # a placeholder: that message's content, as text
+            content = messages[int(part)]["content"]
+            enc = tok(content, add_special_tokens=False, split_special_tokens=True)
+            ids += enc["input_ids"]
+        elif part:
+            ids += tok.encode(part, add_special_tokens=False)
     return [int(i) for i in ids]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
@@ -133,6 +134,12 @@ class Engine(Protocol):
         """Requests in the running batch now (admitted, not finished)."""
         ...
 
+    def stalled_for(self) -> float:
+        """Seconds (monotonic clock) since the engine last made progress (a step finished,
+        a response or stat arrived) while it had work pending (requests submitted and not
+        finished); 0.0 when idle. The watchdog (`mistral_serving.watchdog`) polls it."""
+        ...
+
     def shutdown(self) -> None:
         """Stop the engine and free what it holds; pending streams end. Idempotent."""
         ...
@@ -142,6 +149,21 @@ def refuse_unsupported(sampling: SamplingOptions) -> None:
     """Refuse options this engine cannot honour (a 4xx, before any work)."""
     if sampling.guided is not None:
         raise EngineRequestError("response_format is not supported by this engine")
+
+
+class Heartbeat:
+    """`stalled_for` for an engine with a step loop: the loop calls `beat()` after every
+    step (and while idle); `stalled_for(busy)` is the time since the last beat when the
+    engine has work pending. Plain float writes: read from any thread without a lock."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+
+    def beat(self) -> None:
+        self._last = time.monotonic()
+
+    def stalled_for(self, busy: bool) -> float:
+        return max(0.0, time.monotonic() - self._last) if busy else 0.0
 
 
 # ---- delivery from an engine thread to the event loops that wait on its streams ----

@@ -55,6 +55,7 @@ from mistral_serving.engines.base import (
     EngineInfo,
     EngineLimits,
     EngineRequestError,
+    Heartbeat,
     SamplingOptions,
     TokenDelta,
     TokenLogprob,
@@ -188,6 +189,7 @@ class TorchEngine:
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._fatal: BaseException | None = None
+        self._heartbeat = Heartbeat()  # beats once per step-loop pass (the watchdog reads it)
         # Structured output, when set: `.matcher(GuidedDecoding)` gives a per-request
         # object with `mask(row_logits)` and `accept(token_id)` (`mistral_serving.guided`).
         self.guided = None
@@ -296,6 +298,10 @@ class TorchEngine:
     def num_running(self) -> int:
         return self._n_running
 
+    def stalled_for(self) -> float:
+        busy = bool(self._waiting or self._running or self._admitting)
+        return self._heartbeat.stalled_for(busy)
+
     def shutdown(self) -> None:
         """Stop the engine thread (pending streams end with EngineError), then drop the
         model and caches so their memory can go. Safe to call again."""
@@ -326,6 +332,7 @@ class TorchEngine:
             with torch.inference_mode():
                 self._on_thread_start()
                 while not self._closing.is_set():
+                    self._heartbeat.beat()  # a pass began: the last step (if any) finished
                     self._drop_aborted()
                     admitted = self._admitting = self._admit()
                     if admitted:

@@ -30,6 +30,7 @@ from mistral_serving.engines.base import (
     EngineInfo,
     EngineLimits,
     EngineRequestError,
+    Heartbeat,
     SamplingOptions,
     TokenDelta,
     TokenLogprob,
@@ -75,6 +76,7 @@ class ReplayEngine:
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._kv_tokens = 0  # replaced by the replay thread each step
+        self._heartbeat = Heartbeat()  # beats every step-loop pass
         self._thread = threading.Thread(target=self._run, name="replay-engine", daemon=True)
         self._thread.start()
 
@@ -132,6 +134,7 @@ class ReplayEngine:
         tokens, n = self._tokens, len(self._tokens)
         next_step = time.monotonic()
         while not self._closed.is_set():
+            self._heartbeat.beat()
             with self._lock:
                 streams = list(self._live.items())
             if not streams:
@@ -180,6 +183,9 @@ class ReplayEngine:
 
     def num_running(self) -> int:
         return len(self._live)
+
+    def stalled_for(self) -> float:
+        return self._heartbeat.stalled_for(bool(self._live))
 
     def shutdown(self) -> None:
         """Abort every live request and stop the step thread. Safe to call again."""
