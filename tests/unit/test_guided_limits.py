@@ -114,6 +114,8 @@ def test_keywords_xgrammar_ignores_are_refused_by_name(keyword: str) -> None:
         ({"type": "string", "format": "idn-email"}, "idn-email"),
         ({"$ref": "http://example.com/s.json"}, "$ref"),
         ({"$defs": {"a": {"$anchor": "a"}}, "$ref": "#a"}, "$ref"),
+        ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "allOf"),
+        ({"type": "object", "allOf": [{"required": ["a"]}, {"type": "object"}]}, "allOf"),
     ],
 )
 def test_partly_supported_keywords_are_refused_where_ignored(schema: dict, named: str) -> None:
@@ -130,11 +132,21 @@ def test_partly_supported_keywords_are_refused_where_ignored(schema: dict, named
         {"type": "string", "format": "date-time"},
         {"$defs": {"a": {"type": "string"}}, "$ref": "#/$defs/a"},
         {"type": "object", "properties": {"a": {"$ref": "#"}}},
+        {"allOf": [{"type": "string", "maxLength": 2}]},
+        {
+            "allOf": [{"type": "object", "properties": {"a": {}}}, {"$ref": "#/$defs/b"}],
+            "$defs": {"b": {"type": "object"}},
+        },  # fmt: skip
         {"type": "string", "pattern": "[a-z]{1,64}", "description": "x" * 1000},
     ],
 )
 def test_supported_schemas_pass(schema: dict) -> None:
     passes(schema)
+
+
+@given(st.text(max_size=200))
+def test_pattern_repeat_takes_any_text(pattern: str) -> None:
+    assert pattern_repeat(pattern) >= 0
 
 
 def test_xgrammar_errors_lose_their_build_paths() -> None:

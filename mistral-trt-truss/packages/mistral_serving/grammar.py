@@ -229,6 +229,19 @@ def check_schema(schema: Any, size_bytes: int, limits: SchemaLimits) -> None:
                 f"the schema keyword 'multipleOf' (at {where}) is supported only with "
                 '"type": "integer" and an integer value'
             )
+        members = node.get("allOf")
+        if (
+            isinstance(members, list)
+            and len(members) > 1
+            and not all(
+                isinstance(m, dict) and (m.get("type") == "object" or "$ref" in m) for m in members
+            )
+        ):
+            # xgrammar merges object members; of others it keeps one and drops the rest.
+            raise _refuse(
+                f"the schema keyword 'allOf' (at {where}) is supported with one subschema, or "
+                'with subschemas that are all "type": "object" (or $refs)'
+            )
         fmt = node.get("format")
         if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
             raise _refuse(
