@@ -204,7 +204,8 @@ def test_a_compile_that_overruns_is_killed_refused_and_cached(tok, loop) -> None
         again = check(loop, gate, {"type": "string", "pattern": BOMB})
         assert again is not None and again.message == refused.message
         assert gate.compiles == 1
-        # A replacement process serves the next schema.
+        # A replacement process, started at the kill, serves the next schema.
+        assert pool._refill is not None
         assert check(loop, gate, {"type": "integer"}) is None
         assert (gate.compiles, pool.killed, pool.started) == (2, 1, 2)
     finally:

@@ -8,8 +8,8 @@ on stdin/stdout: first the vocabulary (the same `TokenizerInfo` as `guided.Guide
 builds), then one schema per line, answered `{"ok": ms}` or `{"error": message}`. The
 child only proves that a schema compiles, and how fast; the engine compiles it again
 where it decodes (in-process, in the engine process, or inside TensorRT-LLM), now known
-to finish within the limit. Workers start at the first schema and are replaced when
-killed; they die with the server (parent-death signal, end of stdin).
+to finish within the limit. Workers start at the first schema; one killed is replaced at
+once, in the background; they die with the server (parent-death signal, end of stdin).
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ class CompilePool:
         self.timeout_s = timeout_s
         self._sem: asyncio.Semaphore | None = None
         self._sem_loop: asyncio.AbstractEventLoop | None = None
+        self._refill: asyncio.Task[None] | None = None  # a replacement worker starting
         self._idle: list[_Worker] = []
         self._live: set[_Worker] = set()
         self.killed = 0  # workers killed for overrunning the limit (or crashing)
@@ -110,6 +111,8 @@ class CompilePool:
             self._drop_all()  # workers of another event loop (tests) cannot be used here
             self._sem, self._sem_loop = asyncio.Semaphore(self._workers), loop
         async with self._sem:
+            if not self._idle and self._refill is not None and not self._refill.done():
+                await asyncio.shield(self._refill)  # a replacement is starting: use it
             worker = self._idle.pop() if self._idle else await self._start(loop)
             started = time.monotonic()
             try:
@@ -118,6 +121,7 @@ class CompilePool:
                 )
             except TimeoutError:
                 self._kill(worker)
+                self._start_replacement(loop)
                 log.warning(
                     "response_format: a %d-byte schema overran the %.1fs compile limit; "
                     "its compiler process was killed",
@@ -130,6 +134,7 @@ class CompilePool:
                 )
             except (ConnectionError, ValueError, OSError):
                 self._kill(worker)  # it crashed on this schema: the schema's fault
+                self._start_replacement(loop)
                 log.warning("response_format: the grammar compiler process died on a schema")
                 return "the schema crashed the grammar compiler"
             except BaseException:
@@ -176,12 +181,28 @@ class CompilePool:
             ) from None
         return worker
 
+    def _start_replacement(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start a worker in the background for the one just killed, so the next schema
+        does not wait for a process start (seconds)."""
+        if self._refill is not None and not self._refill.done():
+            return
+
+        async def refill() -> None:
+            with contextlib.suppress(RequestError):  # logged; the next compile retries
+                self._idle.append(await self._start(loop))
+
+        self._refill = loop.create_task(refill())
+
     def _kill(self, worker: _Worker) -> None:
         self._live.discard(worker)
         worker.kill()
         self.killed += 1
 
     def _drop_all(self) -> None:
+        if self._refill is not None:
+            with contextlib.suppress(RuntimeError):  # its loop may be closed (tests)
+                self._refill.get_loop().call_soon_threadsafe(self._refill.cancel)
+            self._refill = None
         for worker in list(self._live):
             self._live.discard(worker)
             worker.kill()
