@@ -28,6 +28,7 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.engines.factory import start_engine
 from mistral_serving.errors import RequestError
+from mistral_serving.grammar import export_metrics, gate_for
 from mistral_serving.manifest import describe
 from mistral_serving.metrics import Metrics, default_metrics
 from mistral_serving.settings import Settings
@@ -103,6 +104,10 @@ class GenerationService:
         self.watchdog = Watchdog(
             engine, settings.engine_stall_unready_seconds, settings.engine_stall_exit_seconds
         )
+        # response_format schemas are checked (bounds, a timed compile in a child process)
+        # here, before any engine kind sees them.
+        self.grammar = gate_for(settings, tokenizer)
+        export_metrics(settings.metrics_prefix, self.grammar, getattr(engine, "guided", None))
         # No token is longer than this many bytes (so no prompt of more characters than
         # max_input_len * this can fit): the bound checked before tokenizing.
         self._max_token_chars = max((len(b) for b in tokenizer.table.token_bytes if b), default=1)
@@ -155,6 +160,7 @@ class GenerationService:
     def shutdown(self) -> None:
         """Stop the engine (its executor and workers); the server is exiting."""
         self.watchdog.stop()
+        self.grammar.close()
         self.engine.shutdown()
 
     # ---- requests ----
@@ -197,6 +203,8 @@ class GenerationService:
                 param=req.param,
             )
         sampling = req.sampling
+        if sampling.guided is not None:  # a bad or too costly schema: a 4xx, never a 5xx
+            await self.grammar.check(sampling.guided)
         if sampling.max_new_tokens > room:
             sampling = dataclasses.replace(sampling, max_new_tokens=room)
         # The model's other end-of-turn tokens (generation_config's eos_token_id list);

@@ -197,6 +197,38 @@ class Settings(BaseModel):
         "per streamed token).",
     )
 
+    # Structured output (response_format): bounds checked before any grammar compile.
+    grammar_max_schema_bytes: int = Field(
+        65536, ge=1024, description="Largest response_format schema (JSON bytes); larger: 400."
+    )
+    grammar_max_schema_depth: int = Field(
+        20, ge=2, le=32, description="Deepest JSON nesting of a schema; deeper: 400."
+    )
+    grammar_max_enum_values: int = Field(
+        1000, ge=1, description="enum/const values in one schema, all counted; more: 400."
+    )
+    grammar_max_pattern_repeat: int = Field(
+        1000,
+        ge=1,
+        description="Largest expansion of one schema `pattern` (bounded repetitions multiply "
+        "when nested); 10x this for all of a schema's patterns; more: 400.",
+    )
+    grammar_compile_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="A schema must compile within this (in a child process that is killed "
+        "when it overruns); else 400. The verdict is cached.",
+    )
+    grammar_compile_workers: int = Field(
+        1, ge=1, le=16, description="Child processes compiling new schemas at once."
+    )
+    grammar_cache_bytes: int = Field(
+        64 * 2**20,
+        ge=0,
+        description="PyTorch engines: memory of compiled grammars kept for reuse (LRU); "
+        "0 keeps none.",
+    )
+
     # Admission control and shutdown.
     max_inflight: int = Field(256, ge=1, le=65536, description="Requests generating at once.")
     max_waiting: int = Field(

@@ -89,7 +89,7 @@ def start_guided_torch_engine(
     from mistral_serving.guided import GuidedDecoder
 
     engine = start_torch_engine(model_dir, settings, tokenizer.eos_id, config)
-    engine.guided = GuidedDecoder(tokenizer, engine.vocab_size)
+    engine.guided = GuidedDecoder(tokenizer, engine.vocab_size, settings.grammar_cache_bytes)
     return engine
 
 

@@ -186,6 +186,8 @@ class TorchEngine:
         self._lock = threading.Lock()
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._aborted: set[str] = set()
+        # Requests whose grammar is compiling (not queued yet): id -> aborted meanwhile.
+        self._compiling: dict[str, bool] = {}
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._fatal: BaseException | None = None
@@ -273,15 +275,40 @@ class TorchEngine:
             stop_ids=stop_ids_for(self.eos_token_id, sampling),
         )
         if sampling.guided is not None and self.guided is not None:
-            matcher = self.guided.matcher(sampling.guided)  # a bad schema: EngineRequestError
-            seq.mask_fn, seq.accept_fn = matcher.mask, matcher.accept
+            # Compiled on the decoder's thread, then queued: neither the caller (the event
+            # loop) nor the step waits for it. A bad schema ends the stream with its error.
+            with self._lock:
+                self._compiling[request_id] = False
+            self.guided.matcher_later(sampling.guided, lambda m: self._guided_ready(seq, m))
+            return
         with self._lock:
             self._waiting.append(seq)
+        self._wake.set()
+
+    def _guided_ready(self, seq: _Sequence, matcher) -> None:
+        """On the grammar thread: queue `seq` with its matcher, or end it (its schema's
+        error, an abort that came during the compile, or an engine that stopped)."""
+        with self._lock:
+            aborted = self._compiling.pop(seq.request_id, False)
+            if isinstance(matcher, BaseException):
+                outcome: TokenDelta | BaseException | None = matcher
+            elif aborted:
+                outcome = TokenDelta([], "abort")
+            elif self._fatal is not None or self._closing.is_set():
+                outcome = EngineError("the PyTorch engine is not running")
+            else:
+                seq.mask_fn, seq.accept_fn = matcher.mask, matcher.accept
+                self._waiting.append(seq)
+                outcome = None
+        if outcome is not None:
+            seq.emit(outcome)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._aborted.add(request_id)
+            if request_id in self._compiling:  # not queued yet: _guided_ready ends it
+                self._compiling[request_id] = True
         self._wake.set()
 
     def is_healthy(self) -> bool:
