@@ -31,7 +31,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mistral_build.gpu import TARGETS, BuildGpu, detect_gpus, matches_target, supports_fp8
-from mistral_build.image import BASE_IMAGE
 from mistral_build.paths import REPO_ROOT
 from mistral_build.publish import (
     ArtifactError,
@@ -39,6 +38,7 @@ from mistral_build.publish import (
     hf_token_from_env,
     push_artifact,
 )
+from mistral_build.release import BASE_IMAGE
 from mistral_serving.manifest import BuildManifest, GpuRecord
 
 DEFAULT_MODEL = "mistralai/Mistral-7B-Instruct-v0.2"

@@ -40,18 +40,13 @@ from mistral_build.deploy_settings import (
 )
 from mistral_build.local_server import SERVER_MODULE, render_build_context
 from mistral_build.paths import CACHE_DIR, REPO_ROOT, TRUSS_DIR
+from mistral_build.release import (
+    BASE_IMAGE,
+    BASE_IMAGE_PYTHON,
+    BASE_IMAGE_PYTHON_VERSION,
+    TRTLLM_VERSION,
+)
 from mistral_build.truss_config import truss_config, write_config
-
-# The TensorRT-LLM version our engines are built with, and NVIDIA's release container
-# for it (nvcr.io/nvidia/tensorrt-llm/release:<version>, see TensorRT-LLM's
-# docs/source/installation/containers.md). Engines only run on the TensorRT version they
-# were built with, so the base image and the engine builder must use the same tag.
-TRTLLM_VERSION = "1.2.1"
-BASE_IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{TRTLLM_VERSION}"
-# The release image derives from NGC's PyTorch container (Ubuntu 24.04, system Python
-# 3.12, packages in /usr/local/lib/python3.12/dist-packages).
-BASE_IMAGE_PYTHON = "/usr/bin/python3"
-BASE_IMAGE_PYTHON_VERSION = "3.12"
 
 # What the base image has installed that our code and the Truss server also touch:
 # TensorRT-LLM v1.2.1's requirements.txt (tag commit 376f7e1b), plus the bounds that

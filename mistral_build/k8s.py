@@ -34,17 +34,23 @@ from mistral_build.deploy_settings import (
     add_settings_arguments,
     settings_from_args,
 )
+from mistral_build.gateway import render_gateway
+from mistral_build.k8s_objects import (
+    GAUGE_RUNNING,
+    GAUGE_WAITING,
+    LIVE_PATH,
+    METRICS_PATH,
+    NON_ROOT_UID,
+    READY_PATH,
+    labels,
+    meta,
+    metric_name,
+)
 from mistral_build.paths import K8S_DIR, REPO_ROOT
 from mistral_serving.settings import ENV_PREFIX
 
-# Truss server routes (truss/templates/server/truss_server.py; model name is "model").
-LIVE_PATH = "/"
-READY_PATH = "/v1/models/model"
-METRICS_PATH = "/metrics/"  # the Truss metrics mount; answers on every server version
-
 HF_SECRET_KEY = "hf_access_token"  # Truss secret name (config.yaml `secrets`).
 HF_SECRET_ENV = "TRUSS_SECRET_" + HF_SECRET_KEY  # how Truss reads a secret from the env.
-NON_ROOT_UID = 60000  # the `app` user the Truss Dockerfile creates (BT_USE_NON_ROOT_USER).
 
 PROBE_PERIOD_STARTUP = 10
 SECRET_TEMPLATE_FILE = "hf-token-secret.yaml.example"
@@ -67,37 +73,6 @@ def header(values_file: Path | None) -> str:
         f"# (mistral_build/deploy_settings.py; values: {source}). Do not edit by hand:\n"
         "# change the settings (--values FILE or flags) and render again.\n"
     )
-
-
-def labels(s: DeploySettings) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "mistral-trt-truss",
-        "app.kubernetes.io/instance": s.name,
-        "app.kubernetes.io/component": "llm-server",
-    }
-
-
-def meta(s: DeploySettings, name: str, extra_labels: dict[str, str] | None = None) -> dict:
-    m: dict[str, Any] = {"name": name}
-    if s.namespace:
-        m["namespace"] = s.namespace
-    m["labels"] = {
-        **labels(s),
-        "app.kubernetes.io/part-of": "mistral-trt-truss",
-        **(extra_labels or {}),
-    }
-    return m
-
-
-def metric_name(s: DeploySettings, gauge: str) -> str:
-    """The name the pod exports a gauge under (Settings.metrics_names picks the prefix)."""
-    return s.serving_settings.metrics_prefix + gauge
-
-
-# The service's gauges (mistral_serving.metrics) that the HPA and the endpoint picker read.
-GAUGE_WAITING = "num_requests_waiting"
-GAUGE_RUNNING = "num_requests_running"
-GAUGE_KV_CACHE = "kv_cache_usage_perc"
 
 
 def _http_probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
@@ -346,9 +321,7 @@ def render_manifests(s: DeploySettings) -> dict[str, dict[str, Any]]:
     if s.metrics_adapter == "gke-managed-prometheus":
         rendered[PODMONITORING_FILE] = pod_monitoring(s)
     if s.gateway:
-        from mistral_build import gateway
-
-        rendered.update({f"gateway/{k}": v for k, v in gateway.render_gateway(s).items()})
+        rendered.update({f"gateway/{k}": v for k, v in render_gateway(s).items()})
     return rendered
 
 

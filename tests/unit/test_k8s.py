@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mistral_build import k8s
+from mistral_build import k8s, k8s_objects
 from mistral_build.cli import main as build_main
 from mistral_build.deploy_settings import GKE_ACCELERATORS, DeploySettings, load_deploy_settings
 from mistral_build.image import truss_server_dir
@@ -483,7 +483,8 @@ def test_the_gauges_the_manifests_name_are_the_ones_the_server_exports(names: st
     gauges = {m.name for m in registry.collect() if m.type == "gauge"}
     s = deployable(serving={"metrics_names": names})
     wanted = {
-        k8s.metric_name(s, g) for g in (k8s.GAUGE_WAITING, k8s.GAUGE_RUNNING, k8s.GAUGE_KV_CACHE)
+        k8s_objects.metric_name(s, g)
+        for g in (k8s_objects.GAUGE_WAITING, k8s_objects.GAUGE_RUNNING, k8s_objects.GAUGE_KV_CACHE)
     }
     assert wanted <= gauges
 
