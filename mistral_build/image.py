@@ -32,16 +32,19 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from mistral_build import base_constraints
 from mistral_build.deploy_settings import (
     DeploySettings,
     DeploySettingsError,
     add_settings_arguments,
     settings_from_args,
 )
+from mistral_build.k8s_objects import NON_ROOT_UID
 from mistral_build.local_server import SERVER_MODULE, render_build_context
 from mistral_build.paths import CACHE_DIR, REPO_ROOT, TRUSS_DIR
 from mistral_build.release import (
     BASE_IMAGE,
+    BASE_IMAGE_CUDA,
     BASE_IMAGE_PYTHON,
     BASE_IMAGE_PYTHON_VERSION,
     TRTLLM_VERSION,
@@ -235,19 +238,109 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
-def _set_entrypoint(dockerfile: str, python: str) -> str:
-    """Replace truss's `python /app/main.py` with our launcher, /packages on the path."""
+def _replace_once(dockerfile: str, old: str, new: str) -> str:
+    """`old` replaced by `new`; refused unless `old` is there exactly once (truss's
+    template changed under us, and the build would silently lose a step)."""
+    if dockerfile.count(old) != 1:
+        raise RuntimeError(f"rendered Dockerfile has no single {old!r}: truss changed")
+    return dockerfile.replace(old, new)
+
+
+# Where the build keeps the base image's freeze and the constraints made from it.
+BUILD_DIR = "/opt/mtt-build"
+CONSTRAINTS_SCRIPT = "base_constraints.py"  # mistral_build/base_constraints.py
+MAY_MOVE_FILE = "server_may_move.txt"
+BASE_FREEZE = f"{BUILD_DIR}/base-freeze.txt"
+BASE_PIP_CHECK = f"{BUILD_DIR}/base-pip-check.txt"
+BASE_CONSTRAINTS = f"{BUILD_DIR}/base-constraints.txt"
+TINI = "/usr/bin/tini"  # Ubuntu 24.04's `tini` package
+# What the server must import, checked in the image at build time (no GPU there: CUDA is
+# checked as built, not as available).
+SMOKE_IMPORTS = ("tensorrt_llm", "truss_server", SERVER_MODULE, "torch.cuda")
+# Files and folders under APP_HOME the Truss server writes at run time (model_wrapper.py
+# creates `data` in its working directory); everything else stays root's.
+APP_WRITABLE = ("data",)
+
+
+def smoke_test_command(python: str) -> str:
+    imports = ", ".join(SMOKE_IMPORTS)
+    code = (
+        f"import {imports}; "
+        f"v = tensorrt_llm.__version__; "
+        f"assert v == {TRTLLM_VERSION!r}, f'tensorrt_llm {{v}}, expected {TRTLLM_VERSION}'; "
+        f"c = torch.version.cuda or ''; "
+        f"assert c.split('.')[0] == {BASE_IMAGE_CUDA.split('.')[0]!r}, "
+        f"f'torch built for CUDA {{c!r}}, the image is CUDA {BASE_IMAGE_CUDA}'; "
+        f"print('imports ok: tensorrt_llm', v, 'torch', torch.__version__, 'CUDA', c)"
+    )
+    return f'RUN {python} -c "{code}"'
+
+
+def patch_dockerfile(dockerfile: str, python: str) -> str:
+    """truss's Dockerfile made production-safe, in build order:
+
+    1. tini, so PID 1 reaps orphans (MPI helpers) and forwards signals;
+    2. the base image's packages frozen (and its own `pip check` recorded) before any
+       install, and every `uv pip install` held to them as constraints;
+    3. `chown` only what the server writes (not /app/tensorrt_llm, not the code);
+    4. after the last install: `pip check` (no problem the base did not have) and an
+       import smoke test of what the server runs;
+    5. our launcher as the entry point, under tini, with /packages on the path.
+    """
+    first_install = "COPY --chown=root:root ./base_server_requirements.txt"
+    b = BUILD_DIR
+    freeze = (
+        f"RUN apt-get update && apt-get install -y --no-install-recommends tini "
+        f"&& rm -rf /var/lib/apt/lists/*\n"
+        f"COPY --chown=root:root ./{CONSTRAINTS_SCRIPT} ./{MAY_MOVE_FILE} {b}/\n"
+        f"RUN {python} -m pip list --format=freeze > {BASE_FREEZE} \\\n"
+        f"    && ({python} -m pip check > {BASE_PIP_CHECK} || true) \\\n"
+        f"    && {python} {b}/{CONSTRAINTS_SCRIPT} freeze {BASE_FREEZE} {b}/{MAY_MOVE_FILE} "
+        f"> {BASE_CONSTRAINTS}\n"
+    )
+    dockerfile = _replace_once(dockerfile, first_install, freeze + first_install)
+    installs = [ln for ln in dockerfile.splitlines() if "uv pip install" in ln]
+    if len(installs) != 2:
+        raise RuntimeError(
+            f"rendered Dockerfile has {len(installs)} uv installs, not 2: truss changed"
+        )
+    for line in installs:
+        dockerfile = _replace_once(
+            dockerfile,
+            line,
+            line.replace(" --no-cache-dir", f" -c {BASE_CONSTRAINTS} --no-cache-dir"),
+        )
+    writable = " ".join(f"${{APP_HOME}}/{d}" for d in APP_WRITABLE)
+    dockerfile = _replace_once(
+        dockerfile,
+        f"RUN chown -R {NON_ROOT_UID}:{NON_ROOT_UID} ${{HOME}} ${{APP_HOME}} {PACKAGES_DIR} /workspace \n",
+        f"RUN mkdir -p {writable} && chown -R {NON_ROOT_UID}:{NON_ROOT_UID} ${{HOME}} /workspace {writable}\n",
+    )
     truss_cmd = json.dumps([python, "/app/main.py"], separators=(", ", ": "))
-    ours = json.dumps([python, "-m", SERVER_MODULE], separators=(", ", ": "))
-    old_line = f"ENTRYPOINT {truss_cmd}"
-    if dockerfile.count(old_line) != 1:
-        raise RuntimeError(f"rendered Dockerfile has no single {old_line!r}: truss changed")
-    new_lines = (
+    ours = json.dumps([TINI, "--", python, "-m", SERVER_MODULE], separators=(", ", ": "))
+    return _replace_once(
+        dockerfile,
+        f"ENTRYPOINT {truss_cmd}",
         f'ENV PYTHONPATH="{PACKAGES_DIR}${{PYTHONPATH:+:${{PYTHONPATH}}}}"\n'
         f'ENV SERVER_START_CMD="{python} -m {SERVER_MODULE}"\n'
-        f"ENTRYPOINT {ours}"
+        f"RUN {python} -m pip check | {python} {b}/{CONSTRAINTS_SCRIPT} check {BASE_PIP_CHECK}\n"
+        f"{smoke_test_command(python)}\n"
+        f"ENTRYPOINT {ours}",
     )
-    return dockerfile.replace(old_line, new_lines)
+
+
+def server_may_move() -> list[str]:
+    """Packages the base image's versions do not hold: what the Truss server pins exactly
+    (it must install that version) and TensorRT-LLM does not require. Everything else the
+    base has stays as it is, or the build fails."""
+    trtllm = {canonicalize_name(r.name) for r in parse_requirements(TRTLLM_PINS)}
+    server = parse_requirements(truss_server_requirements() + truss_server_constraints())
+    exact = {
+        canonicalize_name(r.name)
+        for r in server
+        if any(s.operator in ("==", "===") for s in r.specifier)
+    }
+    return sorted(exact - trtllm)
 
 
 def render_image_context(
@@ -267,7 +360,12 @@ def render_image_context(
     dockerfile = dockerfile_path.read_text()
     if f"FROM {BASE_IMAGE} " not in dockerfile:
         raise RuntimeError(f"rendered Dockerfile does not build FROM {BASE_IMAGE}")
-    dockerfile_path.write_text(_set_entrypoint(dockerfile, BASE_IMAGE_PYTHON))
+    dockerfile_path.write_text(patch_dockerfile(dockerfile, BASE_IMAGE_PYTHON))
+    shutil.copyfile(Path(base_constraints.__file__), build_dir / CONSTRAINTS_SCRIPT)
+    (build_dir / MAY_MOVE_FILE).write_text(
+        "# Truss server pins the base image's versions do not hold (image.server_may_move)\n"
+        + "".join(f"{name}\n" for name in server_may_move())
+    )
     return build_dir
 
 

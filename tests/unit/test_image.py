@@ -60,8 +60,72 @@ def test_installs_with_and_runs_the_base_images_python(dockerfile: str) -> None:
     assert len(installs) == 2  # Truss server requirements, then ours + the server's
     for cmd in installs:
         assert f"--python {image.BASE_IMAGE_PYTHON} " in cmd
+        # Every install is held to the base image's own packages.
+        assert f" -c {image.BASE_CONSTRAINTS} " in cmd
     assert any("-r requirements.txt -c constraints.txt" in cmd for cmd in installs)
     assert 'ENV INFERENCE_SERVER_PORT="8080"' in dockerfile
+
+
+def test_the_build_freezes_the_base_then_installs_then_checks_in_that_order(
+    context: Path, dockerfile: str
+) -> None:
+    lines = instructions(dockerfile)
+
+    def first(fragment: str) -> int:
+        return next(i for i, line in enumerate(lines) if fragment in line)
+
+    py = image.BASE_IMAGE_PYTHON
+    freeze = first(f"{py} -m pip list --format=freeze > {image.BASE_FREEZE}")
+    assert f"{py} -m pip check > {image.BASE_PIP_CHECK}" in lines[freeze]
+    assert f"base_constraints.py freeze {image.BASE_FREEZE}" in lines[freeze]
+    assert lines[freeze].endswith(f"> {image.BASE_CONSTRAINTS}")
+    installs = [i for i, line in enumerate(lines) if "uv pip install" in line]
+    last_copy = max(i for i, line in enumerate(lines) if line.startswith("COPY "))
+    pip_check = first(f"RUN {py} -m pip check | {py} ")
+    assert f"base_constraints.py check {image.BASE_PIP_CHECK}" in lines[pip_check]
+    smoke = first(f'RUN {py} -c "import tensorrt_llm, truss_server, mistral_serving.server')
+    entry = first("ENTRYPOINT")
+    assert freeze < installs[0] < installs[1] < last_copy < pip_check < smoke < entry
+    assert "torch.cuda" in lines[smoke] and "'1.2.1'" in lines[smoke]
+    # The smoke test runs where the server's modules and packages are importable.
+    assert lines.index('ENV PYTHONPATH="/packages${PYTHONPATH:+:${PYTHONPATH}}"') < smoke
+    assert [ln for ln in lines[:smoke] if ln.startswith("WORKDIR")][-1] == "WORKDIR $APP_HOME"
+    # The script the build runs is the one the tests exercise, and the may-move list is
+    # what image.server_may_move() says.
+    assert filecmp.cmp(
+        context / "base_constraints.py", Path(image.base_constraints.__file__), shallow=False
+    )
+    listed = [
+        ln for ln in (context / "server_may_move.txt").read_text().splitlines() if ln[:1] != "#"
+    ]
+    assert listed == image.server_may_move()
+
+
+def test_only_the_servers_exact_pins_outside_tensorrt_llm_may_move() -> None:
+    may_move = image.server_may_move()
+    trtllm = {r.name.lower().replace("_", "-") for r in image.parse_requirements(image.TRTLLM_PINS)}
+    assert not set(may_move) & trtllm
+    assert "cython" in may_move  # the Truss server pins cython==3.0.5
+    assert "transformers" not in may_move and "torch" not in may_move
+
+
+def test_the_smoke_test_compiles_and_fails_on_a_wrong_version() -> None:
+    cmd = image.smoke_test_command("python3")
+    code = cmd.removeprefix('RUN python3 -c "').removesuffix('"')
+    compile(code, "<smoke>", "exec")
+    fake = {
+        "tensorrt_llm": type("M", (), {"__version__": "1.1.0"}),
+        "torch": type("T", (), {"version": type("V", (), {"cuda": "13.0"}), "__version__": "x"}),
+    }
+    body = code.split("; ", 1)[1]  # past the imports: the assertions on the versions
+    with pytest.raises(AssertionError, match="tensorrt_llm 1.1.0, expected 1.2.1"):
+        exec(body, dict(fake))
+    fake["tensorrt_llm"].__version__ = image.TRTLLM_VERSION
+    fake["torch"].version.cuda = "12.8"
+    with pytest.raises(AssertionError, match="CUDA '12.8'"):
+        exec(body, dict(fake))
+    fake["torch"].version.cuda = "13.0"
+    exec(body, dict(fake))
 
 
 def test_the_container_runs_our_launcher_of_the_truss_server(
@@ -69,7 +133,13 @@ def test_the_container_runs_our_launcher_of_the_truss_server(
 ) -> None:
     lines = instructions(dockerfile)
     entry = [i for i in lines if i.startswith(("ENTRYPOINT", "CMD"))]
-    assert entry == [f'ENTRYPOINT ["{image.BASE_IMAGE_PYTHON}", "-m", "mistral_serving.server"]']
+    # tini is PID 1: it reaps orphaned MPI helpers and forwards SIGTERM to the server.
+    assert entry == [
+        f'ENTRYPOINT ["{image.TINI}", "--", "{image.BASE_IMAGE_PYTHON}", "-m", '
+        '"mistral_serving.server"]'
+    ]
+    tini = next(i for i in lines if "apt-get install" in i and " tini " in i)
+    assert lines.index(tini) < lines.index("USER 60000")
     assert "/app/main.py" not in entry[0]
     # Run from /app (the Truss server's modules: `-m` puts the working dir on sys.path)...
     workdirs = [i for i in lines[: lines.index(entry[0])] if i.startswith("WORKDIR")]
@@ -87,7 +157,7 @@ def test_the_container_runs_our_launcher_of_the_truss_server(
 
 def test_a_changed_truss_template_is_refused_not_silently_kept() -> None:
     with pytest.raises(RuntimeError, match="truss changed"):
-        image._set_entrypoint(
+        image.patch_dockerfile(
             'ENTRYPOINT ["/usr/bin/python3", "/app/server.py"]\n', "/usr/bin/python3"
         )
 
@@ -148,8 +218,11 @@ def test_image_runs_as_the_non_root_user_the_manifests_expect(dockerfile: str) -
     assert f"RUN useradd -u {uid} -ms /bin/bash app" in lines
     users = [i for i in lines if i.startswith("USER ")]
     assert users[-1] == f"USER {uid}"
-    chown = next(i for i in lines if i.startswith("RUN chown -R"))
-    assert "${APP_HOME}" in chown and "/packages" in chown and "${HOME}" in chown
+    (chown,) = [i for i in lines if "chown -R" in i]
+    # Only what the server writes: HOME (caches), /workspace and Truss's data folder; not
+    # /app itself (it holds /app/tensorrt_llm from the base image) nor the code.
+    targets = chown.split(f"chown -R {uid}:{uid} ", 1)[1].split()
+    assert targets == ["${HOME}", "/workspace", "${APP_HOME}/data"]
     assert lines.index(chown) < lines.index(users[-1]) < len(lines) - 1
     assert f"ENV HOME=${{HOME:-{APP_HOME_DIR}}}" in lines
 
