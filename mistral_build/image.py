@@ -329,6 +329,63 @@ def patch_dockerfile(dockerfile: str, python: str) -> str:
     )
 
 
+# --- the verify image: the serving image plus the build tooling ----------------------
+
+VERIFY_DOCKERFILE = "Dockerfile.verify"
+TOOLS_DIR = "tools"  # in the build context; only Dockerfile.verify copies it
+TOOLS_HOME = "/opt/mistral-trt-truss"
+# What `build.py verify-gpu` needs of the repository (mistral_build imports client for the
+# benchmark; the Truss folder is what it renders a server from).
+TOOLS = ("build.py", "pyproject.toml", "mistral_build", "client", TRUSS_DIR.name)
+
+
+def truss_requirement(repo_root: Path = REPO_ROOT) -> str:
+    """The truss package, pinned as the dev environment pins it (verify-gpu renders the
+    server's build context with it)."""
+    data = tomllib.loads((repo_root / "pyproject.toml").read_text())
+    for line in data["project"]["optional-dependencies"]["dev"]:
+        if canonicalize_name(Requirement(line).name) == "truss":
+            return line
+    raise RuntimeError("pyproject.toml's dev extras do not pin truss")
+
+
+def verify_dockerfile(python: str = BASE_IMAGE_PYTHON) -> str:
+    uid = NON_ROOT_UID
+    return (
+        "# The verify image: the serving image plus the repository's build tooling, so that\n"
+        "# `build.py verify-gpu` runs inside what the Deployment runs (k8s/verify/job.yaml).\n"
+        "ARG SERVING_IMAGE\n"
+        "FROM ${SERVING_IMAGE}\n"
+        "USER root\n"
+        f"COPY --chown=root:root ./{TOOLS_DIR} {TOOLS_HOME}\n"
+        # Held to the base image's packages like every other install, then checked.
+        f"RUN uv pip install --system --break-system-packages --python {python} "
+        f"-c {BASE_CONSTRAINTS} '{truss_requirement()}' --no-cache-dir \\\n"
+        f"    && {python} -m pip check | {python} {BUILD_DIR}/{CONSTRAINTS_SCRIPT} check "
+        f"{BASE_PIP_CHECK}\n"
+        f"RUN mkdir -p {TOOLS_HOME}/.cache && chown -R {uid}:{uid} {TOOLS_HOME}/.cache\n"
+        f"USER {uid}\n"
+        f"WORKDIR {TOOLS_HOME}\n"
+        f"RUN {python} build.py verify-gpu --help > /dev/null\n"
+        + "ENTRYPOINT "
+        + json.dumps([TINI, "--", python, "build.py", "verify-gpu"], separators=(", ", ": "))
+        + "\n"
+    )
+
+
+def add_verify_image(build_dir: Path, repo_root: Path = REPO_ROOT) -> None:
+    tools = build_dir / TOOLS_DIR
+    ignore = shutil.ignore_patterns("__pycache__", ".cache", "*.pyc")
+    tools.mkdir()
+    for name in TOOLS:
+        src = repo_root / name
+        if src.is_dir():
+            shutil.copytree(src, tools / name, ignore=ignore)
+        else:
+            shutil.copyfile(src, tools / name)
+    (build_dir / VERIFY_DOCKERFILE).write_text(verify_dockerfile())
+
+
 def server_may_move() -> list[str]:
     """Packages the base image's versions do not hold: what the Truss server pins exactly
     (it must install that version) and TensorRT-LLM does not require. Everything else the
@@ -366,6 +423,7 @@ def render_image_context(
         "# Truss server pins the base image's versions do not hold (image.server_may_move)\n"
         + "".join(f"{name}\n" for name in server_may_move())
     )
+    add_verify_image(build_dir)
     return build_dir
 
 
@@ -394,10 +452,21 @@ def docker_unavailable(runner: Runner = subprocess.run) -> str | None:
     return None
 
 
-def docker_commands(context_dir: Path, image_ref: str, push: bool = True) -> list[list[str]]:
+def docker_commands(
+    context_dir: Path, image_ref: str, push: bool = True, verify_ref: str | None = None
+) -> list[list[str]]:
+    """Build (and push) the serving image, then the verify image on top of it."""
     cmds = [["docker", "build", "--platform", DOCKER_PLATFORM, "-t", image_ref, str(context_dir)]]
+    if verify_ref is not None:
+        cmds.append(
+            ["docker", "build", "--platform", DOCKER_PLATFORM,
+             "-f", str(context_dir / VERIFY_DOCKERFILE), "--build-arg", f"SERVING_IMAGE={image_ref}",
+             "-t", verify_ref, str(context_dir)]
+        )  # fmt: skip
     if push:
         cmds.append(["docker", "push", image_ref])
+        if verify_ref is not None:
+            cmds.append(["docker", "push", verify_ref])
     return cmds
 
 
@@ -425,9 +494,10 @@ def build_image(
     render_image_context(context_dir, settings)
     print(
         f"Rendered the Docker build context into {context_dir} "
-        f"(FROM {BASE_IMAGE}, runs `python3 -m {SERVER_MODULE}` as uid 60000)."
+        f"(FROM {BASE_IMAGE}, runs `python3 -m {SERVER_MODULE}` as uid 60000; "
+        f"{VERIFY_DOCKERFILE}: the verify image {settings.verify_image_ref})."
     )
-    cmds = docker_commands(context_dir, settings.image_ref, push)
+    cmds = docker_commands(context_dir, settings.image_ref, push, settings.verify_image_ref)
     shown = "\n".join("  " + " ".join(c) for c in cmds)
     why = docker_unavailable(runner)
     if why is not None:

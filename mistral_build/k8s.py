@@ -101,13 +101,25 @@ def _resources(s: DeploySettings) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-def deployment(s: DeploySettings) -> dict[str, Any]:
+# TP > 1: NCCL's cuMem-based transport passes file descriptors between the ranks, which
+# may fail with every capability dropped; legacy CUDA IPC does not need that. Upstream
+# TensorRT-LLM sets nothing here; this is our precaution, unverified on a multi-GPU pod.
+MULTI_GPU_ENV = {"NCCL_CUMEM_ENABLE": "0"}
+GKE_DRIVER_LABEL = "cloud.google.com/gke-gpu-driver-version"
+VERIFY_JOB_FILE = "verify/job.yaml"  # in a subfolder: `kubectl apply -f k8s/` skips it
+
+
+def server_env(s: DeploySettings) -> list[dict[str, Any]]:
     env = [{"name": ENV_PREFIX + k.upper(), "value": v} for k, v in s.serving_env().items()]
     env += [
         {"name": "INFERENCE_SERVER_PORT", "value": str(s.port)},
         # Settings' `~` paths (the engine cache) resolve here, where the volume is mounted.
         {"name": "HOME", "value": APP_HOME_DIR},
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+    ]
+    if s.gpu_count > 1:
+        env += [{"name": k, "value": v} for k, v in MULTI_GPU_ENV.items()]
+    env.append(
         {
             "name": HF_SECRET_ENV,
             "valueFrom": {
@@ -117,19 +129,29 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
                     "optional": False,
                 }
             },
-        },
-    ]
-    cache_volume: dict[str, Any] = {"name": "engine-cache"}
-    if s.cache_pvc:
-        cache_volume["persistentVolumeClaim"] = {"claimName": s.cache_pvc}
-    else:
-        cache_volume["emptyDir"] = {"sizeLimit": s.cache_size}
-    container = {
+        }
+    )
+    return env
+
+
+def container_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def server_container(s: DeploySettings) -> dict[str, Any]:
+    return {
         "name": "server",
         "image": s.image_ref,
         "imagePullPolicy": "IfNotPresent",
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"}],
-        "env": env,
+        "env": server_env(s),
         "resources": _resources(s),
         "startupProbe": _http_probe(
             READY_PATH,
@@ -140,20 +162,51 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
         "readinessProbe": {**_http_probe(READY_PATH, 5, 3, 3), "successThreshold": 1},
         "livenessProbe": _http_probe(LIVE_PATH, 15, 10, 4),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(s.pre_stop_sleep_seconds)]}}},
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": NON_ROOT_UID,
-            "runAsGroup": NON_ROOT_UID,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security_context(),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "engine-cache", "mountPath": s.cache_mount_path},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
+
+
+def pod_spec(s: DeploySettings, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod the server runs in, and the verify Job with it: node, user, volumes."""
+    cache_volume: dict[str, Any] = {"name": "engine-cache"}
+    if s.cache_pvc:
+        cache_volume["persistentVolumeClaim"] = {"claimName": s.cache_pvc}
+    else:
+        cache_volume["emptyDir"] = {"sizeLimit": s.cache_size}
+    return {
+        "terminationGracePeriodSeconds": s.termination_grace_period_seconds,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "nodeSelector": {
+            "cloud.google.com/gke-accelerator": s.gke_accelerator,
+            # The image is CUDA 13.0: GKE's `latest` driver (R580 on current GKE
+            # versions) rather than the `default` branch, which can be older.
+            GKE_DRIVER_LABEL: s.gpu_driver_version,
+        },
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": NON_ROOT_UID,
+            "runAsGroup": NON_ROOT_UID,
+            "fsGroup": NON_ROOT_UID,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm_size}},
+            cache_volume,
+            {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
+        ],
+    }
+
+
+def deployment(s: DeploySettings) -> dict[str, Any]:
     pod_labels = labels(s)
     return {
         "apiVersion": "apps/v1",
@@ -178,30 +231,47 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
                         "prometheus.io/path": METRICS_PATH,
                     },
                 },
-                "spec": {
-                    "terminationGracePeriodSeconds": s.termination_grace_period_seconds,
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "nodeSelector": {"cloud.google.com/gke-accelerator": s.gke_accelerator},
-                    "tolerations": [
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": NON_ROOT_UID,
-                        "runAsGroup": NON_ROOT_UID,
-                        "fsGroup": NON_ROOT_UID,
-                        "fsGroupChangePolicy": "OnRootMismatch",
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm_size}},
-                        cache_volume,
-                        {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
-                    ],
-                },
+                "spec": pod_spec(s, server_container(s)),
             },
+        },
+    }
+
+
+def verify_job_name(s: DeploySettings) -> str:
+    return f"{s.name[:48]}-verify-gpu"
+
+
+# Where the verify Job writes its report and tiny artifacts: the /tmp volume (the image's
+# tooling folder is root's).
+VERIFY_OUT = "/tmp/verify-gpu"
+
+
+def verify_job(s: DeploySettings) -> dict[str, Any]:
+    """`build.py verify-gpu` inside the verify image (the serving image plus the build
+    tooling) on a GPU node, in the Deployment's pod: same node selector, tolerations, user,
+    security contexts, volumes, env and resources, from the same functions. Its pods are
+    labelled `verify-gpu`, so the Service, PDB and HPA never select them."""
+    server = server_container(s)
+    container = {
+        "name": "verify-gpu",
+        "image": s.verify_image_ref,
+        "imagePullPolicy": "IfNotPresent",
+        "args": ["--kind", "all", "--out", VERIFY_OUT],
+        **{k: server[k] for k in ("env", "resources", "securityContext", "volumeMounts")},
+    }
+    spec = pod_spec(s, container)
+    spec["restartPolicy"] = "Never"
+    spec["terminationGracePeriodSeconds"] = 30
+    job_labels = {**labels(s), "app.kubernetes.io/component": "verify-gpu"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta(s, verify_job_name(s), {"app.kubernetes.io/component": "verify-gpu"}),
+        "spec": {
+            "backoffLimit": 0,  # one run, one report: a failed check is not retried
+            "activeDeadlineSeconds": 3600,
+            "ttlSecondsAfterFinished": 86400,  # the report stays readable for a day
+            "template": {"metadata": {"labels": job_labels}, "spec": spec},
         },
     }
 
@@ -317,6 +387,7 @@ def render_manifests(s: DeploySettings) -> dict[str, dict[str, Any]]:
         "poddisruptionbudget.yaml": pod_disruption_budget(s),
         "hpa.yaml": horizontal_pod_autoscaler(s),
         SECRET_TEMPLATE_FILE: secret_template(s),
+        VERIFY_JOB_FILE: verify_job(s),
     }
     if s.metrics_adapter == "gke-managed-prometheus":
         rendered[PODMONITORING_FILE] = pod_monitoring(s)
@@ -417,6 +488,10 @@ def run_manifests(
     )
     print(f"  next: {create_secret_command(s)}")
     print(f"        kubectl apply -f {out_dir}/")
+    print(
+        f"  check the GPU node first: kubectl apply -f {out_dir}/{VERIFY_JOB_FILE} && "
+        f"kubectl logs -f job/{verify_job_name(s)}   (docs/verify-on-gpu.md)"
+    )
     if s.gateway:
         print(f"        kubectl apply -f {out_dir}/gateway/   (docs/deploy.md: Inference Gateway)")
     return 0

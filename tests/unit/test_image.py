@@ -280,21 +280,33 @@ def test_with_a_docker_engine_it_builds_tags_and_pushes(
     docker = FakeDocker()
     s = DeploySettings(image=REGISTRY, image_tag="t2")
     assert image.build_image(s, tmp_path / "ctx", runner=docker) == 0
+    ctx = str(tmp_path / "ctx")
     assert docker.calls[1:] == [
-        [
-            "docker",
-            "build",
-            "--platform",
-            "linux/amd64",
-            "-t",
-            "registry.example/llm/mtt:t2",
-            str(tmp_path / "ctx"),
-        ],
-        ["docker", "push", "registry.example/llm/mtt:t2"],
-    ]
+        ["docker", "build", "--platform", "linux/amd64", "-t", f"{REGISTRY}:t2", ctx],
+        ["docker", "build", "--platform", "linux/amd64", "-f", f"{ctx}/Dockerfile.verify",
+         "--build-arg", f"SERVING_IMAGE={REGISTRY}:t2", "-t", f"{REGISTRY}:t2-verify", ctx],
+        ["docker", "push", f"{REGISTRY}:t2"],
+        ["docker", "push", f"{REGISTRY}:t2-verify"],
+    ]  # fmt: skip
     failing = FakeDocker(build_rc=3)
     assert image.build_image(s, tmp_path / "ctx", runner=failing) == 3
     assert [c[1] for c in failing.calls] == ["info", "build"]  # no push after a failed build
+
+
+def test_the_verify_image_is_the_serving_image_plus_the_tooling(context: Path) -> None:
+    text = (context / image.VERIFY_DOCKERFILE).read_text()
+    lines = instructions(text)
+    assert lines[:2] == ["ARG SERVING_IMAGE", "FROM ${SERVING_IMAGE}"]
+    install = next(i for i in lines if "uv pip install" in i)
+    assert f"-c {image.BASE_CONSTRAINTS} 'truss==" in install and "pip check" in install
+    assert lines[-1] == (
+        f'ENTRYPOINT ["{image.TINI}", "--", "{image.BASE_IMAGE_PYTHON}", "build.py", "verify-gpu"]'
+    )
+    assert f"USER {k8s.NON_ROOT_UID}" in lines
+    for name in image.TOOLS:
+        assert (context / image.TOOLS_DIR / name).exists(), name
+    assert (context / image.TOOLS_DIR / "mistral_build" / "verify_gpu.py").is_file()
+    assert not list((context / image.TOOLS_DIR).rglob("__pycache__"))
 
 
 def test_no_docker_client_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
