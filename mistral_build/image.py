@@ -47,6 +47,7 @@ from mistral_build.release import (
     BASE_IMAGE_CUDA,
     BASE_IMAGE_PYTHON,
     BASE_IMAGE_PYTHON_VERSION,
+    TINI,
     TRTLLM_VERSION,
 )
 from mistral_build.truss_config import truss_config, write_config
@@ -253,7 +254,6 @@ MAY_MOVE_FILE = "server_may_move.txt"
 BASE_FREEZE = f"{BUILD_DIR}/base-freeze.txt"
 BASE_PIP_CHECK = f"{BUILD_DIR}/base-pip-check.txt"
 BASE_CONSTRAINTS = f"{BUILD_DIR}/base-constraints.txt"
-TINI = "/usr/bin/tini"  # Ubuntu 24.04's `tini` package
 # What the server must import, checked in the image at build time (no GPU there: CUDA is
 # checked as built, not as available).
 SMOKE_IMPORTS = ("tensorrt_llm", "truss_server", SERVER_MODULE, "torch.cuda")

@@ -18,3 +18,4 @@ BASE_IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{TRTLLM_VERSION}"
 BASE_IMAGE_PYTHON = "/usr/bin/python3"
 BASE_IMAGE_PYTHON_VERSION = "3.12"
 BASE_IMAGE_CUDA = "13.0"
+TINI = "/usr/bin/tini"  # Ubuntu 24.04's `tini` package, PID 1 of every container we run

@@ -622,6 +622,10 @@ def test_the_verify_job_runs_in_the_deployments_pod(values: dict[str, Any]) -> N
         assert verify[key] == server[key], key
     assert verify["image"] == f"{s.image}:{s.image_tag}-verify" == s.verify_image_ref
     assert verify["args"][:2] == ["--kind", "all"]
+    # The image's own entry point (tini, then build.py verify-gpu), the nofile limit first.
+    assert verify["command"][:4] == ["/usr/bin/tini", "--", "/bin/sh", "-c"]
+    assert verify["command"][4].startswith('echo "open files (ulimit -n): $(ulimit -n)"; ')
+    assert verify["command"][4].endswith('exec /usr/bin/python3 build.py verify-gpu "$@"')
     assert job["restartPolicy"] == "Never"
     # Its pods are not the Service's, the PDB's or the HPA's.
     labels = objs[k8s.VERIFY_JOB_FILE]["spec"]["template"]["metadata"]["labels"]
@@ -643,3 +647,16 @@ def test_the_verify_job_writes_where_its_user_can() -> None:
     out = verify["args"][verify["args"].index("--out") + 1]
     mounts = [m["mountPath"] for m in verify["volumeMounts"]]
     assert any(out.startswith(m.rstrip("/") + "/") for m in mounts), (out, mounts)
+
+
+def test_the_verify_jobs_shell_says_the_limit_and_passes_its_args() -> None:
+    import subprocess
+
+    (verify,) = job_pod(rendered())["containers"]
+    script = verify["command"][4].replace("/usr/bin/python3", "echo")  # no image here
+    out = subprocess.run(
+        ["/bin/sh", "-c", script, verify["command"][5], *verify["args"]],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.splitlines()  # fmt: skip
+    assert re.fullmatch(r"open files \(ulimit -n\): (\d+|unlimited)", out[0])
+    assert out[1] == "build.py verify-gpu --kind all --out /tmp/verify-gpu"
