@@ -30,6 +30,12 @@ PROC_550 = (
     "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.90.07  Fri May 31 09:35:42 UTC 2024\n"
     "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
 )
+# What the lent H200 machine has (read there: /proc/driver/nvidia/version, no
+# /usr/local/cuda/version.json, CUDA_VERSION=13.0.2; NVML said 580.159.04 too).
+PROC_H200 = (
+    "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build  "
+    "(nixbld@)  \nGCC version:  gcc version 15.3.0 (GCC) \n"
+)
 # /usr/local/cuda/version.json of a CUDA 13.0 toolkit (abridged).
 CUDA_13 = {"cuda": {"name": "CUDA SDK", "version": "13.0.2"}, "cuda_cudart": {"version": "13.0.96"}}
 
@@ -59,6 +65,12 @@ def test_both_kernel_module_spellings_are_read() -> None:
     assert driver.parse_proc_version(PROC_580) == "580.95.05"
     assert driver.parse_proc_version(PROC_550) == "550.90.07"
     assert driver.parse_proc_version("garbage") is None
+
+
+def test_the_h200_machines_driver_and_cuda_variable_pass(fake) -> None:
+    args = fake(PROC_H200, None) | {"env": {"CUDA_VERSION": "13.0.2"}}
+    report = driver.check(**args)
+    assert report.line() == "NVIDIA driver 580.159.04, image CUDA 13.0, needs >= 580.65.06: ok"
 
 
 def test_an_r550_driver_is_refused_for_cuda_13_in_one_line(fake) -> None:
