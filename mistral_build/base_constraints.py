@@ -22,6 +22,16 @@ import sys
 from collections.abc import Iterable
 
 _FREEZE_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
+# A PEP 440 version (the PEP's appendix regex, case-insensitive): what a constraint file
+# may hold. A base package whose version is not one cannot be held, and is named instead.
+_PEP440 = re.compile(
+    r"^\s*v?(?:\d+!)?\d+(?:\.\d+)*"
+    r"(?:[-_.]?(?:a|b|c|rc|alpha|beta|pre|preview)[-_.]?\d*)?"
+    r"(?:-\d+|[-_.]?(?:post|rev|r)[-_.]?\d*)?"
+    r"(?:[-_.]?dev[-_.]?\d*)?"
+    r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*$",
+    re.IGNORECASE,
+)
 
 
 def canonical(name: str) -> str:
@@ -29,12 +39,19 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def constraints_from_freeze(freeze: Iterable[str], may_move: Iterable[str] = ()) -> list[str]:
+def is_version(text: str) -> bool:
+    return _PEP440.match(text) is not None
+
+
+def constraints_from_freeze(
+    freeze: Iterable[str], may_move: Iterable[str] = (), unheld: list[str] | None = None
+) -> list[str]:
     """`name==version` constraints for every frozen package not in `may_move`.
 
     Lines that are not `name==version` (comments, `-e` editable installs, `name @ url`
     from a plain `pip freeze`) are refused: `pip list --format=freeze` never writes them,
-    and a constraint we cannot read is one we would silently drop.
+    and a constraint we cannot read is one we would silently drop. A version that is not
+    PEP 440 (a constraint file cannot hold it) is left out and its line added to `unheld`.
     """
     skip = {canonical(n) for n in may_move}
     out: list[str] = []
@@ -45,8 +62,13 @@ def constraints_from_freeze(freeze: Iterable[str], may_move: Iterable[str] = ())
         match = _FREEZE_LINE.match(line)
         if match is None:
             raise ValueError(f"not a `name==version` freeze line: {line!r}")
-        if canonical(match.group(1)) not in skip:
-            out.append(f"{match.group(1)}=={match.group(2)}")
+        if canonical(match.group(1)) in skip:
+            continue
+        if not is_version(match.group(2)):
+            if unheld is not None:
+                unheld.append(line)
+            continue
+        out.append(f"{match.group(1)}=={match.group(2)}")
     return out
 
 
@@ -64,7 +86,10 @@ def main(argv: list[str]) -> int:
     if len(argv) == 3 and argv[0] == "freeze":
         with open(argv[1], encoding="utf-8") as f, open(argv[2], encoding="utf-8") as m:
             names = [ln.split("#", 1)[0].strip() for ln in m]
-            print("\n".join(constraints_from_freeze(f, [n for n in names if n])))
+            unheld: list[str] = []
+            print("\n".join(constraints_from_freeze(f, [n for n in names if n], unheld)))
+        for line in unheld:
+            print(f"warning: not held (not a PEP 440 version): {line}", file=sys.stderr)
         return 0
     if len(argv) == 2 and argv[0] == "check":
         with open(argv[1], encoding="utf-8") as f:

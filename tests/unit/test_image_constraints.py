@@ -155,6 +155,27 @@ def test_unreadable_freeze_lines_are_refused() -> None:
     ]
 
 
+def test_a_version_no_constraint_can_hold_is_named_not_dropped_silently() -> None:
+    unheld: list[str] = []
+    out = base_constraints.constraints_from_freeze(
+        ["good==1.0", "odd==2020-weird", "nv==2.9.0a0+50eac811a6.nv25.12"], unheld=unheld
+    )
+    assert out == ["good==1.0", "nv==2.9.0a0+50eac811a6.nv25.12"]
+    assert unheld == ["odd==2020-weird"]
+
+
+@given(st.from_regex(r"[0-9a-zA-Z.+!_-]{1,16}", fullmatch=True))
+def test_the_version_rule_is_packagings(text: str) -> None:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(text)
+        valid = True
+    except InvalidVersion:
+        valid = False
+    assert base_constraints.is_version(text) == valid, text
+
+
 @given(st.lists(st.text(max_size=40), max_size=8))
 def test_any_freeze_text_gives_constraints_or_one_clear_refusal(lines: list[str]) -> None:
     try:
@@ -163,3 +184,15 @@ def test_any_freeze_text_gives_constraints_or_one_clear_refusal(lines: list[str]
         assert str(exc).startswith("not a `name==version` freeze line")
         return
     assert all("==" in c and c == c.strip() and "\n" not in c for c in out)
+
+
+@given(
+    st.from_regex(
+        r"v?[0-9]{1,3}(\.[0-9]{1,3}){0,3}((a|b|rc)[0-9])?(\.post[0-9])?(\.dev[0-9])?"
+        r"(\+[a-z0-9]{1,5}(\.[a-z0-9]{1,4})?)?",
+        fullmatch=True,
+    )
+)
+def test_well_formed_versions_are_held(text: str) -> None:
+    assert base_constraints.is_version(text), text
+    assert base_constraints.constraints_from_freeze([f"pkg=={text}"]) == [f"pkg=={text}"]
