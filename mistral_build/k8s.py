@@ -111,7 +111,9 @@ VERIFY_JOB_FILE = "verify/job.yaml"  # in a subfolder: `kubectl apply -f k8s/` s
 
 
 def server_env(s: DeploySettings) -> list[dict[str, Any]]:
-    env = [{"name": ENV_PREFIX + k.upper(), "value": v} for k, v in s.serving_env().items()]
+    env: list[dict[str, Any]] = [
+        {"name": ENV_PREFIX + k.upper(), "value": v} for k, v in s.serving_env().items()
+    ]
     env += [
         {"name": "INFERENCE_SERVER_PORT", "value": str(s.port)},
         # Settings' `~` paths (the engine cache) resolve here, where the volume is mounted.
