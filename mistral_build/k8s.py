@@ -103,8 +103,9 @@ def _resources(s: DeploySettings) -> dict[str, Any]:
 
 
 # TP > 1: NCCL's cuMem-based transport passes file descriptors between the ranks, which
-# may fail with every capability dropped; legacy CUDA IPC does not need that. Upstream
-# TensorRT-LLM sets nothing here; this is our precaution, unverified on a multi-GPU pod.
+# may fail with every capability dropped; legacy CUDA IPC does not need that. SGLang sets
+# the same by default; we found no TensorRT-LLM guidance for it. Unverified on a
+# multi-GPU pod.
 MULTI_GPU_ENV = {"NCCL_CUMEM_ENABLE": "0"}
 GKE_DRIVER_LABEL = "cloud.google.com/gke-gpu-driver-version"
 VERIFY_JOB_FILE = "verify/job.yaml"  # in a subfolder: `kubectl apply -f k8s/` skips it
