@@ -222,6 +222,8 @@ def test_cli_refuses_on_this_machine() -> None:
     assert any("no NVIDIA GPU found" in ln for ln in lines)
     assert all(ln.startswith("refused: ") for ln in lines)
     assert not Path("/tmp/never-created-engine").exists()
+    # The driver against the image's CUDA is said first (here: no driver, no toolkit).
+    assert out.stdout.splitlines()[0].startswith("NVIDIA driver: none found")
 
 
 def test_cli_refuses_bad_options(tmp_path: Path) -> None:
