@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 DEV_MODEL := .cache/dev-model/build_manifest.json
 
-.PHONY: venv dev-model serve test test-unit test-e2e test-compat test-tools lint bench soak test-stress verify-gpu clean
+.PHONY: venv dev-model serve test test-unit test-e2e test-compat test-tools lint typecheck bench soak test-stress verify-gpu clean
 
 venv: $(STAMP)
 
@@ -35,26 +35,34 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # Rebuilt when the code that makes it changes (a stale dev model is a confusing bug).
-$(DEV_MODEL): $(STAMP) mistral_build/dev_model.py
+$(DEV_MODEL): $(STAMP) mistral_build/dev_model.py mistral_build/tokenizer_files.py
 	$(PY) build.py dev-model --force
 
 dev-model: $(DEV_MODEL)
 
 # SmolLM2 converted once from the package's GGUF into a served artifact (~30 s, 540 MB).
 SMOLLM2 := .cache/smollm2/build_manifest.json
-$(SMOLLM2): $(STAMP) mistral_build/smollm2.py
+$(SMOLLM2): $(STAMP) mistral_build/smollm2.py mistral_build/tokenizer_files.py
 	$(PY) build.py dev-model --model smollm2 --force
 
 # `make serve` answers with SmolLM2 (a real model, its own chat template, on the CPU);
-# `make serve MODEL=dev-mistral` serves the tiny random-weight Mistral-tokenizer dev model.
+# `make serve MODEL=dev-mistral` serves the tiny random-weight Mistral-tokenizer dev model;
+# `MTT_ARTIFACT=PATH_OR_REPO make serve` serves that artifact with the MTT_* settings of the
+# environment (build.py serve refuses MTT_* settings that a dev model would override).
+ifneq ($(MTT_ARTIFACT),)
+MODEL ?= env
+else
 MODEL ?= smollm2
+endif
+SERVE_NEEDS_env := $(STAMP)
+SERVE_ARGS_env :=
 SERVE_NEEDS_smollm2 := $(SMOLLM2)
 SERVE_ARGS_smollm2 := --artifact $(CURDIR)/.cache/smollm2 --set engine=pytorch \
   --set served_model_name=smollm2-135m-instruct
 SERVE_NEEDS_dev-mistral := $(DEV_MODEL)
 ifneq ($(filter serve,$(MAKECMDGOALS)),)
 ifeq ($(SERVE_NEEDS_$(MODEL)),)
-$(error MODEL must be smollm2 or dev-mistral, not '$(MODEL)')
+$(error MODEL must be smollm2 or dev-mistral (or set MTT_ARTIFACT), not '$(MODEL)')
 endif
 endif
 serve: $(SERVE_NEEDS_$(MODEL))
@@ -63,6 +71,7 @@ serve: $(SERVE_NEEDS_$(MODEL))
 test: $(DEV_MODEL)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(MAKE) typecheck
 	$(PY) -m pytest
 
 # The production image runs our code on TensorRT-LLM's pins (transformers, mistral-common,
@@ -112,6 +121,11 @@ test-tools: $(TOOLS_STAMP) $(DEV_MODEL)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+# mypy with pyproject's [tool.mypy]: strict on the serving library and client/, default
+# mode on mistral_build/ (docs/architecture.md, "Checks").
+typecheck: $(STAMP)
+	$(PY) -m mypy
 
 bench: $(DEV_MODEL)
 	$(PY) tests/bench/concurrency.py

@@ -43,7 +43,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from client.cli import HelpFormatter
 from client.client import DEFAULT_URL, AsyncClient
 from client.datasets import (
     PromptItem,
@@ -53,6 +52,7 @@ from client.datasets import (
     token_id_prompts,
 )
 from client.errors import ClientError
+from client.helpformat import HelpFormatter
 from client.hostinfo import HostMonitor
 from client.metrics import RequestTiming, compute_metrics, parse_slos
 from client.protocol import build_request
@@ -465,7 +465,25 @@ def default_label(cfg: BenchConfig, model: str | None) -> str:
     return f"{name} @ {cfg.url}"
 
 
-async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
+Checkpoint = Callable[[dict[str, Any]], None]
+
+
+def estimate_seconds(points: Sequence[Point], num_prompts: int, per_request_s: float) -> float:
+    """Rough duration of a sweep from one request's time: each concurrency level runs its
+    prompts in ceil(n / concurrency) waves (batching makes a wave cost more than one
+    request, rate levels are paced: both make this a lower bound)."""
+    total = 0.0
+    for p in points:
+        if p.mode == "rate" and p.request_rate:
+            total += num_prompts / p.request_rate + per_request_s
+        else:
+            total += -(-num_prompts // max(1, p.concurrency or 1)) * per_request_s
+    return total
+
+
+async def run_bench(cfg: BenchConfig, checkpoint: Checkpoint | None = None) -> dict[str, Any]:
+    """The whole sweep; ``checkpoint`` gets the results so far after every level (with
+    ``complete`` false until the last one), so an interrupted run keeps what it measured."""
     cfg.validate()
     monitor = HostMonitor(cfg.server_pid)
     points = sweep_points(cfg)
@@ -497,6 +515,15 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 failed = [r.error for r in warm_records if not r.success]
                 if len(failed) == len(warm_records):
                     raise ClientError(f"every warm-up request failed: {failed[0]}")
+                took = [r.latency for r in warm_records if r.success and r.latency]
+                if took and cfg.progress:
+                    guess = estimate_seconds(points, cfg.num_prompts, max(took))
+                    print(
+                        f"{len(points)} level(s) x {cfg.num_prompts} requests; estimate: at "
+                        f"least {_duration(guess)} (a warm-up request took {max(took):.1f} s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             runs: list[dict[str, Any]] = []
             for point in points:
                 if raw is not None and cfg.client_procs > 1 and point.mode != "rate":
@@ -521,19 +548,37 @@ async def run_bench(cfg: BenchConfig) -> dict[str, Any]:
                 )
                 if cfg.report:
                     print(format_report(point.label, metrics), flush=True)
+                if checkpoint is not None:
+                    checkpoint(_results(cfg, client.model, prompt_info, monitor, runs, False))
         finally:
             if raw is not None:
                 raw.close()
-    host = monitor.finish()
+    return _results(cfg, client.model, prompt_info, monitor, runs, True)
+
+
+def _results(
+    cfg: BenchConfig,
+    model: str | None,
+    prompt_info: dict[str, Any],
+    monitor: HostMonitor,
+    runs: list[dict[str, Any]],
+    complete: bool,
+) -> dict[str, Any]:
     return {
-        "label": cfg.label or default_label(cfg, client.model),
+        "label": cfg.label or default_label(cfg, model),
         "config": asdict(cfg),
-        "model": client.model,
+        "model": model,
         "prompts": prompt_info,
-        "host": host.to_dict(),
+        "host": monitor.finish().to_dict(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "runs": runs,
+        "complete": complete,
+        "levels_planned": len(sweep_points(cfg)),
+        "runs": list(runs),
     }
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def closed_loop_level(
@@ -570,11 +615,15 @@ def default_out_dir(root: Path = DEFAULT_OUT_ROOT) -> Path:
     return root / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
 
 
-def write_results(results: dict[str, Any], out_dir: str | Path) -> list[Path]:
+def write_results(results: dict[str, Any], out_dir: str | Path, plot: bool = True) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
-    path.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    tmp = path.with_suffix(".json.tmp")  # never a half-written results.json
+    tmp.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    if not plot or not results["runs"]:
+        return [path]
     from client.plots import plot_runs
 
     return [path, plot_runs([results], out / "latency_vs_throughput.png")]
@@ -738,12 +787,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config_from_args(args)
     except ValueError as exc:
         p.error(str(exc))
+    out = Path(cfg.out) if cfg.out else default_out_dir()
+    so_far: list[dict[str, Any]] = []
+
+    def checkpoint(partial: dict[str, Any]) -> None:
+        so_far[:] = [partial]
+        write_results(partial, out, plot=False)
+
     try:
-        results = asyncio.run(run_bench(cfg))
-    except ClientError as exc:
+        results = asyncio.run(run_bench(cfg, checkpoint))
+    except (ClientError, KeyboardInterrupt) as exc:
+        if so_far:
+            done = len(so_far[0]["runs"])
+            for path in write_results(so_far[0], out):
+                print(
+                    f"wrote {path} ({done} of {so_far[0]['levels_planned']} levels)",
+                    file=sys.stderr,
+                )
+        if isinstance(exc, KeyboardInterrupt):
+            print("interrupted", file=sys.stderr)
+            return 130
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    out = Path(cfg.out) if cfg.out else default_out_dir()
     for path in write_results(results, out):
         print(f"wrote {path}", file=sys.stderr)
     warning = results["host"].get("warning")

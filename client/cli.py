@@ -12,19 +12,20 @@ from typing import Any
 
 from client.client import DEFAULT_URL, Client
 from client.errors import ClientError, StreamError
+from client.helpformat import HelpFormatter
 from client.types import Message, SamplingParams
 
 USAGE_HINT = "python -m client PROMPT [options]  |  python -m client bench --help"
 # Short by default: a first try should answer in seconds, not generate 2,048 tokens.
 DEFAULT_MAX_NEW_TOKENS = 256
+EMPTY_ANSWER_NOTE = (
+    "the server answered with no text (finish_reason: {reason}). A chat model given a plain "
+    "prompt often ends at once: add --chat to send it as a user message"
+)
 PREDICT_STREAM_USAGE_NOTE = (
     "the predict route streams text only, without token counts: pass --tokenizer to count "
     "completion tokens here, or drop --stream (or use --api openai) for the server's usage"
 )
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Shows every option's default, and keeps the description's line breaks."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -168,6 +169,8 @@ def generate(argv: Sequence[str]) -> int:
                 print(json.dumps(done.to_dict(), ensure_ascii=False))
             else:
                 print(done.output)
+            if not done.output:
+                return _empty_answer(done.finish_reason, args)
         except ClientError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1
@@ -202,7 +205,7 @@ def stream_to_stdout(
     elapsed = time.perf_counter() - start
     if not args.json:
         sys.stdout.write("\n")
-        return 0
+        return _empty_answer(stream.finish_reason, args) if not stream.text else 0
     usage = stream.usage
     report = stream_report(
         args.api,
@@ -214,7 +217,18 @@ def stream_to_stdout(
     )
     report.update(ttft_s=ttft, e2e_s=elapsed, chunks=stream.state.chunks)
     print(json.dumps(report, ensure_ascii=False))
-    return 1 if broke is not None else 0
+    if broke is not None:
+        return 1
+    return _empty_answer(report["finish_reason"], args) if not stream.text else 0
+
+
+def _empty_answer(finish_reason: str | None, args: argparse.Namespace) -> int:
+    """An empty answer is never a silent success: say so (with the likely fix) and exit 1."""
+    note = EMPTY_ANSWER_NOTE.format(reason=finish_reason or "unknown")
+    if args.chat or args.system:
+        note = f"the server answered with no text (finish_reason: {finish_reason or 'unknown'})"
+    print(f"error: {note}", file=sys.stderr)
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

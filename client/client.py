@@ -177,9 +177,11 @@ class _StreamedText:
     def _parse(self, item: str | bytes) -> list[str]:
         """The text pieces in one SSE event's data (OpenAI) or one body chunk (predict)."""
         parser = self._parser
-        if isinstance(parser, OpenAIStreamParser):
-            return parser.event(item)  # SSE data: str
-        return parser.feed(item)  # body bytes
+        if isinstance(parser, OpenAIStreamParser) and isinstance(item, str):
+            return parser.event(item)  # SSE data
+        if not isinstance(parser, OpenAIStreamParser) and isinstance(item, bytes):
+            return parser.feed(item)  # body bytes
+        raise TypeError(f"{type(parser).__name__} cannot parse {type(item).__name__}")
 
 
 @contextlib.contextmanager

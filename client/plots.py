@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from client.helpformat import HelpFormatter
 from client.metrics import parse_slos
 
 PANELS = (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "End-to-end latency"))
@@ -142,8 +143,6 @@ def figure(runs: Sequence[dict[str, Any]], slos: dict[str, float] | None = None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from client.cli import HelpFormatter
-
     p = argparse.ArgumentParser(
         prog="python -m client bench plot",
         description="Overlay benchmark runs in one plot (this server against another).",

@@ -304,8 +304,7 @@ class FakeServer:
 
     @property
     def url(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://127.0.0.1:{self._server.server_port}"
 
     def __enter__(self) -> FakeServer:
         self._thread.start()
@@ -321,4 +320,5 @@ def closed_port() -> int:
     """A loopback port with nothing listening (for connection-refused tests)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # getsockname() is typed Any
+        return port

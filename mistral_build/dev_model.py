@@ -11,17 +11,18 @@ trained model that answers questions (mistral_build/smollm2.py), which `make ser
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from mistral_build.paths import DEV_MODEL_DIR
 from mistral_build.publish import finish_artifact
+from mistral_build.tokenizer_files import portable_tokenizer_config
 from mistral_serving.manifest import BuildManifest, read_manifest
 
 SEED = 0
-DEV_CONFIG = dict(
+DEV_CONFIG: dict[str, Any] = dict(
     vocab_size=32000,
     hidden_size=64,
     intermediate_size=128,
@@ -65,21 +66,6 @@ def write_tokenizer(out: Path) -> None:
     )
     tok.save_pretrained(out)
     portable_tokenizer_config(out)
-
-
-def portable_tokenizer_config(out: Path, updates: dict[str, object] | None = None) -> None:
-    """Make tokenizer_config.json load in transformers 4.57 (the TensorRT-LLM image's pin)
-    as well as 5: transformers 5 writes `extra_special_tokens` as a list (4.57 expects a
-    dict and fails; the tokens stay in tokenizer.json's added_tokens) and facts about the
-    machine that saved it (`is_local`, `local_files_only`)."""
-    config_path = out / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    if isinstance(config.get("extra_special_tokens"), list):
-        del config["extra_special_tokens"]
-    for key in ("is_local", "local_files_only"):
-        config.pop(key, None)
-    config.update(updates or {})
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def build_dev_model(
@@ -141,7 +127,7 @@ def build_model(model: str, out: Path | None, force: bool) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "dev-model",
         help="Build a CPU artifact: the tiny random-weight Mistral, or SmolLM2 (answers).",

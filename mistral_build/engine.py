@@ -543,7 +543,8 @@ def gather_facts(opts: EngineOptions) -> BuildFacts:
 
 def read_model_facts(opts: EngineOptions, token: str | None) -> ModelFacts | None:
     """From the checkpoint's config.json: the local one, else the Hub's (small, fetched
-    before the big download), else what we know of the default model."""
+    before the big download; a dry run only looks in the local Hub cache: it never needs the
+    network), else what we know of the default model."""
     if opts.dev:
         return None
     config_path: Path | None = None
@@ -551,13 +552,21 @@ def read_model_facts(opts: EngineOptions, token: str | None) -> ModelFacts | Non
         config_path = opts.checkpoint_dir / "config.json"
     else:
         try:
-            from huggingface_hub import hf_hub_download
+            from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
-            config_path = Path(
-                hf_hub_download(
-                    opts.model, "config.json", revision=opts.revision, token=token, etag_timeout=10
+            if opts.dry_run:  # the local cache only (hf_hub_download may call out even then)
+                cached = try_to_load_from_cache(opts.model, "config.json", revision=opts.revision)
+                config_path = Path(cached) if isinstance(cached, str) else None
+            else:
+                config_path = Path(
+                    hf_hub_download(
+                        opts.model,
+                        "config.json",
+                        revision=opts.revision,
+                        token=token,
+                        etag_timeout=10,
+                    )
                 )
-            )
         except Exception:  # no network or no access yet: fall back to what we know
             config_path = None
     if config_path is not None and config_path.is_file():
@@ -822,7 +831,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dev",
         action="store_true",
-        help="With --backend pytorch: the tiny random-weight dev model (what `make serve` uses).",
+        help="With --backend pytorch: the tiny random-weight dev model (what the tests and `make serve MODEL=dev-mistral` serve).",
     )
     b = p.add_argument_group("engine")
     b.add_argument(

@@ -152,6 +152,7 @@ class LocalServer:
         until ready."""
         port = free_port()
         log_path = log_path or Path(tempfile.mkstemp(prefix="server-", suffix=".log")[1])
+        settings = {"host": "127.0.0.1"} | settings  # tests and benchmarks: loopback only
         process = launch_server(context_dir, port, settings, log_path.open("w"), extra_env)
         server = cls(f"http://127.0.0.1:{port}", port, process, log_path)
         if wait:
@@ -196,25 +197,57 @@ def raw_post(url: str, path: str, body: dict[str, Any]) -> socket.socket:
     return sock
 
 
-def serve(args: argparse.Namespace) -> int:
-    settings = {}
-    if args.artifact is None:
-        from mistral_build.dev_model import build_dev_model
-
-        build_dev_model()
+def serve_settings(artifact: str | None, host: str | None) -> dict[str, str]:
+    """What `build.py serve` sets: the dev model's settings without an artifact, and the
+    address (loopback unless `--host` says otherwise: a dev server is not for the network)."""
+    if artifact is None:
         settings = dev_settings()
     else:
         # The server runs from the app folder: a relative local path must be made absolute
         # (a repo id has no such folder here and is passed on as given).
-        local = Path(args.artifact).expanduser()
-        settings = {"artifact": str(local.resolve()) if local.exists() else args.artifact}
+        local = Path(artifact).expanduser()
+        settings = {"artifact": str(local.resolve()) if local.exists() else artifact}
+    settings["host"] = host or "127.0.0.1"
+    return settings
+
+
+def environment_conflicts(settings: dict[str, str]) -> str | None:
+    """A setting from the environment (MTT_*) that the command line would silently replace."""
+    clashes = [
+        f"MTT_{key.upper()}={os.environ[f'MTT_{key.upper()}']}"
+        for key, value in settings.items()
+        if key != "artifact" and os.environ.get(f"MTT_{key.upper()}", value) != value
+    ]
+    if not clashes:
+        return None
+    return (
+        f"{', '.join(clashes)} from the environment would be replaced by the dev model's "
+        f"settings ({', '.join(f'{k}={v}' for k, v in settings.items() if k != 'artifact')}). "
+        "To serve another artifact: MTT_ARTIFACT=PATH_OR_REPO make serve (the other MTT_* "
+        "variables then apply), or python build.py serve --artifact PATH --set KEY=VALUE"
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    artifact = args.artifact or os.environ.get("MTT_ARTIFACT") or None
+    if artifact is None:
+        from mistral_build.dev_model import build_dev_model
+
+        build_dev_model()
+    settings = serve_settings(artifact, args.host)
     for item in args.set or []:
         key, _, value = item.partition("=")
         settings[key] = value
+    problem = environment_conflicts({k: v for k, v in settings.items() if k != "host"})
+    if problem:
+        print(f"cannot serve: {problem}", file=sys.stderr)
+        return 2
     context = render_build_context(CACHE_DIR / "serve-context")
     app = prepare_app_dir(context)
+    shown = "127.0.0.1" if settings["host"] in ("127.0.0.1", "0.0.0.0") else settings["host"]
+    where = "all interfaces" if settings["host"] == "0.0.0.0" else settings["host"]
     print(
-        f"Truss server on http://127.0.0.1:{args.port} (ready when "
+        f"Truss server on http://{shown}:{args.port} (listening on {where}; ready when "
         f"GET /v1/models/model answers 200); Ctrl-C stops it.",
         flush=True,
     )
@@ -230,7 +263,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
     p.add_argument(
-        "--artifact", help="Serve this artifact (path or repo id) instead of the dev model."
+        "--artifact",
+        help="Serve this artifact (path or repo id) instead of the dev model "
+        "(default: $MTT_ARTIFACT when set).",
+    )
+    p.add_argument(
+        "--host",
+        help="Address to listen on (default 127.0.0.1: this machine only; 0.0.0.0: every "
+        "interface, as the image does).",
     )
     p.add_argument(
         "--set",

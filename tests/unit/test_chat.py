@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
-from tests.smollm2_files import smollm2_tokenizer_dir
+from tests.tokenizer_cache import tokenizer_at
 
 SETTINGS = settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -55,11 +55,6 @@ conversation = st.lists(message, max_size=6)
 
 
 @functools.cache
-def _tok(path: str) -> Tokenizer:
-    return load_tokenizer(Path(path))
-
-
-@functools.cache
 def _mistral(path: str):
     from mistral_common.tokens.tokenizers.mistral import MistralTokenizer
 
@@ -87,14 +82,9 @@ def reference(path: str, messages: list[ChatMessage]) -> list[int] | None:
 
 def ours(path: str, messages: list[ChatMessage]) -> list[int] | None:
     try:
-        return encode_chat(messages, _tok(path))
+        return encode_chat(messages, tokenizer_at(path))
     except ChatFormatError:
         return None
-
-
-@pytest.fixture(scope="module")
-def model_dir(dev_model: Path) -> str:
-    return str(dev_model)
 
 
 def msgs(*pairs: tuple[str, str]) -> list[ChatMessage]:
@@ -145,11 +135,11 @@ def test_well_formed_conversations_are_accepted(
     messages += msgs(("user", last))
     expected = reference(model_dir, messages)
     assert expected is not None
-    assert encode_chat(messages, _tok(model_dir)) == expected
+    assert encode_chat(messages, tokenizer_at(model_dir)) == expected
 
 
 def test_system_and_multi_turn(model_dir: str) -> None:
-    tok = _tok(model_dir)
+    tok = tokenizer_at(model_dir)
     messages = msgs(
         ("system", "You are terse."),
         ("user", "Hi 😀"),
@@ -190,7 +180,7 @@ def test_naive_template_differs_but_ours_matches(model_dir: str) -> None:
     assert expected[expected.index(2) + 1] == 733  # "▁["
     assert naive[eos + 1] != 733
     assert naive[eos + 1] == hf.convert_tokens_to_ids("[")
-    assert encode_chat(messages, _tok(model_dir)) == expected
+    assert encode_chat(messages, tokenizer_at(model_dir)) == expected
 
 
 @pytest.mark.parametrize(
@@ -207,7 +197,7 @@ def test_refused_conversations(model_dir: str, pairs: tuple[tuple[str, str], ...
     messages = msgs(*pairs)
     assert reference(model_dir, messages) is None
     with pytest.raises(ChatFormatError):
-        encode_chat(messages, _tok(model_dir))
+        encode_chat(messages, tokenizer_at(model_dir))
 
 
 @pytest.mark.parametrize(
@@ -226,12 +216,12 @@ def test_edge_conversations_match(model_dir: str, pairs: tuple[tuple[str, str], 
     messages = msgs(*pairs)
     expected = reference(model_dir, messages)
     assert expected is not None
-    assert encode_chat(messages, _tok(model_dir)) == expected
+    assert encode_chat(messages, tokenizer_at(model_dir)) == expected
 
 
 def test_empty_messages_in_a_run_are_dropped(model_dir: str) -> None:
     # mistral-common 1.13's normalizer: empty contents are dropped before joining a run
-    tok = _tok(model_dir)
+    tok = tokenizer_at(model_dir)
     messages = msgs(("user", "a"), ("user", ""), ("user", "b"), ("system", ""), ("user", "c"))
     ids = encode_chat(messages, tok)
     # (a system message ends the run: "c" is a user turn of its own, as in mistral-common)
@@ -241,18 +231,13 @@ def test_empty_messages_in_a_run_are_dropped(model_dir: str) -> None:
 
 
 def test_chat_needs_bos(model_dir: str) -> None:
-    tok = _tok(model_dir)
+    tok = tokenizer_at(model_dir)
     no_bos = Tokenizer(tok.table, None, tok.eos_id, tok.encode)
     with pytest.raises(ChatFormatError, match="BOS"):
         encode_chat(msgs(("user", "hi")), no_bos)
 
 
 # -- checkpoints with their own chat template (SmolLM2: ChatML) -----------------------------
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return smollm2_tokenizer_dir(tmp_path_factory)
 
 
 @functools.cache
@@ -263,20 +248,20 @@ def _hf(path: str):
 
 
 def test_chat_format_follows_the_artifact(model_dir: str, smollm2_dir: str) -> None:
-    assert _tok(model_dir).chat_format == "mistral"  # tokenizer.model: mistral-common
-    assert _tok(smollm2_dir).chat_format == "template"
+    assert tokenizer_at(model_dir).chat_format == "mistral"  # tokenizer.model: mistral-common
+    assert tokenizer_at(smollm2_dir).chat_format == "template"
 
 
 def test_smollm2_chat_is_its_chatml_template(smollm2_dir: str) -> None:
     messages = msgs(("user", "What is the capital of France?"))
-    ids = encode_chat(messages, _tok(smollm2_dir))
+    ids = encode_chat(messages, tokenizer_at(smollm2_dir))
     assert _hf(smollm2_dir).decode(ids) == (
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
         "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
     # a system message replaces the template's default one
-    ids = encode_chat(msgs(("system", "Be brief."), ("user", "Hi")), _tok(smollm2_dir))
+    ids = encode_chat(msgs(("system", "Be brief."), ("user", "Hi")), tokenizer_at(smollm2_dir))
     assert _hf(smollm2_dir).decode(ids) == (
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
         "<|im_start|>assistant\n"
@@ -296,7 +281,7 @@ def test_smollm2_chat_equals_apply_chat_template(
     )
     if not isinstance(expected, list):  # transformers 5: a BatchEncoding
         expected = expected["input_ids"]
-    assert encode_chat(messages, _tok(smollm2_dir)) == expected
+    assert encode_chat(messages, tokenizer_at(smollm2_dir)) == expected
 
 
 @pytest.mark.parametrize(
@@ -310,7 +295,7 @@ def test_template_chat_refusals(
     smollm2_dir: str, pairs: tuple[tuple[str, str], ...], match: str
 ) -> None:
     with pytest.raises(ChatFormatError, match=match):
-        encode_chat(msgs(*pairs), _tok(smollm2_dir))
+        encode_chat(msgs(*pairs), tokenizer_at(smollm2_dir))
 
 
 def test_a_template_that_refuses_is_a_chat_format_error(smollm2_dir: str, tmp_path: Path) -> None:

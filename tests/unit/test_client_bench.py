@@ -397,3 +397,38 @@ def test_bad_lists_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["--concurrency", "1,x"])
     assert info.value.code == 2 and "bad list" in capsys.readouterr().err
+
+
+def test_an_interrupted_bench_keeps_the_levels_it_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import client.bench as bench
+
+    real = bench.run_point
+    calls = []
+
+    async def interrupted(*args, **kwargs):  # warm-up, level 1, then Ctrl-C in level 2
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(bench, "run_point", interrupted)
+    with FakeServer() as fake:
+        code = main(
+            ["--url", fake.url, "--num-prompts", "2", "--concurrency", "1,2,4",
+             "--input-len", "8", "--output-len", "3", "--warmup", "1", "--out", str(tmp_path)]
+        )  # fmt: skip
+    assert code == 130
+    err = capsys.readouterr().err
+    assert "estimate: at least" in err and "(1 of 3 levels)" in err
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["complete"] is False and data["levels_planned"] == 3
+    assert [r["concurrency"] for r in data["runs"]] == [1]
+
+
+def test_the_estimate_counts_waves_per_level() -> None:
+    from client.bench import Point, estimate_seconds
+
+    points = [Point("c1", "concurrency", 1, None, None), Point("c4", "concurrency", 4, None, None)]
+    assert estimate_seconds(points, 8, 2.0) == 8 * 2.0 + 2 * 2.0

@@ -281,3 +281,13 @@ def test_openai_stream_json_has_the_servers_finish_reason_and_usage(
             )  # fmt: skip
             assert code == 0 and out["finish_reason"] == "length"
             assert out["usage"]["completion_tokens"] == 3 and "usage_note" not in out
+
+
+@pytest.mark.parametrize("mode", [[], ["--stream"], ["--stream", "--json"], ["--json"]])
+def test_an_empty_answer_is_never_a_silent_success(mode: list[str]) -> None:
+    with FakeServer(FakeServerState(tokens=("",))) as empty:
+        res = cli("What is the capital of France?", "--url", empty.url, *mode)
+        chat = cli("What is the capital of France?", "--chat", "--url", empty.url, *mode)
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "no text" in res.stderr and "--chat" in res.stderr
+    assert chat.returncode == 1 and "no text" in chat.stderr and "--chat" not in chat.stderr

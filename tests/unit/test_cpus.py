@@ -100,3 +100,29 @@ def test_the_engine_uses_the_setting_or_the_available_cpus(dev_model: Path, monk
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("cpus", "threads"), [(1, 1), (2, 1), (3, 2), (8, 7)])
+def test_torch_leaves_one_cpu_to_the_event_loop_by_default(cpus: int, threads: int) -> None:
+    from mistral_serving.engines.cpus import default_torch_threads
+
+    assert default_torch_threads(cpus) == threads
+
+
+def test_the_default_threads_leave_a_cpu_free(dev_model: Path, monkeypatch) -> None:
+    import torch
+
+    from mistral_serving.engines import pytorch
+    from mistral_serving.engines.pytorch import TorchEngine
+    from mistral_serving.settings import Settings
+
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(pytorch, "available_cpus", lambda: 2)
+        eng = TorchEngine.from_pretrained(
+            dev_model, Settings(artifact=str(dev_model), device="cpu"), 2
+        )
+        eng.shutdown()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

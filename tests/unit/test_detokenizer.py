@@ -5,16 +5,15 @@ SentencePiece tokenizer and for SmolLM2's byte-level BPE."""
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mistral_serving.detokenizer import IncrementalDetokenizer
-from mistral_serving.tokenizer import Tokenizer, TokenTable, load_tokenizer
+from mistral_serving.tokenizer import TokenTable
 from tests.decoding import decode
-from tests.smollm2_files import smollm2_tokenizer_dir
+from tests.tokenizer_cache import tokenizer_at
 
 SETTINGS = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -58,11 +57,6 @@ valid_text = (
 
 
 @functools.cache
-def _tok(path: str) -> Tokenizer:
-    return load_tokenizer(Path(path))
-
-
-@functools.cache
 def _hf(path: str):
     from transformers import AutoTokenizer
 
@@ -71,16 +65,11 @@ def _hf(path: str):
 
 @functools.cache
 def _piece_ids(path: str) -> tuple[int, ...]:
-    tok = _tok(path)
+    tok = tokenizer_at(path)
     ids: set[int] = set()
     for text in VALID_TEXTS:
         ids.update(tok.encode(text))
     return tuple(sorted(ids))
-
-
-@pytest.fixture(scope="module")
-def model_dir(dev_model: Path) -> str:
-    return str(dev_model)
 
 
 def _id_sequences(path: str) -> st.SearchStrategy[list[int]]:
@@ -113,7 +102,7 @@ def _stream(table: TokenTable, parts: list[list[int]]) -> list[str]:
 def test_random_ids_random_splits_equal_hf_decode(model_dir: str, data: st.DataObject) -> None:
     ids = data.draw(_id_sequences(model_dir), label="ids")
     cuts = data.draw(st.lists(st.integers(0, 1000), max_size=10), label="cuts")
-    tok = _tok(model_dir)
+    tok = tokenizer_at(model_dir)
     expected = _hf(model_dir).decode(ids, skip_special_tokens=True)
     assert decode(tok, ids) == expected
     chunks = _stream(tok.table, _split(ids, cuts))
@@ -127,7 +116,7 @@ def test_random_ids_random_splits_equal_hf_decode(model_dir: str, data: st.DataO
 def test_streaming_valid_text_never_emits_partial_characters(
     model_dir: str, text: str, bos: bool
 ) -> None:
-    tok = _tok(model_dir)
+    tok = tokenizer_at(model_dir)
     ids = tok.encode(text, bos=bos)
     detok = IncrementalDetokenizer(tok.table)
     so_far = ""
@@ -143,7 +132,7 @@ def test_streaming_valid_text_never_emits_partial_characters(
 @SETTINGS
 @given(text=valid_text, eos_every=st.integers(1, 5))
 def test_special_tokens_inside_text_are_skipped(model_dir: str, text: str, eos_every: int) -> None:
-    tok = _tok(model_dir)
+    tok = tokenizer_at(model_dir)
     ids = tok.encode(text)
     mixed: list[int] = [1]
     for n, i in enumerate(ids):
@@ -155,7 +144,7 @@ def test_special_tokens_inside_text_are_skipped(model_dir: str, text: str, eos_e
 
 
 def test_leading_space_stripped_exactly_once(model_dir: str) -> None:
-    tok = _tok(model_dir)
+    tok = tokenizer_at(model_dir)
     table = tok.table
     hello = tok.encode("hello")  # "▁hello"
     world = tok.encode("world")  # "▁world"
@@ -177,7 +166,7 @@ def test_leading_space_stripped_exactly_once(model_dir: str) -> None:
 
 
 def test_spaces_between_words_never_dropped(model_dir: str) -> None:
-    tok = _tok(model_dir)
+    tok = tokenizer_at(model_dir)
     text = "The quick  brown fox\njumps over  the 🫠 lazy 中文 dog ."
     chunks = _stream(tok.table, [[i] for i in tok.encode(text)])
     assert "".join(chunks) == text
@@ -194,7 +183,7 @@ class _CountingTuple(tuple):
 
 @pytest.mark.parametrize("n", [200, 2000])
 def test_incremental_no_reemission_linear_work(model_dir: str, n: int) -> None:
-    tok = _tok(model_dir)
+    tok = tokenizer_at(model_dir)
     text = ("Streaming 🫠 text, 中文 and café. " * n)[: n * 4]
     ids = tok.encode(text)
     _CountingTuple.lookups = 0
@@ -247,15 +236,10 @@ def test_byte_level_split_multibyte_char_waits() -> None:
 # -- SmolLM2: a real byte-level BPE vocabulary (49152 tokens, 17 special) -----------------
 
 
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return smollm2_tokenizer_dir(tmp_path_factory)
-
-
 @SETTINGS
 @given(data=st.data())
 def test_smollm2_random_ids_stream_like_hf_decode(smollm2_dir: str, data: st.DataObject) -> None:
-    tok = _tok(smollm2_dir)
+    tok = tokenizer_at(smollm2_dir)
     assert tok.table.kind == "byte_level"
     ids = data.draw(
         st.lists(
@@ -278,7 +262,7 @@ def test_smollm2_random_ids_stream_like_hf_decode(smollm2_dir: str, data: st.Dat
 @SETTINGS
 @given(text=valid_text)
 def test_smollm2_streaming_never_emits_partial_characters(smollm2_dir: str, text: str) -> None:
-    tok = _tok(smollm2_dir)
+    tok = tokenizer_at(smollm2_dir)
     ids = tok.encode(text)
     expected = _hf(smollm2_dir).decode(ids, skip_special_tokens=True)
     detok = IncrementalDetokenizer(tok.table)

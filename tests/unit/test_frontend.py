@@ -11,7 +11,6 @@ import json
 import signal
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +31,7 @@ from mistral_serving.frontend import REQUEST_ID_HEADER, Frontend, request_id_fro
 from mistral_serving.metrics import Metrics
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=64, max_batch_size=4)
@@ -43,11 +42,6 @@ PATHS = {
     "completions": "/v1/completions",
 }
 REASONS = ("invalid", "rejected", "client_gone", "stop", "length", "abort", "error")
-
-
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return load_tokenizer(dev_model)
 
 
 @pytest.fixture(autouse=True)

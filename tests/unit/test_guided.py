@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from mistral_serving.detokenizer import IncrementalDetokenizer
 from mistral_serving.engines.base import EngineRequestError, GuidedDecoding
 from mistral_serving.guided import GuidedDecoder
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import Tokenizer
 
 # Bounded schemas: a random-weight model cannot loop forever inside them.
 SCHEMAS = [
@@ -40,11 +40,6 @@ SCHEMAS = [
     },
     {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3},
 ]
-
-
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return load_tokenizer(dev_model)
 
 
 @pytest.fixture(scope="module")

@@ -252,11 +252,6 @@ def test_trtllm_pytorch_kind_asks_for_context_logits(fake_trtllm, tmp_path):
 # ---- the service and the OpenAI format ----
 
 
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return load_tokenizer(dev_model)
-
-
 LIMITS = EngineLimits(max_input_len=48, max_seq_len=96, max_batch_size=4)
 CTX = ParseContext(default_max_tokens=2048)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from mistral_serving.protocols.openai import MAX_TOP_LOGPROBS, OpenAICall, OpenA
 from mistral_serving.service import Chunk, GenerationService, PreparedRequest
 from mistral_serving.settings import Settings
 from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 LIMITS = EngineLimits(max_input_len=48, max_seq_len=96, max_batch_size=4)
@@ -44,11 +43,6 @@ JSON = st.recursive(
     ),
     max_leaves=12,
 )
-
-
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return load_tokenizer(dev_model)
 
 
 def token_bytes_of(tok: Tokenizer):

@@ -10,7 +10,6 @@ import asyncio
 import json
 import signal
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,7 +27,7 @@ from mistral_serving.metrics import Metrics, default_metrics
 from mistral_serving.server import BodyGuard, add_routes, error_json, extend, route_of
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 MAX = 1000
@@ -309,11 +308,6 @@ def test_non_http_scopes_pass_through() -> None:
 
 
 # ---- our routes on a FastAPI app ----
-
-
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return load_tokenizer(dev_model)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ stop strings, finish reasons, logprobs, aborts, errors), telemetry once per requ
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -31,7 +30,7 @@ from mistral_serving.service import (
 )
 from mistral_serving.settings import Settings
 from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import Tokenizer
 from tests.decoding import decode
 from tests.doubles.scripted_engine import ScriptedEngine
 
@@ -40,11 +39,6 @@ STOP_TEXT = "Answer: yes. STOP here and more"
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=64, max_batch_size=4)
 ROUTE = "predict"
 REASONS = ("stop", "length", "abort", "error", "invalid")
-
-
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return load_tokenizer(dev_model)
 
 
 def make_service(

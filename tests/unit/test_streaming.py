@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from mistral_serving.detokenizer import IncrementalDetokenizer
 from mistral_serving.streaming import StopMatcher, TextStream
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import Tokenizer
 from tests.decoding import decode
 
 SETTINGS = settings(
@@ -158,16 +155,6 @@ def test_stop_matcher_earliest_of_several() -> None:
 
 
 # -- TextStream with the real tokenizer -----------------------------------------------------
-
-
-@functools.cache
-def _tok(path: str) -> Tokenizer:
-    return load_tokenizer(Path(path))
-
-
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return _tok(str(dev_model))
 
 
 words = st.lists(

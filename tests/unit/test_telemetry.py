@@ -53,6 +53,17 @@ def test_record_usage_and_ttft() -> None:
     assert RequestRecord("a", "r").engine_id != RequestRecord("a", "r").engine_id
 
 
+def test_record_tpot_is_the_time_per_token_after_the_first() -> None:
+    record = done_record(completion_tokens=5)
+    assert record.tpot_s is None  # not ended yet
+    assert record.first_token_at is not None
+    record.ended_at = record.first_token_at + 0.8
+    assert record.tpot_s == pytest.approx(0.2)  # 0.8 s over the 4 tokens after the first
+    record.completion_tokens = 1
+    assert record.tpot_s is None
+    assert done_record(first_token=False).tpot_s is None
+
+
 def test_admitted_observes_queue_time() -> None:
     telemetry, registry = make()
     record = RequestRecord("r", "predict", arrived_at=time.monotonic() - 0.2)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import load_tokenizer
 from tests.decoding import decode
-from tests.smollm2_files import smollm2_tokenizer_dir
+from tests.tokenizer_cache import tokenizer_at
 
 FAST = settings(
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -88,21 +88,11 @@ def _hf(path: str):
     return AutoTokenizer.from_pretrained(path)
 
 
-@functools.cache
-def _ours(path: str, prefer_sentencepiece: bool = True) -> Tokenizer:
-    return load_tokenizer(Path(path), prefer_sentencepiece=prefer_sentencepiece)
-
-
-@pytest.fixture(scope="module")
-def model_dir(dev_model: Path) -> str:
-    return str(dev_model)
-
-
 # -- SentencePiece path -------------------------------------------------------------------
 
 
 def test_loads_sentencepiece_when_model_present(model_dir: str) -> None:
-    tok = _ours(model_dir)
+    tok = tokenizer_at(model_dir)
     sp = _sp(str(Path(model_dir) / "tokenizer.model"))
     assert tok.table.kind == "sentencepiece"
     assert tok.table.strip_leading_space
@@ -118,7 +108,7 @@ def test_loads_sentencepiece_when_model_present(model_dir: str) -> None:
 @FAST
 @given(text=unicode_text)
 def test_encode_equals_sentencepiece_and_mistral_common(model_dir: str, text: str) -> None:
-    tok = _ours(model_dir)
+    tok = tokenizer_at(model_dir)
     model = str(Path(model_dir) / "tokenizer.model")
     ids = tok.encode(text)
     assert ids == _sp(model).encode(text)
@@ -131,7 +121,7 @@ def test_encode_equals_sentencepiece_and_mistral_common(model_dir: str, text: st
 @FAST
 @given(text=unicode_text)
 def test_decode_roundtrips_and_matches_hf(model_dir: str, text: str) -> None:
-    tok = _ours(model_dir)
+    tok = tokenizer_at(model_dir)
     ids = tok.encode(text, bos=True)
     # identity normalizer: the round trip is exact (a literal "▁" is SentencePiece's space)
     assert decode(tok, ids) == text.replace("\u2581", " ")
@@ -140,7 +130,7 @@ def test_decode_roundtrips_and_matches_hf(model_dir: str, text: str) -> None:
 
 @pytest.mark.parametrize("text", ["", "a", " a", "  leading", "trailing  ", "\n", "😀中文"])
 def test_bos_handling(model_dir: str, text: str) -> None:
-    tok = _ours(model_dir)
+    tok = tokenizer_at(model_dir)
     plain = tok.encode(text)
     assert 1 not in plain and 2 not in plain
     assert tok.encode(text, bos=False) == plain
@@ -148,7 +138,7 @@ def test_bos_handling(model_dir: str, text: str) -> None:
 
 
 def test_encode_known_ids(model_dir: str) -> None:
-    tok = _ours(model_dir)
+    tok = tokenizer_at(model_dir)
     assert tok.encode("[INST]") == [733, 16289, 28793]
     # the whitespace runs the converted tokenizer.json merges differently
     assert tok.encode("  Hello  world") == [259, 22557, 28705, 1526]
@@ -165,7 +155,7 @@ def test_missing_tokenizer_files(tmp_path: Path) -> None:
 
 
 def test_hf_fallback_table_equals_sentencepiece_table(model_dir: str) -> None:
-    sp_tok, hf_tok = _ours(model_dir), _ours(model_dir, prefer_sentencepiece=False)
+    sp_tok, hf_tok = tokenizer_at(model_dir), tokenizer_at(model_dir, prefer_sentencepiece=False)
     assert hf_tok.table.kind == "sentencepiece"
     assert (hf_tok.bos_id, hf_tok.eos_id) == (1, 2)
     assert hf_tok.table == sp_tok.table
@@ -174,17 +164,17 @@ def test_hf_fallback_table_equals_sentencepiece_table(model_dir: str) -> None:
 @SLOW
 @given(ids=st.lists(st.integers(0, 31999), max_size=40), text=unicode_text)
 def test_hf_fallback_decodes_identically(model_dir: str, ids: list[int], text: str) -> None:
-    hf_tok = _ours(model_dir, prefer_sentencepiece=False)
-    for seq in (ids, _ours(model_dir).encode(text, bos=True)):
+    hf_tok = tokenizer_at(model_dir, prefer_sentencepiece=False)
+    for seq in (ids, tokenizer_at(model_dir).encode(text, bos=True)):
         expected = _hf(model_dir).decode(seq, skip_special_tokens=True)
         assert decode(hf_tok, seq) == expected
-        assert decode(_ours(model_dir), seq) == expected
+        assert decode(tokenizer_at(model_dir), seq) == expected
 
 
 @SLOW
 @given(text=unicode_text)
 def test_hf_fallback_encodes_like_hf(model_dir: str, text: str) -> None:
-    hf_tok = _ours(model_dir, prefer_sentencepiece=False)
+    hf_tok = tokenizer_at(model_dir, prefer_sentencepiece=False)
     assert hf_tok.encode(text) == _hf(model_dir).encode(text, add_special_tokens=False)
     ids = hf_tok.encode(text)
     assert decode(hf_tok, ids) == _hf(model_dir).decode(ids, skip_special_tokens=True)
@@ -254,7 +244,7 @@ def test_byte_level_table(byte_level_dir: str) -> None:
 @SLOW
 @given(text=unicode_text)
 def test_byte_level_roundtrip_matches_hf(byte_level_dir: str, text: str) -> None:
-    tok = load_tokenizer_cached(byte_level_dir)
+    tok = tokenizer_at(byte_level_dir)
     hf = _hf(byte_level_dir)
     ids = tok.encode(text)
     assert ids == hf.encode(text, add_special_tokens=False)
@@ -265,13 +255,13 @@ def test_byte_level_roundtrip_matches_hf(byte_level_dir: str, text: str) -> None
 @SLOW
 @given(data=st.data())
 def test_byte_level_random_ids_decode_like_hf(byte_level_dir: str, data: st.DataObject) -> None:
-    tok = load_tokenizer_cached(byte_level_dir)
+    tok = tokenizer_at(byte_level_dir)
     ids = data.draw(st.lists(st.integers(0, tok.vocab_size - 1), max_size=30))
     assert decode(tok, ids) == _hf(byte_level_dir).decode(ids, skip_special_tokens=True)
 
 
 def test_byte_level_split_multibyte_chars(byte_level_dir: str) -> None:
-    tok = load_tokenizer_cached(byte_level_dir)
+    tok = tokenizer_at(byte_level_dir)
     hf = _hf(byte_level_dir)
     byte_ids = {b[0]: i for i, b in enumerate(tok.table.token_bytes) if b and len(b) == 1}
     for text in ["😀", "中", "é", "a😀b中c"]:
@@ -287,16 +277,11 @@ def test_byte_level_split_multibyte_chars(byte_level_dir: str) -> None:
     assert decode(tok, [ids[0], eos, *ids[1:]]) == "中"
 
 
-@functools.cache
-def load_tokenizer_cached(path: str) -> Tokenizer:
-    return load_tokenizer(Path(path))
-
-
 # -- what the artifact's files decide: BOS, stop ids, chat format ---------------------------
 
 
 def test_mistral_artifact_adds_bos_and_keeps_mistral_chat(model_dir: str) -> None:
-    for tok in (_ours(model_dir), _ours(model_dir, prefer_sentencepiece=False)):
+    for tok in (tokenizer_at(model_dir), tokenizer_at(model_dir, prefer_sentencepiece=False)):
         assert tok.add_bos and tok.chat_format == "mistral"
         assert tok.stop_token_ids == (2,)
         assert tok.encode("hi", bos=True)[0] == 1
@@ -321,7 +306,7 @@ EOS = "eos"  # stands for the tokenizer's EOS id in the cases below
 def test_stop_token_ids_from_generation_config(
     byte_level_dir: str, tmp_path: Path, eos_token_id: object, expected: tuple
 ) -> None:
-    eos = load_tokenizer_cached(byte_level_dir).eos_id
+    eos = tokenizer_at(byte_level_dir).eos_id
 
     def real(v: object) -> object:
         return [real(i) for i in v] if isinstance(v, list) else eos if v == EOS else v
@@ -348,7 +333,7 @@ def test_bad_generation_config_is_a_clear_error(
 
 
 def test_tokenizer_without_chat_template_has_no_chat_format(byte_level_dir: str) -> None:
-    tok = load_tokenizer_cached(byte_level_dir)
+    tok = tokenizer_at(byte_level_dir)
     assert tok.chat_format == "none"
     assert tok.add_bos is False  # its post-processor adds nothing
     assert tok.encode("Hello", bos=True) == _hf(byte_level_dir).encode("Hello")
@@ -357,13 +342,8 @@ def test_tokenizer_without_chat_template_has_no_chat_format(byte_level_dir: str)
 # -- SmolLM2 (byte-level BPE, ChatML): the tokenizer of `make serve`'s model ---------------
 
 
-@pytest.fixture(scope="module")
-def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return smollm2_tokenizer_dir(tmp_path_factory)
-
-
 def test_smollm2_tokenizer_is_byte_level_chatml(smollm2_dir: str) -> None:
-    tok = load_tokenizer_cached(smollm2_dir)
+    tok = tokenizer_at(smollm2_dir)
     hf = _hf(smollm2_dir)
     assert tok.table.kind == "byte_level" and not tok.table.strip_leading_space
     assert tok.vocab_size == len(hf) == 49152
@@ -383,7 +363,7 @@ def test_smollm2_tokenizer_is_byte_level_chatml(smollm2_dir: str) -> None:
 @SLOW
 @given(text=unicode_text)
 def test_smollm2_encode_and_decode_match_hf(smollm2_dir: str, text: str) -> None:
-    tok = load_tokenizer_cached(smollm2_dir)
+    tok = tokenizer_at(smollm2_dir)
     hf = _hf(smollm2_dir)
     ids = tok.encode(text)
     assert ids == hf.encode(text, add_special_tokens=False)
@@ -397,7 +377,7 @@ def test_smollm2_encode_and_decode_match_hf(smollm2_dir: str, text: str) -> None
 @SLOW
 @given(data=st.data())
 def test_smollm2_random_ids_decode_like_hf(smollm2_dir: str, data: st.DataObject) -> None:
-    tok = load_tokenizer_cached(smollm2_dir)
+    tok = tokenizer_at(smollm2_dir)
     ids = data.draw(
         st.lists(st.one_of(st.integers(0, 20), st.integers(0, tok.vocab_size - 1)), max_size=30)
     )

@@ -7,24 +7,35 @@ import importlib.metadata
 import tomllib
 from pathlib import Path
 
-from tests.works_with import rows
+from tests.works_with import rows, runners
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_table_names_the_tools_the_tests_run() -> None:
-    assert set(rows()) == {"openai SDK", "LangChain", "guidellm"}
+def test_every_row_of_the_table_is_run_by_a_test_and_no_test_runs_another() -> None:
+    table = rows()
+    assert table, "the README's Works with table did not parse"
+    assert set(runners()) == set(table)
 
 
-def test_dev_venv_tools_are_pinned_and_installed_at_the_readme_version() -> None:
+def test_each_tool_is_pinned_at_the_readme_version_in_the_venv_its_test_runs_in() -> None:
+    """tests/tools runs in its own venv (tests/tools/requirements.txt); the others in the
+    dev venv (the dev extra, installed here)."""
     dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    for tool in ("openai SDK", "LangChain"):
+    tools_pins = (REPO / "tests/tools/requirements.txt").read_text().splitlines()
+    for tool, files in runners().items():
         row = rows()[tool]
-        assert f"{row.package}=={row.version}" in dev["dev"]
-        assert importlib.metadata.version(row.package) == row.version
+        pin = f"{row.package}=={row.version}"
+        if all(path.parent.name == "tools" for path in files):
+            assert pin in tools_pins, tool
+        else:
+            assert pin in dev["dev"], tool
+            assert importlib.metadata.version(row.package) == row.version, tool
 
 
-def test_guidellm_is_pinned_in_its_venv_requirements() -> None:
-    row = rows()["guidellm"]
-    pins = (REPO / "tests/tools/requirements.txt").read_text().splitlines()
-    assert f"{row.package}=={row.version}" in pins
+def test_runners_are_found_in_any_test_file(tmp_path: Path) -> None:
+    (tmp_path / "e2e").mkdir()
+    (tmp_path / "unit").mkdir()
+    (tmp_path / "e2e" / "test_x.py").write_text('row = rows()["tool a"]\nrows()[name]\n')
+    (tmp_path / "unit" / "test_y.py").write_text('rows()["tool b"]\n')
+    assert runners(tmp_path) == {"tool a": {tmp_path / "e2e" / "test_x.py"}}

@@ -79,7 +79,9 @@ def artifact_weight_files(settings: Settings) -> list[Path]:
     reports it properly)."""
     try:
         directory = _local_directory(settings)
-        files = scan_files(directory) if directory is not None else {}
+        if directory is None:
+            return []
+        files = scan_files(directory)
     except (ManifestError, OSError, RuntimeError, ValueError):  # e.g. "~nobody/x"
         return []
     return [directory / name for name in files if name.endswith(WEIGHT_SUFFIXES)]

@@ -309,7 +309,7 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
     return app
 
 
-def serve(server: Any, http_parser: str) -> None:
+def serve(server: Any, http_parser: str, host: str = "0.0.0.0") -> None:
     """`TrussServer.start` (truss 0.18.36) with two differences: uvicorn's HTTP parser is
     `http_parser` (Truss pins h11), and the event loop really is uvloop (Truss asks uvicorn
     for uvloop, then runs `asyncio.run`, which makes a stdlib loop). Measured with the
@@ -329,7 +329,7 @@ def serve(server: Any, http_parser: str) -> None:
     config = uvicorn.Config(
         server.create_application(),
         http=http_parser,
-        host="0.0.0.0",
+        host=host,
         port=server._http_port,
         workers=1,
         timeout_graceful_shutdown=truss_server.TIMEOUT_GRACEFUL_SHUTDOWN,
@@ -364,7 +364,7 @@ def main(config_path: str = "config.yaml") -> int:
             return extend(super().create_application(), settings)
 
         def start(self) -> None:
-            serve(self, settings.http_parser)
+            serve(self, settings.http_parser, settings.host)
 
     port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
     server = Server(port, config)

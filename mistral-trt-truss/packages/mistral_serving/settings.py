@@ -93,8 +93,9 @@ class Settings(BaseModel):
         None,
         ge=1,
         description="PyTorch engine: torch's intra-op CPU threads. Unset: the CPUs this "
-        "process may really use (cgroup CPU quota, CPU affinity), so a container on a big "
-        "node does not run one thread per host core.",
+        "process may really use (cgroup CPU quota, CPU affinity) less one, left to the event "
+        "loop, so a container on a big node does not run one thread per host core and a busy "
+        "small one does not spin its threads against the server.",
     )
 
     replay_step_ms: float = Field(
@@ -145,6 +146,12 @@ class Settings(BaseModel):
         "dashboards and the Inference Gateway's endpoint picker work unchanged).",
     )
 
+    host: str = Field(
+        "0.0.0.0",
+        pattern=r"^[0-9A-Za-z.:-]{1,64}$",
+        description="Address the server listens on: every interface in the image (the pod's "
+        "port); `make serve` and `build.py serve` use 127.0.0.1 unless given `--host`.",
+    )
     http_parser: Literal["httptools", "h11"] = Field(
         "httptools",
         description="uvicorn's HTTP/1.1 parser: `httptools` (C; uvicorn's own default when "

@@ -60,6 +60,13 @@ class RequestRecord:
     def ttft_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.arrived_at
 
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first; None until the request ended with 2+."""
+        if self.first_token_at is None or self.ended_at is None or self.completion_tokens < 2:
+            return None
+        return (self.ended_at - self.first_token_at) / (self.completion_tokens - 1)
+
 
 # Reasons a request ended before generating: counted, not put in the latency/size histograms.
 REFUSED = frozenset(REFUSAL_REASONS.values())
@@ -87,10 +94,8 @@ class Telemetry:
             m.e2e.labels(route).observe(duration)
         if record.ttft_s is not None:
             m.ttft.labels(route).observe(record.ttft_s)
-            if record.completion_tokens > 1:
-                m.tpot.labels(route).observe(
-                    (record.ended_at - record.first_token_at) / (record.completion_tokens - 1)
-                )
+        if record.tpot_s is not None:
+            m.tpot.labels(route).observe(record.tpot_s)
         line = {
             "event": "request",
             "request_id": record.request_id,

@@ -63,7 +63,7 @@ from mistral_serving.engines.base import (
     refuse_unsupported,
     stop_ids_for,
 )
-from mistral_serving.engines.cpus import available_cpus
+from mistral_serving.engines.cpus import available_cpus, default_torch_threads
 from mistral_serving.engines.sampling import Sampled, prompt_logprobs, sample_next_tokens
 from mistral_serving.settings import Settings
 
@@ -136,8 +136,8 @@ def load_model(
     `from_pretrained` (the static engine's direct safetensors loader; None: not for it)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    # Threads for the CPUs we really have (a quota, an affinity mask), not the host's.
-    torch.set_num_threads(settings.torch_threads or available_cpus())
+    # Threads for the CPUs we really have (a quota, an affinity mask), less one for the loop.
+    torch.set_num_threads(settings.torch_threads or default_torch_threads(available_cpus()))
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.torch_dtype, device)
     config = AutoConfig.from_pretrained(str(model_dir))

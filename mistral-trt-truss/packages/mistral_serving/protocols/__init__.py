@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from mistral_serving.engines.base import TokenLogprob
 from mistral_serving.errors import RequestError
 from mistral_serving.service import Chunk, GenerationRequest
 from mistral_serving.telemetry import RequestRecord
@@ -22,19 +23,32 @@ class ParseContext:
 
 
 class Call(Protocol):
-    """One parsed request: what to generate, and how the answer must be shaped."""
+    """One parsed request: what to generate, and how the answer must be shaped.
 
-    gen: GenerationRequest
-    stream: bool
+    Read-only members: a format's call is a frozen dataclass, and a protocol's plain
+    attribute would demand a settable one."""
+
+    @property
+    def gen(self) -> GenerationRequest: ...
+
+    @property
+    def stream(self) -> bool: ...
 
 
 class WireFormat(Protocol):
-    route: str  # metrics/log label
-    stream_media_type: str
+    @property
+    def route(self) -> str:
+        """The metrics/log label."""
+        ...
+
+    @property
+    def stream_media_type(self) -> str: ...
 
     def parse(self, body: dict[str, Any], ctx: ParseContext) -> Call: ...
 
-    def response_body(self, call: Any, record: RequestRecord, logprobs: list | None) -> Any: ...
+    def response_body(
+        self, call: Any, record: RequestRecord, logprobs: list[TokenLogprob] | None
+    ) -> Any: ...
 
     def stream_events(
         self, call: Any, chunks: AsyncIterator[Chunk], record: RequestRecord

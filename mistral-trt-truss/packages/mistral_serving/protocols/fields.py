@@ -6,7 +6,7 @@ is strict: "2" is not a number, true is not 1, and unknown fields are refused by
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -59,7 +59,7 @@ def describe_validation_error(exc: ValidationError) -> tuple[str, str | None]:
     return "; ".join(parts[:8]), first
 
 
-def validate(model: type[StrictModel], body: dict) -> StrictModel:
+def validate(model: type[StrictModel], body: dict[str, Any]) -> StrictModel:
     try:
         return model.model_validate(body)
     except ValidationError as exc:

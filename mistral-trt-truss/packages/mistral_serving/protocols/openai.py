@@ -226,7 +226,9 @@ class OpenAIFormat:
                 "stream_options is only allowed when stream is true", param="stream_options"
             )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = include_usage and bool(req.stream_options.continuous_usage_stats)
+        continuous = bool(
+            include_usage and req.stream_options and req.stream_options.continuous_usage_stats
+        )
         return OpenAICall(
             self.chat, gen, req.stream, include_usage, int(time.time()), continuous, echo
         )
@@ -272,7 +274,7 @@ class OpenAIFormat:
 
     def _echo_logprobs(
         self, logprobs: list[TokenLogprob] | None, n_prompt: int, prompt_chars: int
-    ) -> dict | None:
+    ) -> dict[str, Any] | None:
         """The prompt's entries (offsets from 0, over their token texts), then the
         output's (offsets from the end of the prompt text, as in `text`)."""
         if logprobs is None:
@@ -282,7 +284,7 @@ class OpenAIFormat:
         assert head is not None and tail is not None
         return {key: head[key] + tail[key] for key in head}
 
-    def _logprobs(self, logprobs: list[TokenLogprob] | None, offset: int) -> dict | None:
+    def _logprobs(self, logprobs: list[TokenLogprob] | None, offset: int) -> dict[str, Any] | None:
         if logprobs is None:
             return None
         if self.chat:
@@ -313,7 +315,7 @@ class OpenAIFormat:
     def _token_text(self, token_id: int) -> str:
         return self._token_bytes(token_id).decode("utf-8", errors="replace")
 
-    def _chat_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+    def _chat_entry(self, token_id: int, logprob: float | None) -> dict[str, Any]:
         raw = self._token_bytes(token_id)
         return {
             "token": raw.decode("utf-8", errors="replace"),
@@ -378,12 +380,13 @@ class OpenAIFormat:
 
 
 def _completion_prompt(
-    prompt: str | list[str] | list[int],
+    prompt: str | list[str] | list[int] | list[list[int]],
 ) -> tuple[str | None, tuple[int, ...] | None]:
     if isinstance(prompt, str):
         return prompt, None
-    if prompt and all(isinstance(p, int) for p in prompt):
-        return None, tuple(prompt)  # token ids, used as given (range-checked later)
+    ids = [p for p in prompt if isinstance(p, int)]
+    if prompt and len(ids) == len(prompt):
+        return None, tuple(ids)  # token ids, used as given (range-checked later)
     if len(prompt) == 1 and isinstance(prompt[0], list) and prompt[0]:
         return None, tuple(prompt[0])  # a batch of one token-id prompt
     if len(prompt) == 1 and isinstance(prompt[0], str):

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from mistral_serving.chat import ChatMessage
-from mistral_serving.engines.base import SamplingOptions
+from mistral_serving.engines.base import SamplingOptions, TokenLogprob
 from mistral_serving.errors import RequestError
 from mistral_serving.protocols import ParseContext, TruncatedStream
 from mistral_serving.protocols.fields import (
@@ -106,7 +106,7 @@ class PredictFormat:
         return PredictCall(gen, req.streaming)
 
     def response_body(
-        self, call: PredictCall, record: RequestRecord, logprobs: list | None
+        self, call: PredictCall, record: RequestRecord, logprobs: list[TokenLogprob] | None
     ) -> dict[str, Any]:
         return {
             "output": record.output,
