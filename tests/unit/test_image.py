@@ -355,3 +355,38 @@ def test_engines_are_built_in_the_tensorrt_llm_line_the_image_runs() -> None:
     from mistral_build import engine
 
     assert image.TRTLLM_VERSION.startswith(engine.TRTLLM_SERIES)
+
+
+def test_the_freeze_and_pip_check_steps_run_as_written(
+    context: Path, dockerfile: str, tmp_path: Path
+) -> None:
+    """The Dockerfile's own freeze and check lines, run in this venv (paths moved under
+    tmp_path): they are valid shell, the freeze holds what is installed, and `pip check`
+    passes on an environment the install did not change."""
+    import importlib.metadata
+    import shutil
+    import sys
+
+    lines = instructions(dockerfile)
+    py = image.BASE_IMAGE_PYTHON
+    freeze = next(ln for ln in lines if "--format=freeze" in ln)
+    check = next(ln for ln in lines if ln.startswith(f"RUN {py} -m pip check | "))
+
+    def here(line: str) -> str:
+        return (
+            line.removeprefix("RUN ")
+            .replace(image.BUILD_DIR, str(tmp_path))
+            .replace(py, sys.executable)
+        )
+
+    # What the COPY before them puts in place.
+    for name in (image.CONSTRAINTS_SCRIPT, image.MAY_MOVE_FILE):
+        shutil.copyfile(context / name, tmp_path / name)
+    subprocess.run(["/bin/sh", "-c", here(freeze)], check=True, timeout=300)
+    held = (tmp_path / "base-constraints.txt").read_text().splitlines()
+    assert f"pydantic=={importlib.metadata.version('pydantic')}" in held
+    assert (tmp_path / "base-pip-check.txt").is_file()
+    proc = subprocess.run(
+        ["/bin/sh", "-c", here(check)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
