@@ -47,6 +47,7 @@ from mistral_build.release import (
     BASE_IMAGE_CUDA,
     BASE_IMAGE_PYTHON,
     BASE_IMAGE_PYTHON_VERSION,
+    RAISE_NOFILE,
     TINI,
     TRTLLM_VERSION,
 )
@@ -262,6 +263,13 @@ SMOKE_IMPORTS = ("tensorrt_llm", "truss_server", SERVER_MODULE, "torch.cuda")
 APP_WRITABLE = ("data",)
 
 
+def server_entrypoint(python: str) -> list[str]:
+    """tini as PID 1, a shell that raises the open-file limit and execs (so tini's child
+    is the server itself, and SIGTERM reaches it), then our launcher."""
+    shell = f'{RAISE_NOFILE}; exec {python} -m {SERVER_MODULE} "$@"'
+    return [TINI, "--", "/bin/sh", "-c", shell, SERVER_MODULE]
+
+
 def smoke_test_command(python: str) -> str:
     imports = ", ".join(SMOKE_IMPORTS)
     code = (
@@ -317,7 +325,7 @@ def patch_dockerfile(dockerfile: str, python: str) -> str:
         f"RUN mkdir -p {writable} && chown -R {NON_ROOT_UID}:{NON_ROOT_UID} ${{HOME}} /workspace {writable}\n",
     )
     truss_cmd = json.dumps([python, "/app/main.py"], separators=(", ", ": "))
-    ours = json.dumps([TINI, "--", python, "-m", SERVER_MODULE], separators=(", ", ": "))
+    ours = json.dumps(server_entrypoint(python), separators=(", ", ": "))
     return _replace_once(
         dockerfile,
         f"ENTRYPOINT {truss_cmd}",

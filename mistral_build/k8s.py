@@ -47,7 +47,7 @@ from mistral_build.k8s_objects import (
     metric_name,
 )
 from mistral_build.paths import K8S_DIR, REPO_ROOT
-from mistral_build.release import BASE_IMAGE_PYTHON, TINI
+from mistral_build.release import BASE_IMAGE_PYTHON, RAISE_NOFILE, TINI
 from mistral_serving.settings import ENV_PREFIX
 
 HF_SECRET_KEY = "hf_access_token"  # Truss secret name (config.yaml `secrets`).
@@ -249,6 +249,8 @@ def verify_job_name(s: DeploySettings) -> str:
 # tooling folder is root's).
 VERIFY_OUT = "/tmp/verify-gpu"
 VERIFY_SHELL = (
+    'echo "open files: the container gives $(ulimit -S -n) (hard $(ulimit -H -n))"; '
+    f"{RAISE_NOFILE}; "
     'echo "open files (ulimit -n): $(ulimit -n)"; '
     f'exec {BASE_IMAGE_PYTHON} build.py verify-gpu "$@"'
 )
@@ -264,8 +266,8 @@ def verify_job(s: DeploySettings) -> dict[str, Any]:
         "name": "verify-gpu",
         "image": s.verify_image_ref,
         "imagePullPolicy": "IfNotPresent",
-        # The image's entry point, with the container's open-file limit said first (the
-        # server holds one descriptor per connection; the runtime sets the limit).
+        # The image's entry point: the open-file limit raised as the server's entry point
+        # raises it, and said (what the container gave, what the server gets).
         "command": [TINI, "--", "/bin/sh", "-c", VERIFY_SHELL, "verify-gpu"],
         "args": ["--kind", "all", "--out", VERIFY_OUT],
         **{k: server[k] for k in ("env", "resources", "securityContext", "volumeMounts")},

@@ -19,3 +19,13 @@ BASE_IMAGE_PYTHON = "/usr/bin/python3"
 BASE_IMAGE_PYTHON_VERSION = "3.12"
 BASE_IMAGE_CUDA = "13.0"
 TINI = "/usr/bin/tini"  # Ubuntu 24.04's `tini` package, PID 1 of every container we run
+
+# Open files: the server holds one descriptor per connection, and containerd 2.x gives a
+# container a soft limit of 1024 (hard 524288) where 1.x gave 1048576. Every container
+# we run raises its soft limit to NOFILE, or to the hard limit where that is lower; a
+# pod spec cannot set it.
+NOFILE = 65536
+RAISE_NOFILE = (
+    'n=$(ulimit -H -n); { [ "$n" = unlimited ] || [ "$n" -ge '
+    f'{NOFILE} ]; }} && n={NOFILE}; ulimit -S -n "$n"'
+)

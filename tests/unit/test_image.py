@@ -10,6 +10,7 @@ without a Docker engine.
 from __future__ import annotations
 
 import filecmp
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -133,11 +134,12 @@ def test_the_container_runs_our_launcher_of_the_truss_server(
 ) -> None:
     lines = instructions(dockerfile)
     entry = [i for i in lines if i.startswith(("ENTRYPOINT", "CMD"))]
-    # tini is PID 1: it reaps orphaned MPI helpers and forwards SIGTERM to the server.
-    assert entry == [
-        f'ENTRYPOINT ["{image.TINI}", "--", "{image.BASE_IMAGE_PYTHON}", "-m", '
-        '"mistral_serving.server"]'
-    ]
+    # tini is PID 1: it reaps orphaned MPI helpers and forwards SIGTERM to the server; a
+    # shell between them raises the open-file limit and execs the launcher.
+    (argv,) = [json.loads(e.removeprefix("ENTRYPOINT ")) for e in entry]
+    assert argv == image.server_entrypoint(image.BASE_IMAGE_PYTHON)
+    assert argv[:4] == [image.TINI, "--", "/bin/sh", "-c"]
+    assert argv[4].endswith(f'; exec {image.BASE_IMAGE_PYTHON} -m mistral_serving.server "$@"')
     tini = next(i for i in lines if "apt-get install" in i and " tini " in i)
     assert lines.index(tini) < lines.index("USER 60000")
     assert "/app/main.py" not in entry[0]
@@ -390,3 +392,28 @@ def test_the_freeze_and_pip_check_steps_run_as_written(
         ["/bin/sh", "-c", here(check)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def shell(script: str, *args: str) -> list[str]:
+    out = subprocess.run(
+        ["/bin/sh", "-c", script, "sh", *args], capture_output=True, text=True, check=True,
+        timeout=30,
+    )  # fmt: skip
+    return out.stdout.splitlines()
+
+
+def test_the_entry_point_raises_the_open_file_limit_and_passes_its_args() -> None:
+    from mistral_build.release import NOFILE, RAISE_NOFILE
+
+    argv = image.server_entrypoint(image.BASE_IMAGE_PYTHON)
+    assert argv[4].startswith(RAISE_NOFILE + "; exec ")
+    # The launcher gets the container's arguments (python replaced by echo: no image here).
+    script = argv[4].replace(image.BASE_IMAGE_PYTHON, "echo")
+    assert shell(script, "--extra", "arg") == ["-m mistral_serving.server --extra arg"]
+    hard = int(shell("ulimit -H -n")[0])
+    # containerd 2.x gives soft 1024 under a high hard limit: raised to NOFILE (or to the
+    # hard limit where that is lower).
+    assert shell(f"ulimit -S -n 256; {RAISE_NOFILE}; ulimit -S -n") == [str(min(hard, NOFILE))]
+    low = min(hard, 4096)
+    lowered = f"ulimit -S -n 256; ulimit -H -n {low}; {RAISE_NOFILE}; ulimit -S -n"
+    assert shell(lowered) == [str(low)]

@@ -624,7 +624,7 @@ def test_the_verify_job_runs_in_the_deployments_pod(values: dict[str, Any]) -> N
     assert verify["args"][:2] == ["--kind", "all"]
     # The image's own entry point (tini, then build.py verify-gpu), the nofile limit first.
     assert verify["command"][:4] == ["/usr/bin/tini", "--", "/bin/sh", "-c"]
-    assert verify["command"][4].startswith('echo "open files (ulimit -n): $(ulimit -n)"; ')
+    assert verify["command"][4].startswith('echo "open files: the container gives ')
     assert verify["command"][4].endswith('exec /usr/bin/python3 build.py verify-gpu "$@"')
     assert job["restartPolicy"] == "Never"
     # Its pods are not the Service's, the PDB's or the HPA's.
@@ -658,5 +658,6 @@ def test_the_verify_jobs_shell_says_the_limit_and_passes_its_args() -> None:
         ["/bin/sh", "-c", script, verify["command"][5], *verify["args"]],
         capture_output=True, text=True, check=True, timeout=30,
     ).stdout.splitlines()  # fmt: skip
-    assert re.fullmatch(r"open files \(ulimit -n\): (\d+|unlimited)", out[0])
-    assert out[1] == "build.py verify-gpu --kind all --out /tmp/verify-gpu"
+    assert re.fullmatch(r"open files: the container gives \d+ \(hard (\d+|unlimited)\)", out[0])
+    assert re.fullmatch(r"open files \(ulimit -n\): \d+", out[1])
+    assert out[2] == "build.py verify-gpu --kind all --out /tmp/verify-gpu"
