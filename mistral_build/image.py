@@ -8,7 +8,12 @@
    `app` user (uid 60000) that the Truss Dockerfile template creates when
    `BT_USE_NON_ROOT_USER` is set, and our launcher (`python3 -m mistral_serving.server`,
    the real Truss server plus our routes) as the container's entry point.
-3. Builds, tags and pushes it with `docker build` / `docker push` when a Docker engine
+   The rendered Dockerfile is then made production-safe (`patch_dockerfile`): tini as
+   PID 1, every install held to the base image's frozen packages (`base_constraints.py`),
+   `pip check` and an import smoke test after the last install, `chown` of only what the
+   server writes. `Dockerfile.verify` beside it builds the verify image (the serving image
+   plus the build tooling) that k8s/verify/job.yaml runs.
+3. Builds, tags and pushes both with `docker build` / `docker push` when a Docker engine
    answers `docker info`; otherwise prints why and the exact commands to run elsewhere.
 """
 

@@ -5,6 +5,8 @@ node with that accelerator), a ClusterIP Service, a PodDisruptionBudget and a
 HorizontalPodAutoscaler. The HF token Secret is a template (`*.yaml.example`, which
 `kubectl apply -f k8s/` skips) so that applying the folder never overwrites a real token.
 With `gateway: true` (`--gateway`) it also renders `k8s/gateway/` (mistral_build.gateway).
+`k8s/verify/job.yaml` (applied on its own) runs `build.py verify-gpu` in the Deployment's
+pod spec.
 
 The pod's life, as the manifests arrange it:
 - start: the startup probe polls the Truss readiness route while the engine downloads and
