@@ -260,6 +260,7 @@ MAY_MOVE_FILE = "server_may_move.txt"
 BASE_FREEZE = f"{BUILD_DIR}/base-freeze.txt"
 BASE_PIP_CHECK = f"{BUILD_DIR}/base-pip-check.txt"
 BASE_CONSTRAINTS = f"{BUILD_DIR}/base-constraints.txt"
+CUDA_COMPAT_LIB = "/usr/local/cuda/compat/lib.real"  # NGC images: libcuda.so.1 for forward compat
 # What the server must import, checked in the image at build time (no GPU there: CUDA is
 # checked as built, not as available).
 SMOKE_IMPORTS = ("tensorrt_llm", "truss_server", SERVER_MODULE, "torch.cuda")
@@ -286,7 +287,10 @@ def smoke_test_command(python: str) -> str:
         f"f'torch built for CUDA {{c!r}}, the image is CUDA {BASE_IMAGE_CUDA}'; "
         f"print('imports ok: tensorrt_llm', v, 'torch', torch.__version__, 'CUDA', c)"
     )
-    return f'RUN {python} -c "{code}"'
+    # No GPU and no driver during `docker build`: should a library need libcuda.so.1 just
+    # to load, the CUDA forward-compatibility copy the NGC image ships stands in (after
+    # any real one on the path; this RUN only, the server never sees it).
+    return f'RUN LD_LIBRARY_PATH="${{LD_LIBRARY_PATH}}:{CUDA_COMPAT_LIB}" {python} -c "{code}"'
 
 
 def patch_dockerfile(dockerfile: str, python: str) -> str:

@@ -84,7 +84,9 @@ def test_the_build_freezes_the_base_then_installs_then_checks_in_that_order(
     last_copy = max(i for i, line in enumerate(lines) if line.startswith("COPY "))
     pip_check = first(f"RUN {py} -m pip check | {py} ")
     assert f"base_constraints.py check {image.BASE_PIP_CHECK}" in lines[pip_check]
-    smoke = first(f'RUN {py} -c "import tensorrt_llm, truss_server, mistral_serving.server')
+    smoke = first(f'{py} -c "import tensorrt_llm, truss_server, mistral_serving.server')
+    compat = f'RUN LD_LIBRARY_PATH="${{LD_LIBRARY_PATH}}:{image.CUDA_COMPAT_LIB}" '
+    assert lines[smoke].startswith(compat)
     entry = first("ENTRYPOINT")
     assert freeze < installs[0] < installs[1] < last_copy < pip_check < smoke < entry
     assert "torch.cuda" in lines[smoke] and "'1.2.1'" in lines[smoke]
@@ -112,7 +114,7 @@ def test_only_the_servers_exact_pins_outside_tensorrt_llm_may_move() -> None:
 
 def test_the_smoke_test_compiles_and_fails_on_a_wrong_version() -> None:
     cmd = image.smoke_test_command("python3")
-    code = cmd.removeprefix('RUN python3 -c "').removesuffix('"')
+    code = cmd.split(' python3 -c "', 1)[1].removesuffix('"')
     compile(code, "<smoke>", "exec")
     fake = {
         "tensorrt_llm": type("M", (), {"__version__": "1.1.0"}),
