@@ -113,6 +113,7 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     (r"^python build\.py (--values|image|manifests)", Covered("tests/unit/test_k8s.py")),
     (r"^kubernetes-validate --strict k8s/\*\.yaml$", Run(300, r"")),
     (r"^kubectl ", CLUSTER),
+    (r"^gcloud ", NotHere("needs a Google Cloud project and credentials; never run here")),
     (r"^docs/(deploy|verify-on-gpu)\.md: curl ", CLUSTER),  # against the deployed Service
     (r"^docs/tensorrt-llm\.md: curl ", GPU),
     (r"^docker ", DOCKER),

@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from mistral_serving import __version__
+from mistral_serving import __version__, driver
 from mistral_serving.errors import RequestError, openai_error_body
 from mistral_serving.prefetch import prefetch_artifact
 from mistral_serving.settings import Settings, SettingsError
@@ -361,6 +361,9 @@ def main(config_path: str = "config.yaml") -> int:
         settings = Settings.load(config.get("model_metadata"))
     except SettingsError as exc:
         print(f"cannot start: {exc}", file=sys.stderr)
+        return 2
+    if (refusal := driver.startup_refusal(settings.driver_check)) is not None:
+        print(f"cannot start: {refusal}", file=sys.stderr)
         return 2
     prefetch_artifact(settings)  # if on: the disk streams while Truss and torch import
     from truss_server import TrussServer

@@ -254,6 +254,14 @@ class Settings(BaseModel):
         "server logs why and exits with status 1, so Kubernetes replaces the container.",
     )
 
+    # Start-up.
+    driver_check: Literal["refuse", "warn"] = Field(
+        "refuse",
+        description="At start, an NVIDIA driver older than the image's CUDA needs (R580 for "
+        "CUDA 13.0): `refuse` (one line, exit 2) or `warn` and start (CUDA forward "
+        "compatibility set up by hand).",
+    )
+
     # Logging.
     log_prompts: bool = Field(False, description="Log prompt and output text (off: privacy).")
 
