@@ -10,7 +10,7 @@ import pytest
 
 from mistral_serving.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
-from tests.unit.test_frontend import LIMITS, TEXT, Client, body, call, serve, tok  # noqa: F401
+from tests.unit.test_frontend import LIMITS, TEXT, Client, body, call, serve
 
 
 @pytest.mark.parametrize(

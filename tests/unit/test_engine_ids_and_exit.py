@@ -15,7 +15,7 @@ from mistral_serving.engines.factory import start_engine
 from mistral_serving.settings import Settings
 from mistral_serving.telemetry import RequestRecord
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
-from tests.unit.test_frontend import Client, body, call, serve, tok  # noqa: F401
+from tests.unit.test_frontend import Client, body, call, serve
 
 
 def test_the_engine_id_starts_with_the_request_id_and_is_unique() -> None:
