@@ -124,6 +124,12 @@ class Settings(BaseModel):
         " guaranteed_no_evict admits a request only if KV for prompt + max_tokens is free; "
         "max_utilization admits more and pauses requests when the cache runs out.",
     )
+    trtllm_kv_block_reuse: bool = Field(
+        True,
+        description="TensorRT-LLM's KV-cache block reuse (KvCacheConfig.enable_block_reuse, on "
+        "upstream by default): requests sharing a prompt prefix reuse its cached blocks. "
+        "verify-gpu turns it off so equal greedy requests run the same kernels.",
+    )
 
     # Requests.
     default_max_tokens: int = Field(
