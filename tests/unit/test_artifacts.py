@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -240,7 +241,11 @@ def test_unreachable_hub_and_empty_cache(
     with pytest.raises(ArtifactError) as err:
         load_artifact(from_hub(tmp_path, sha), TOKEN)
     message = one_line(err)
-    assert "cannot reach the Hub at http://127.0.0.1:9 (ConnectError)" in message
+    # ConnectError (httpx: huggingface_hub 1.x/2.x) or ConnectionError (requests: 0.x, the
+    # TensorRT-LLM image's, run by `make test-compat`).
+    assert re.search(
+        r"cannot reach the Hub at http://127\.0\.0\.1:9 \(Connect(ion)?Error\)", message
+    )
     assert str(tmp_path / "c" / "hub") in message
 
 
@@ -501,7 +506,11 @@ def test_every_load_failure_is_an_artifact_error() -> None:
 
 
 def test_hub_module_is_the_real_client() -> None:
-    assert huggingface_hub.__version__.startswith("2.")
+    """The installed huggingface_hub (2.x in the dev venv, 0.x under `make test-compat`)."""
+    from importlib.metadata import version
+
+    assert huggingface_hub.__version__ == version("huggingface_hub")
+    assert "site-packages" in Path(huggingface_hub.__file__).parts
 
 
 # ---- engine selection ------------------------------------------------------------------------
