@@ -120,11 +120,13 @@ def hub(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HubStandIn, 
     with pytest.MonkeyPatch.context() as mp, HubStandIn(token=TOKEN) as hub:
         mp.setattr(constants, "HF_HUB_DISABLE_XET", True)  # the stand-in speaks LFS
         mp.setattr(constants, "ENDPOINT", hub.url)
-        mp.setattr(
-            constants,
-            "HUGGINGFACE_CO_URL_TEMPLATE",
-            hub.url + "/{repo_id}/resolve/{revision}/{filename}",
-        )
+        template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+        mp.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+        # huggingface_hub 0.x (`make test-compat`) reads its own copy, bound at import.
+        import huggingface_hub.file_download as file_download
+
+        if hasattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE"):
+            mp.setattr(file_download, "HUGGINGFACE_CO_URL_TEMPLATE", template)
         mp.setattr(hf_http.time, "sleep", lambda seconds: None)
         sha = push_artifact(art, REPO, token=TOKEN, endpoint=hub.url).commit_sha
         yield hub, sha
