@@ -534,6 +534,20 @@ def judge_logprobs(content: list[dict[str, Any]], completion_tokens: int, k: int
             )
 
 
+def _stream_error(chunk: bytes) -> str | None:
+    """The message of an SSE `data: {"error": ...}` event at the start of `chunk`."""
+    for line in chunk.split(b"\n"):
+        if line.startswith(b"data: {"):
+            try:
+                error = json.loads(line[6:]).get("error")
+            except ValueError:
+                return None
+            if error:
+                return str(error.get("message") if isinstance(error, dict) else error)[:160]
+            return None
+    return None
+
+
 def _error_text(r: Any) -> str:
     try:
         error = r.json().get("error")
@@ -627,8 +641,12 @@ def check_abort_streamed_logprobs(ctx: Context) -> str:
     body = long_stream_body(ctx, "Abort me with logprobs") | {"logprobs": 1}
     before = aborted(ctx.url)
     r = _requests().post(ctx.url + "/v1/completions", json=body, stream=True, timeout=300)
-    if 400 <= r.status_code < 500:
-        refusal = _error_text(r)
+    first = next(r.iter_content(chunk_size=None), b"") if r.status_code == 200 else b""
+    # A refusal arrives as a 4xx, or (raised by the engine once the stream began) as the
+    # stream's first event: an OpenAI error object.
+    streamed_error = _stream_error(first)
+    if 400 <= r.status_code < 500 or streamed_error:
+        refusal = streamed_error or _error_text(r)
         r.close()
         plain = _requests().post(
             ctx.url + "/v1/completions", json=probe | {"logprobs": 1}, timeout=300
@@ -642,7 +660,7 @@ def check_abort_streamed_logprobs(ctx: Context) -> str:
         )
     if r.status_code != 200:
         raise CheckFailed(f"streamed logprobs -> {r.status_code}: {r.text[:200]}")
-    if not next(r.iter_content(chunk_size=None), b""):
+    if not first:
         raise CheckFailed("the streamed-logprobs request ended before its first chunk")
     r.close()
     if not wait_until(lambda: aborted(ctx.url) >= before + 1, 30):

@@ -352,16 +352,19 @@ def test_drain_faults_fail(fault, why):
 
 
 class Response:
-    def __init__(self, status: int, body: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, status: int, body: dict[str, Any] | None = None, first: bytes = b"data: {}\n\n"
+    ) -> None:
         self.status_code = status
         self.body = body or {}
         self.text = str(self.body)
+        self.first = first
 
     def json(self) -> dict[str, Any]:
         return self.body
 
     def iter_content(self, chunk_size: int | None = None) -> Iterator[bytes]:
-        yield b"data: {}\n\n"
+        yield self.first
 
     def close(self) -> None:
         pass
@@ -372,7 +375,10 @@ class Executor:
     `dies_on_abort` makes the abort of a streamed-logprobs request kill it (upstream's
     crash with gather_generation_logits)."""
 
-    def __init__(self, dies_on_abort=False, refuse_streamed=False, no_logprobs=False) -> None:
+    def __init__(
+        self, dies_on_abort=False, refuse_streamed=False, no_logprobs=False, refuse_in_stream=False
+    ) -> None:
+        self.refuse_in_stream = refuse_in_stream
         self.dies_on_abort, self.refuse_streamed, self.no_logprobs = (
             dies_on_abort,
             refuse_streamed,
@@ -384,6 +390,8 @@ class Executor:
     def post(self, url: str, json: dict[str, Any], stream: bool = False, timeout: float = 0):
         if self.dead:
             raise ConnectionError("connection refused")
+        if stream and self.refuse_in_stream:  # the engine refuses once the stream began
+            return Response(200, first=b'data: {"error": {"message": "no logprobs here"}}\n\n')
         if json.get("logprobs") is not None and (
             self.no_logprobs or (stream and self.refuse_streamed)
         ):
@@ -490,3 +498,10 @@ def test_a_warning_passes_the_run_and_shows_in_the_report(monkeypatch, tmp_path)
     md = (tmp_path / "report.md").read_text()
     assert md.startswith("# verify-gpu: PASSED with 1 WARN") and "| b | WARN |" in md
     assert "| a | pass |" in md
+
+
+def test_a_refusal_inside_the_stream_is_a_refusal_not_a_missing_abort(monkeypatch):
+    result = abort_check(monkeypatch, Executor(refuse_in_stream=True, no_logprobs=True))
+    assert result.verdict == "PASS" and "not applicable" in result.detail
+    result = abort_check(monkeypatch, Executor(refuse_in_stream=True))
+    assert result.verdict == "WARN" and "no logprobs here" in result.detail
