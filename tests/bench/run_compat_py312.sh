@@ -45,7 +45,11 @@ install)  # on the GPU machine: whatever part lies in .whl/
   echo "installed $(ls .whl | wc -l) wheels into $SITE"
   ;;
 test)
-  export PYTHONPATH="$PWD/$SITE" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+  # As in .venv-compat, no GGUF reader even if the machine has one: SmolLM2's files are
+  # built by the dev venv (transformers 5); without them (.cache/smollm2) those tests skip.
+  mkdir -p .venv-compat312/nogguf/gguf
+  echo 'raise ModuleNotFoundError("no GGUF reader in the compat run", name="gguf")' > .venv-compat312/nogguf/gguf/__init__.py
+  export PYTHONPATH="$PWD/$SITE:$PWD/.venv-compat312/nogguf" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
   export MISTRAL_DEV_MODEL_DIR="$PWD/.venv-compat312/dev-model"
   $PY -c "import sys; from importlib.metadata import version as v; print(sys.version.split()[0], *(f'{p} {v(p)}' for p in ('torch', 'transformers', 'mistral-common', 'fastapi', 'starlette', 'numpy', 'xgrammar', 'huggingface_hub')), sep=', ')"
   # Every wheel of both parts must be there and win over the machine's own copy.
