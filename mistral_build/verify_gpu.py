@@ -479,15 +479,19 @@ def check_long_prompt(ctx: Context) -> str:
     return f"{used}-token prompt (max_num_tokens {ctx.max_num_tokens}) answered; {verdict}"
 
 
+# The server setting (engine=tensorrt_llm, off by default) that serves logprobs although an
+# aborted request with logprobs crashed TensorRT-LLM 1.1.0 / 1.2.0rc7.
+ABORT_SAFE_SETTING = "trtllm_logprobs_abort_safe"
 LOGPROB_TOLERANCE = 1e-3  # the greedy token's logprob against the best listed (rounding)
 
 
 def check_logprobs(ctx: Context) -> str:
-    """Chat logprobs with top_logprobs 2, then 1: one entry per generated token, finite
+    """Chat logprobs with top_logprobs 2, then 1, then 0: one entry per generated token, finite
     logprobs <= 0, the top list sorted, and the greedy token the best of it. A clear 4xx
     refusal (a kind or sampler that cannot) passes, with what was refused."""
     notes: list[str] = []
-    for k in (2, 1):
+    # 0: the chosen token's logprob only (all a TRTLLMSampler returns: trtllm_sampler=trtllm).
+    for k in (2, 1, 0):
         body = {
             "model": ctx.model,
             "messages": [{"role": "user", "content": "Name a colour."}],
@@ -523,8 +527,10 @@ def judge_logprobs(content: list[dict[str, Any]], completion_tokens: int, k: int
         values = [lp, *top]
         if not all(isinstance(v, (int, float)) and math.isfinite(v) and v <= 0 for v in values):
             raise CheckFailed(f"token {i}: logprobs {values} are not all finite and <= 0")
-        if not 1 <= len(top) <= k:
+        if not min(1, k) <= len(top) <= k:
             raise CheckFailed(f"token {i}: {len(top)} top_logprobs, asked for {k}")
+        if not top:
+            continue
         if top != sorted(top, reverse=True):
             raise CheckFailed(f"token {i}: top_logprobs {top} not best first")
         if lp < top[0] - LOGPROB_TOLERANCE:
@@ -638,7 +644,7 @@ def check_abort_streamed_logprobs(ctx: Context) -> str:
     keep answering. Upstream TensorRT-LLM 1.1.0 and 1.2.0rc7 crash the executor there with
     gather_generation_logits on; where this passes, streamed logprobs are safe on the kind."""
     probe = {"model": ctx.model, "prompt": "Probe", "max_tokens": 2, "temperature": 0}
-    body = long_stream_body(ctx, "Abort me with logprobs") | {"logprobs": 1}
+    body = long_stream_body(ctx, "Abort me with logprobs") | {"logprobs": 0}
     before = aborted(ctx.url)
     r = _requests().post(ctx.url + "/v1/completions", json=body, stream=True, timeout=300)
     first = next(r.iter_content(chunk_size=None), b"") if r.status_code == 200 else b""
@@ -649,14 +655,18 @@ def check_abort_streamed_logprobs(ctx: Context) -> str:
         refusal = streamed_error or _error_text(r)
         r.close()
         plain = _requests().post(
-            ctx.url + "/v1/completions", json=probe | {"logprobs": 1}, timeout=300
+            ctx.url + "/v1/completions", json=probe | {"logprobs": 0}, timeout=300
         )
+        # engine=tensorrt_llm refuses logprobs unless trtllm_logprobs_abort_safe is on (and
+        # the engine gathers generation logits): this check is what may turn it on.
+        rerun = f"rerun with --set {ABORT_SAFE_SETTING}=true to test the abort"
         if 400 <= plain.status_code < 500:
-            return f"not applicable: this kind returns no logprobs ({_error_text(plain)})"
+            return (
+                f"not applicable: this server returns no logprobs ({_error_text(plain)}); "
+                f"for an engine built with gather_generation_logits, {rerun}"
+            )
         raise CheckWarned(
-            f"streamed logprobs refused on this kind ({r.status_code}: {refusal}): not tested. "
-            "Rerun with the setting that allows them turned on (--set NAME=true) to learn "
-            "whether the executor survives the abort"
+            f"streamed logprobs refused on this kind ({refusal}): not tested; {rerun}"
         )
     if r.status_code != 200:
         raise CheckFailed(f"streamed logprobs -> {r.status_code}: {r.text[:200]}")
@@ -667,7 +677,7 @@ def check_abort_streamed_logprobs(ctx: Context) -> str:
         raise CheckFailed("the client left the streamed-logprobs request but no abort was counted")
     try:
         after = post_json(ctx.url, "/v1/completions", probe, timeout=60)
-        again = post_json(ctx.url, "/v1/completions", probe | {"logprobs": 1}, timeout=60)
+        again = post_json(ctx.url, "/v1/completions", probe | {"logprobs": 0}, timeout=60)
         ready = _requests().get(ctx.url + "/v1/models/model", timeout=10).status_code
     except CheckFailed as exc:
         raise CheckFailed(f"after the abort: {exc} (the executor died?)") from None
@@ -679,8 +689,8 @@ def check_abort_streamed_logprobs(ctx: Context) -> str:
         raise CheckFailed(f"after the abort: answers without tokens or logprobs: {again}")
     return (
         "a streamed request with logprobs was aborted and the server kept answering (with "
-        "logprobs, ready 200): streamed logprobs are safe here, so the setting that allows "
-        "them on this kind may be turned on"
+        f"logprobs, ready 200): logprobs survive an abort here, so {ABORT_SAFE_SETTING} "
+        "(engine=tensorrt_llm) may be turned on for this release"
     )
 
 

@@ -239,6 +239,12 @@ def entry(lp: float, top: list[float]) -> dict[str, Any]:
 
 def test_consistent_logprobs_pass():
     judge_logprobs([entry(-0.1, [-0.1, -2.0]), entry(-0.5, [-0.5, -0.9])], 2, 2)
+    judge_logprobs([entry(-0.1, [])], 1, 0)  # top_logprobs 0: the chosen token only
+
+
+def test_top_logprobs_zero_lists_none():
+    with pytest.raises(CheckFailed, match="1 top_logprobs, asked for 0"):
+        judge_logprobs([entry(-0.1, [-0.1])], 1, 0)
 
 
 @pytest.mark.parametrize(
@@ -400,7 +406,10 @@ class Executor:
             self.aborts += 1  # the check drops it after the first chunk
             self.dead = self.dies_on_abort
             return Response(200)
-        choice = {"text": "ok", "logprobs": {"tokens": ["ok"]} if json.get("logprobs") else None}
+        choice = {
+            "text": "ok",
+            "logprobs": {"tokens": ["ok"]} if json.get("logprobs") is not None else None,
+        }
         return Response(200, {"choices": [choice], "usage": {"completion_tokens": 1}})
 
     def get(self, url: str, timeout: float = 0) -> Response:
@@ -417,7 +426,8 @@ def abort_check(monkeypatch: pytest.MonkeyPatch, executor: Executor) -> vg.Check
 
 def test_surviving_the_abort_passes_and_says_the_setting_may_be_turned_on(monkeypatch):
     result = abort_check(monkeypatch, Executor())
-    assert result.verdict == "PASS" and "may be turned on" in result.detail
+    assert result.verdict == "PASS" and "trtllm_logprobs_abort_safe" in result.detail
+    assert "may be turned on" in result.detail
 
 
 def test_a_crash_after_the_abort_fails(monkeypatch):
@@ -427,7 +437,7 @@ def test_a_crash_after_the_abort_fails(monkeypatch):
 
 def test_refused_streamed_logprobs_warn_with_how_to_test(monkeypatch):
     result = abort_check(monkeypatch, Executor(refuse_streamed=True))
-    assert result.verdict == "WARN" and "--set" in result.detail
+    assert result.verdict == "WARN" and "--set trtllm_logprobs_abort_safe=true" in result.detail
 
 
 def test_a_kind_without_logprobs_has_nothing_to_abort(monkeypatch):
