@@ -166,8 +166,10 @@ def hub_failure(
             )
         if isinstance(link, RepositoryNotFoundError):
             return f"{repo_id} not found or private ({token_hint}); put a read token in {secret}"
-        if isinstance(link, HfHubHTTPError):
-            response = getattr(link, "response", None)
+        # huggingface_hub 0.x (the TensorRT-LLM image's) makes LocalEntryNotFoundError an
+        # HfHubHTTPError with no response: the HTTP answer, if any, is further down the chain.
+        if isinstance(link, HfHubHTTPError) and getattr(link, "response", None) is not None:
+            response = link.response
             status = getattr(response, "status_code", None)
             answered = f"the Hub answered HTTP {status} for {where}"
             if status == 401:

@@ -162,6 +162,12 @@ class Settings(BaseModel):
         "graph size (CudaGraphConfig.enable_padding; graphs up to max_batch_size), so every "
         "decode step replays a graph instead of launching kernels one by one.",
     )
+    trtllm_kv_block_reuse: bool = Field(
+        True,
+        description="TensorRT-LLM's KV-cache block reuse (KvCacheConfig.enable_block_reuse, on "
+        "upstream by default): requests sharing a prompt prefix reuse its cached blocks. "
+        "verify-gpu turns it off so equal greedy requests run the same kernels.",
+    )
 
     # Requests.
     default_max_tokens: int = Field(

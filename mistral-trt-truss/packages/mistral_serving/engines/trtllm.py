@@ -628,7 +628,8 @@ class TrtLlmEngine(LlmApiEngine):
         gathers_context = bool(build_config.get("gather_context_logits"))
         kwargs: dict[str, Any] = {
             "kv_cache_config": KvCacheConfig(
-                free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction
+                free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+                enable_block_reuse=settings.trtllm_kv_block_reuse,
             ),
             "scheduler_config": scheduler_config(settings),
             "enable_chunked_prefill": chunked,

@@ -107,7 +107,8 @@ class TrtLlmPytorchEngine(LlmApiEngine):
                 model=str(checkpoint_dir),
                 tokenizer=str(checkpoint_dir),  # xgrammar builds its tables from it
                 kv_cache_config=KvCacheConfig(
-                    free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction
+                    free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+                    enable_block_reuse=settings.trtllm_kv_block_reuse,
                 ),
                 scheduler_config=scheduler_config(settings),
                 max_seq_len=limits.max_seq_len,
