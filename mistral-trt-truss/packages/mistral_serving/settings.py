@@ -152,6 +152,55 @@ class Settings(BaseModel):
         "per streamed token).",
     )
 
+    # HTTP connection limits (enforced by the protocol classes in http_limits.py).
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        description="Largest request line + headers of one request; past it 431 and the "
+        "connection is closed (checked before the parser buffers the bytes).",
+    )
+    max_header_count: int = Field(
+        100, ge=8, description="Most header lines in one request; more get 431 and a close."
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="Once a request's first byte arrives, its headers must be complete "
+        "within this; else 408 and the connection is closed (slowloris).",
+    )
+    keepalive_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="A connection with no request in progress (new, or between requests) "
+        "is closed after this long.",
+    )
+    max_connections: int = Field(
+        2048,
+        ge=4,
+        description="Most open client connections. Past `max_connections` minus "
+        "`probe_reserve_connections` the oldest idle connection is closed to make room, "
+        "and a new one that finds none serves only probes (GET /health, "
+        "/v1/models/{name}, /, /ping, /metrics); past `max_connections` a new one gets 503.",
+    )
+    probe_reserve_connections: int = Field(
+        16,
+        ge=1,
+        description="Connections kept for probes and metrics scrapes out of `max_connections`.",
+    )
+    stream_write_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="A streamed answer whose client has not taken a write for this long is "
+        "aborted (finished_reason slow_reader), and its engine request with it.",
+    )
+    stream_buffer_bytes: int = Field(
+        1 * 2**20,
+        ge=1024,
+        description="Output one connection may hold unsent in each of three places: the "
+        "kernel's send buffer (SO_SNDBUF), the server's transport buffer and the stream's "
+        "own; a client that falls further behind is aborted (finished_reason slow_reader).",
+    )
+
     # Admission control and shutdown.
     max_inflight: int = Field(256, ge=1, description="Requests generating at once.")
     max_waiting: int = Field(512, ge=0, description="Requests waiting for a slot; more get 429.")
@@ -166,6 +215,12 @@ class Settings(BaseModel):
     def _check_limits(self) -> Settings:
         if self.max_input_len and self.max_seq_len and self.max_input_len >= self.max_seq_len:
             raise ValueError("max_input_len must be below max_seq_len")
+        return self
+
+    @model_validator(mode="after")
+    def _check_connections(self) -> Settings:
+        if self.probe_reserve_connections >= self.max_connections:
+            raise ValueError("probe_reserve_connections must be below max_connections")
         return self
 
     @model_validator(mode="after")
