@@ -266,8 +266,9 @@ class _Guarded:
             )
         room = self.limits.max_header_bytes - self._header_bytes
         seen = self._headers_seen
-        self._header_bytes += min(room, len(data))
-        super().data_received(data[:room])  # type: ignore[misc]
+        if room > 0:  # never b"": h11 takes that for the client's end of input
+            self._header_bytes += min(room, len(data))
+            super().data_received(data[:room])  # type: ignore[misc]
         if self._headers_seen == seen and not self._reading_headers():
             self._headers_done()  # h11: the parser says so only through its state
         if len(data) <= room or self._refused or self.transport.is_closing():
