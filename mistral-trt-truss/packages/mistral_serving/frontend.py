@@ -12,6 +12,7 @@ Every request is counted once in `request_finished_total` with its reason. The d
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import weakref
 from collections.abc import AsyncIterator, Callable
@@ -72,8 +73,7 @@ class _Stream(StreamingResponse):
     complete answer.
 
     The body is pulled as the engine makes it, not as the client reads: what the client
-    has not taken yet waits here, up to `buffer_bytes` (the socket's buffers come on top),
-    and goes out in one write when it can. A client that falls further behind, or does
+    has not taken yet waits here, up to `buffer_bytes` (the socket's buffers come on top). A client that falls further behind, or does
     not take a write within `write_timeout_s`, is a slow reader: `on_slow_reader` runs,
     the connection is dropped and the body (hence the engine request) is closed."""
 
@@ -102,15 +102,19 @@ class _Stream(StreamingResponse):
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
-        pending = bytearray()
+        pending: collections.deque[bytes] = collections.deque()
+        held = 0  # bytes in `pending`
         ready = asyncio.Event()
 
         async def pull() -> None:
+            nonlocal held
             try:
                 async for chunk in self.body_iterator:
-                    pending.extend(chunk.encode())
+                    data = chunk.encode()
+                    pending.append(data)
+                    held += len(data)
                     ready.set()
-                    if len(pending) > self.buffer_bytes:
+                    if held > self.buffer_bytes:
                         raise _SlowReader
             finally:
                 ready.set()
@@ -124,8 +128,8 @@ class _Stream(StreamingResponse):
                     await ready.wait()
                     ready.clear()
                 if pending:
-                    data = bytes(pending)
-                    pending.clear()
+                    data = pending.popleft()  # one write per event, as made
+                    held -= len(data)
                     message = {"type": "http.response.body", "body": data, "more_body": True}
                     await asyncio.wait_for(send(message), self.write_timeout_s)
                 elif puller.done():
