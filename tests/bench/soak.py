@@ -424,8 +424,12 @@ def phase_slowloris(
     return result
 
 
-def phase_slow_readers(context: Path, readers: int = 40, inflight: int = 4) -> dict:
-    server = start(context, max_inflight=inflight, max_waiting=readers)
+def phase_slow_readers(
+    context: Path, buffer_bytes: int, readers: int = 40, inflight: int = 4
+) -> dict:
+    server = start(
+        context, max_inflight=inflight, max_waiting=readers, stream_buffer_bytes=buffer_bytes
+    )
     rss_before = rss_mb(server)
     body = json.dumps(
         {"prompt": "Hello", "max_tokens": 3000, "ignore_eos": True, "logprobs": 5, "stream": True}
@@ -468,6 +472,7 @@ def phase_slow_readers(context: Path, readers: int = 40, inflight: int = 4) -> d
     result = {
         "readers": readers,
         "max_inflight": inflight,
+        "stream_buffer_bytes": buffer_bytes,
         "aborted_slow_reader": aborted,
         "other_client_served_after_s": None if served_after is None else round(served_after, 1),
         "rss_mb_before": round(rss_before),
@@ -483,6 +488,12 @@ def main() -> int:
     )
     parser.add_argument("--overload-seconds", type=float, default=120.0)
     parser.add_argument("--fuzz", type=int, default=300, help="random bodies on top of the battery")
+    parser.add_argument(
+        "--slow-reader-buffer",
+        type=int,
+        default=2**20,
+        help="stream_buffer_bytes for the slow-reader phase (the default setting's value)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "soak.json")
     parser.add_argument(
         "--phases",
@@ -503,7 +514,7 @@ def main() -> int:
         ("poison", lambda: phase_poison(context)),
         ("header_floods", lambda: phase_header_floods(context)),
         ("slowloris", lambda: phase_slowloris(context)),
-        ("slow_readers", lambda: phase_slow_readers(context)),
+        ("slow_readers", lambda: phase_slow_readers(context, args.slow_reader_buffer)),
     ):
         if name not in args.phases.split(","):
             continue
