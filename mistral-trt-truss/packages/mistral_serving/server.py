@@ -16,7 +16,11 @@ settings, and adds, before it starts:
   files start streaming into the page cache before Truss and torch are imported
   (`prefetch.py`).
 - uvicorn runs on uvloop with the `http_parser` setting's parser (httptools by default;
-  Truss's own start runs h11 on a stdlib asyncio loop).
+  Truss's own start runs h11 on a stdlib asyncio loop), through `http_limits.py`'s
+  protocol class: header size/count (431), header and idle timeouts, a connection cap
+  with room for probes, bounded send buffers; the open-file limit is raised to fit.
+- Requests Truss answers 499 itself (client gone after sending) are counted
+  `client_gone`; `/openapi.json` is a 404; `/v1/models` does not show the artifact path.
 - A failed `load()` ends the process with status 1 and the reason as its last log line
   (Truss alone exits 0), and the engine is shut down when the server stops.
 """
