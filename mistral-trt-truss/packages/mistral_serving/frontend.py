@@ -83,7 +83,7 @@ class _Stream(StreamingResponse):
         *,
         write_timeout_s: float,
         buffer_bytes: int,
-        on_slow_reader: Callable[[], None],
+        on_slow_reader: Callable[[], None] | None,
         **kwargs: Any,
     ) -> None:
         super().__init__(content, **kwargs)
@@ -110,7 +110,7 @@ class _Stream(StreamingResponse):
             nonlocal held
             try:
                 async for chunk in self.body_iterator:
-                    data = chunk.encode()
+                    data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
                     pending.append(data)
                     held += len(data)
                     ready.set()
@@ -322,7 +322,7 @@ class Frontend:
         headers: dict[str, str],
     ) -> StreamingResponse:
         started = []
-        slow = []
+        slow: list[bool] = []
         telemetry = self.service.telemetry
         tokens = self.metrics.generation_tokens
 
@@ -392,7 +392,7 @@ async def _read_json(request: Request) -> dict[str, Any]:
 
 def one_line(exc: BaseException, limit: int = 16_000) -> str:
     """The whole cause (with the exceptions it was raised from) as one log line."""
-    parts = []
+    parts: list[str] = []
     seen: BaseException | None = exc
     while seen is not None and len(parts) < 8:
         parts.append(f"{type(seen).__name__}: {seen}")

@@ -35,6 +35,7 @@ import logging
 import re
 import resource
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, ClassVar
@@ -203,8 +204,9 @@ class _Guarded:
     app: Any
     cycle: Any
     timeout_keep_alive_task: asyncio.TimerHandle | None
+    _unset_keepalive_if_required: Callable[[], None]
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[misc]
         self._bound_send_buffers(transport)
         self._header_bytes = 0
@@ -349,8 +351,8 @@ class _Guarded:
         await self._app(scope, receive, send)
 
 
-class _HttpTools(_Guarded, httptools_impl.HttpToolsProtocol):
-    def connection_made(self, transport: asyncio.Transport) -> None:
+class _HttpTools(_Guarded, httptools_impl.HttpToolsProtocol):  # type: ignore[misc]
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._in_headers = True
         self._header_count_exceeded = False
         super().connection_made(transport)
@@ -380,7 +382,7 @@ class _HttpTools(_Guarded, httptools_impl.HttpToolsProtocol):
         super().send_400_response(msg)
 
 
-class _H11(_Guarded, h11_impl.H11Protocol):
+class _H11(_Guarded, h11_impl.H11Protocol):  # type: ignore[misc]
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_count_exceeded = False
