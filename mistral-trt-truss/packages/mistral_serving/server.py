@@ -16,7 +16,11 @@ settings, and adds, before it starts:
   files start streaming into the page cache before Truss and torch are imported
   (`prefetch.py`).
 - uvicorn runs on uvloop with the `http_parser` setting's parser (httptools by default;
-  Truss's own start runs h11 on a stdlib asyncio loop).
+  Truss's own start runs h11 on a stdlib asyncio loop), through `http_limits.py`'s
+  protocol class: header size/count (431), header and idle timeouts, a connection cap
+  with room for probes, bounded send buffers; the open-file limit is raised to fit.
+- Requests Truss answers 499 itself (client gone after sending) are counted
+  `client_gone`; `/openapi.json` is a 404; `/v1/models` does not show the artifact path.
 - A failed `load()` ends the process with status 1 and the reason as its last log line
   (Truss alone exits 0), and the engine is shut down when the server stops.
 """
@@ -70,6 +74,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _OPENAI_ROUTES = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions"}
 _PREDICT = re.compile(r"/v1/models/[^/]+:predict(_binary)?|/invocations")
 _NOT_SERVED = {"/v1/embeddings", "/v1/messages", "/v1/responses", "/hot-reload"}
+# A list in the scope of each guarded request: the frontend appends to it when the request
+# reaches it (and counts it); one that never did was answered by Truss alone.
+HANDLED = "mistral.handled"
+# scope["extensions"][CUT_EXTENSION](abort: bool): end the response unfinished on purpose
+# (set by http_limits' protocols).
+CUT_EXTENSION = "mistral.cut"
 
 
 def route_of(path: str) -> str | None:
@@ -139,7 +149,20 @@ class BodyGuard:
         except _Gone:
             self.count(route, "client_gone")
             return None
-        return await self.app(scope, _replay(body, receive), send)
+        handled: list[bool] = []
+        scope[HANDLED] = handled
+        status: list[int] = []
+
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        await self.app(scope, _replay(body, receive), watched)
+        if not handled and status == [499]:
+            # Truss answers 499 itself when the client left after sending (before the
+            # model is called): the frontend never saw it, so it is counted here.
+            self.count(route, "client_gone")
 
     def _too_large(self) -> str:
         return f"request body is larger than {self.max_bytes} bytes"
@@ -236,7 +259,6 @@ def add_routes(app: FastAPI) -> None:
                         "object": "model",
                         "created": _started,
                         "owned_by": "mistral-trt-truss",
-                        "root": frontend.settings.artifact,
                         "max_model_len": frontend.service.engine.limits.max_seq_len,
                     }
                 ],
@@ -274,6 +296,12 @@ def add_routes(app: FastAPI) -> None:
         APIRoute("/metrics", metrics, methods=["GET"]),
     ]
     app.router.routes[0:0] = routes  # before Truss's: /metrics must win over its mount
+    # FastAPI's generated document fails on Truss's routes (a 500 with a traceback); the
+    # routes are documented in the README instead: /openapi.json is a plain 404.
+    app.router.routes = [
+        r for r in app.router.routes if getattr(r, "path", None) != app.openapi_url
+    ]
+    app.openapi_url = None
 
 
 def extend(app: FastAPI, settings: Settings) -> FastAPI:
@@ -310,7 +338,7 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
     return app
 
 
-def serve(server: Any, http_parser: str, host: str = "0.0.0.0") -> None:
+def serve(server: Any, settings: Settings) -> None:
     """`TrussServer.start` (truss 0.18.36) with two differences: uvicorn's HTTP parser is
     `http_parser` (Truss pins h11), and the event loop really is uvloop (Truss asks uvicorn
     for uvloop, then runs `asyncio.run`, which makes a stdlib loop). Measured with the
@@ -319,6 +347,11 @@ def serve(server: Any, http_parser: str, host: str = "0.0.0.0") -> None:
     import truss_server
     import uvicorn
     import uvloop
+
+    from mistral_serving.http_limits import Limits, protocol_class, raise_fd_limit
+
+    raise_fd_limit(settings.max_connections)
+    http_parser = settings.http_parser
 
     runtime = server._config.get("runtime") or {}
     transport = runtime.get("transport") or {}
@@ -329,8 +362,11 @@ def serve(server: Any, http_parser: str, host: str = "0.0.0.0") -> None:
     level = "DEBUG" if runtime.get("enable_debug_logs", False) else "INFO"
     config = uvicorn.Config(
         server.create_application(),
-        http=http_parser,
-        host=host,
+        http=protocol_class(http_parser, Limits.from_settings(settings)),
+        timeout_keep_alive=settings.keepalive_timeout_seconds,  # type: ignore[arg-type]
+        # h11's own bound answers 400 at 16 KiB; ours (431, http_limits) must come first.
+        h11_max_incomplete_event_size=settings.max_header_bytes + 1,
+        host=settings.host,
         port=server._http_port,
         workers=1,
         timeout_graceful_shutdown=truss_server.TIMEOUT_GRACEFUL_SHUTDOWN,
@@ -373,7 +409,7 @@ def main(config_path: str = "config.yaml") -> int:
             return extend(super().create_application(), settings)
 
         def start(self) -> None:
-            serve(self, settings.http_parser, settings.host)
+            serve(self, settings)
 
     port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
     server = Server(port, config)

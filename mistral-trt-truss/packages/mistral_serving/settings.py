@@ -205,23 +205,25 @@ class Settings(BaseModel):
 
     # Structured output (response_format): bounds checked before any grammar compile.
     grammar_max_schema_bytes: int = Field(
-        65536, ge=1024, description="Largest response_format schema (JSON bytes); larger: 400."
+        65536, ge=1024, le=2**24, description="Largest response_format schema (JSON bytes); larger: 400."
     )
     grammar_max_schema_depth: int = Field(
         20, ge=2, le=32, description="Deepest JSON nesting of a schema; deeper: 400."
     )
     grammar_max_enum_values: int = Field(
-        1000, ge=1, description="enum/const values in one schema, all counted; more: 400."
+        1000, ge=1, le=10**6, description="enum/const values in one schema, all counted; more: 400."
     )
     grammar_max_pattern_repeat: int = Field(
         1000,
         ge=1,
+        le=10**6,
         description="Largest expansion of one schema `pattern` (bounded repetitions multiply "
         "when nested); 10x this for all of a schema's patterns; more: 400.",
     )
     grammar_compile_timeout_seconds: float = Field(
         10.0,
         gt=0,
+        le=600,
         description="A schema must compile within this (in a child process that is killed "
         "when it overruns); else 400. The verdict is cached.",
     )
@@ -231,8 +233,65 @@ class Settings(BaseModel):
     grammar_cache_bytes: int = Field(
         64 * 2**20,
         ge=0,
+        le=2**36,
         description="PyTorch engines: memory of compiled grammars kept for reuse (LRU); "
         "0 keeps none.",
+    )
+
+    # HTTP connection limits (enforced by the protocol classes in http_limits.py).
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        le=2**24,
+        description="Largest request line + headers of one request; past it 431 and the "
+        "connection is closed (checked before the parser buffers the bytes).",
+    )
+    max_header_count: int = Field(
+        100, ge=8, le=10_000, description="Most header lines in one request; more get 431 and a close."
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="Once a request's first byte arrives, its headers must be complete "
+        "within this; else 408 and the connection is closed (slowloris).",
+    )
+    keepalive_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="A connection with no request in progress (new, or between requests) "
+        "is closed after this long.",
+    )
+    max_connections: int = Field(
+        2048,
+        ge=4,
+        le=1_000_000,
+        description="Most open client connections. Past `max_connections` minus "
+        "`probe_reserve_connections` the oldest idle connection is closed to make room, "
+        "and a new one that finds none serves only probes (GET /health, "
+        "/v1/models/{name}, /, /ping, /metrics); past `max_connections` a new one gets 503.",
+    )
+    probe_reserve_connections: int = Field(
+        16,
+        ge=1,
+        le=1_000_000,
+        description="Connections kept for probes and metrics scrapes out of `max_connections`.",
+    )
+    stream_write_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="A streamed answer whose client has not taken a write for this long is "
+        "aborted (finished_reason slow_reader), and its engine request with it.",
+    )
+    stream_buffer_bytes: int = Field(
+        256 * 2**10,
+        ge=1024,
+        le=2**30,
+        description="Output one connection may hold unsent in each of three places: the "
+        "kernel's send buffer (SO_SNDBUF), the server's transport buffer and the stream's "
+        "own; a client that falls further behind is aborted (finished_reason slow_reader).",
     )
 
     # Admission control and shutdown.
@@ -308,6 +367,12 @@ class Settings(BaseModel):
                 f"served_model_name: 1 to {MAX_MODEL_NAME_CHARS} characters without "
                 f"whitespace ({ascii(model[:60])})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_connections(self) -> Settings:
+        if self.probe_reserve_connections >= self.max_connections:
+            raise ValueError("probe_reserve_connections must be below max_connections")
         return self
 
     @model_validator(mode="after")

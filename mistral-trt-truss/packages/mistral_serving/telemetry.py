@@ -51,6 +51,7 @@ class RequestRecord:
     ended_at: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tokens_counted: int = 0  # of completion_tokens, already in generation_tokens_total
     finish_reason: str | None = None  # stop, length, abort, error; or a refusal's (REFUSED)
     output: str = ""
 
@@ -97,7 +98,8 @@ class Telemetry:
         duration = record.ended_at - record.arrived_at
         m.finished.labels(route, record.finish_reason or "error").inc()
         m.prompt_tokens.inc(record.prompt_tokens)
-        m.generation_tokens.inc(record.completion_tokens)
+        m.generation_tokens.inc(record.completion_tokens - record.tokens_counted)
+        record.tokens_counted = record.completion_tokens
         if record.finish_reason not in REFUSED:  # refusals would pull these toward 0
             m.request_prompt_tokens.observe(record.prompt_tokens)
             m.request_generation_tokens.observe(record.completion_tokens)
