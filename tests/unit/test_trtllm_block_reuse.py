@@ -9,9 +9,7 @@ from pathlib import Path
 import pytest
 
 from mistral_serving.settings import Settings, SettingsError
-from tests.unit.test_trtllm_engine import fake_trtllm, load, load_pytorch_kind
-
-__all__ = ["fake_trtllm"]  # the fixture, used by name below
+from tests.doubles.trtllm_helpers import load, load_pytorch_kind
 
 
 @pytest.mark.parametrize("reuse", [True, False])
