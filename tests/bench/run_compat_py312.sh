@@ -49,6 +49,9 @@ test)
   # built by the dev venv (transformers 5); without them (.cache/smollm2) those tests skip.
   mkdir -p .venv-compat312/nogguf/gguf
   echo 'raise ModuleNotFoundError("no GGUF reader in the compat run", name="gguf")' > .venv-compat312/nogguf/gguf/__init__.py
+  # The machine's scipy/scikit-learn need numpy 2 and would break transformers' imports
+  # under numpy<2; the release image has neither problem, and no test needs them.
+  echo 'import sys; sys.modules.update(dict.fromkeys(["sklearn", "scipy"]))' > .venv-compat312/nogguf/sitecustomize.py
   export PYTHONPATH="$PWD/$SITE:$PWD/.venv-compat312/nogguf" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
   export MISTRAL_DEV_MODEL_DIR="$PWD/.venv-compat312/dev-model"
   $PY -c "import sys; from importlib.metadata import version as v; print(sys.version.split()[0], *(f'{p} {v(p)}' for p in ('torch', 'transformers', 'mistral-common', 'fastapi', 'starlette', 'numpy', 'xgrammar', 'huggingface_hub')), sep=', ')"
