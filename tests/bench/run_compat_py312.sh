@@ -49,9 +49,10 @@ test)
   # built by the dev venv (transformers 5); without them (.cache/smollm2) those tests skip.
   mkdir -p .venv-compat312/nogguf/gguf
   echo 'raise ModuleNotFoundError("no GGUF reader in the compat run", name="gguf")' > .venv-compat312/nogguf/gguf/__init__.py
-  # The machine's scipy/scikit-learn need numpy 2 and would break transformers' imports
+  # The machine's scipy, scikit-learn, jax, ... need numpy 2 and would break transformers' imports
   # under numpy<2; the release image has neither problem, and no test needs them.
-  echo 'import sys; sys.modules.update(dict.fromkeys(["sklearn", "scipy"]))' > .venv-compat312/nogguf/sitecustomize.py
+  echo 'import sys; sys.modules.update(dict.fromkeys(["sklearn", "scipy", "jax", "jaxlib", "flax", "optax", "tensorflow", "keras", "tf_keras", "pandas", "librosa", "cv2"]))' > .venv-compat312/nogguf/sitecustomize.py
+  export USE_TORCH=1 USE_TF=0 USE_FLAX=0 USE_JAX=0
   export PYTHONPATH="$PWD/$SITE:$PWD/.venv-compat312/nogguf" PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
   export MISTRAL_DEV_MODEL_DIR="$PWD/.venv-compat312/dev-model"
   $PY -c "import sys; from importlib.metadata import version as v; print(sys.version.split()[0], *(f'{p} {v(p)}' for p in ('torch', 'transformers', 'mistral-common', 'fastapi', 'starlette', 'numpy', 'xgrammar', 'huggingface_hub')), sep=', ')"
