@@ -559,3 +559,19 @@ def test_hub_failures_are_worded_without_httpx2_as_on_huggingface_hub_0x(
     refused = requests.exceptions.ConnectionError("Connection refused")
     message = hub_failure(refused, REPO, "0" * 40, None, tmp_path)
     assert message.startswith(f"cannot reach the Hub at {constants.ENDPOINT} (ConnectionError)")
+
+
+def test_a_json_error_from_simplejson_is_named_as_one() -> None:
+    """requests decodes with simplejson where it is installed (seen on the GPU machine under
+    Python 3.12): its JSONDecodeError is not json's, and must still read "not JSON"."""
+    from mistral_serving.artifacts import _is_json_error
+
+    class JSONDecodeError(ValueError):  # simplejson.errors.JSONDecodeError's shape
+        pass
+
+    class RequestsJSONDecodeError(JSONDecodeError):
+        pass
+
+    assert _is_json_error(RequestsJSONDecodeError("Expecting value"))
+    assert _is_json_error(json.JSONDecodeError("x", "doc", 0))
+    assert not _is_json_error(ValueError("x"))

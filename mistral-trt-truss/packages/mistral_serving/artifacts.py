@@ -184,7 +184,7 @@ def hub_failure(
                 return f"{answered} {not_cached}; the Hub is failing: retry later"
             return f"{answered}"
     for link in chain:
-        if isinstance(link, (json.JSONDecodeError, UnicodeDecodeError)):
+        if isinstance(link, UnicodeDecodeError) or _is_json_error(link):
             return (
                 f"the Hub's answer for {where} is not JSON ({shown(link, 80)}); is HF_ENDPOINT "
                 f"({constants.ENDPOINT}) a Hugging Face Hub?"
@@ -333,3 +333,11 @@ def _write_marker(marker: Path, record: dict[str, Any]) -> None:
         log.warning(
             "cannot write the verified marker %s (%s): next start hashes again", marker, exc
         )
+
+
+def _is_json_error(exc: BaseException) -> bool:
+    """json's JSONDecodeError, or simplejson's: requests decodes with simplejson where it
+    is installed (the GPU machine has it), and neither class derives from the other."""
+    return isinstance(exc, json.JSONDecodeError) or any(
+        c.__name__ == "JSONDecodeError" for c in type(exc).__mro__
+    )
