@@ -148,6 +148,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.tokenizer",
                 "mistral_serving.shutdown",
                 "mistral_serving.driver",
+                "mistral_serving.scope_keys",
                 "mistral_serving.engines",
                 "mistral_serving.engines.base",
                 "mistral_serving.engines.cpus",
@@ -165,6 +166,8 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.admission",
                 "mistral_serving.guided",
                 "mistral_serving.engine_checks",
+                "mistral_serving.grammar_pool",
+                "mistral_serving.grammar",
             ),
         ),
         (
@@ -173,12 +176,13 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.artifacts",
                 "mistral_serving.prefetch",
                 "mistral_serving.engines.*",
+                "mistral_serving.watchdog",
             ),
         ),
         ("service", ("mistral_serving.service",)),
         ("wire formats", ("mistral_serving.protocols", "mistral_serving.protocols.*")),
         ("frontend", ("mistral_serving.frontend",)),
-        ("server", ("mistral_serving.server",)),
+        ("server", ("mistral_serving.server", "mistral_serving.http_limits")),
     ),
     "client": (
         (

@@ -29,7 +29,7 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.frontend import REQUEST_ID_HEADER, Frontend, one_line, request_id_from
 from mistral_serving.metrics import Metrics
-from mistral_serving.server import CUT_EXTENSION
+from mistral_serving.scope_keys import CUT_EXTENSION
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer

@@ -24,7 +24,8 @@ from mistral_serving.engines.base import EngineLimits
 from mistral_serving.errors import RequestError
 from mistral_serving.frontend import Frontend
 from mistral_serving.metrics import Metrics, default_metrics
-from mistral_serving.server import HANDLED, BodyGuard, add_routes, error_json, extend, route_of
+from mistral_serving.scope_keys import HANDLED
+from mistral_serving.server import BodyGuard, add_routes, error_json, extend, route_of
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer

@@ -37,7 +37,7 @@ from mistral_serving.protocols import ParseContext, TruncatedStream, WireFormat
 from mistral_serving.protocols.body import decode_json_object
 from mistral_serving.protocols.openai import OpenAIFormat
 from mistral_serving.protocols.predict import PredictFormat
-from mistral_serving.server import CUT_EXTENSION, HANDLED
+from mistral_serving.scope_keys import CUT_EXTENSION, HANDLED
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.shutdown import Drainer

@@ -45,7 +45,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
 from mistral_serving.errors import RequestError, openai_error_body
-from mistral_serving.server import CUT_EXTENSION
+from mistral_serving.scope_keys import CUT_EXTENSION
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from mistral_serving import __version__, driver
 from mistral_serving.errors import RequestError, openai_error_body
 from mistral_serving.prefetch import prefetch_artifact
+from mistral_serving.scope_keys import HANDLED
 from mistral_serving.settings import Settings, SettingsError
 from mistral_serving.shutdown import exit_if_load_fails
 from mistral_serving.telemetry import request_id_from
@@ -74,12 +75,6 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _OPENAI_ROUTES = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions"}
 _PREDICT = re.compile(r"/v1/models/[^/]+:predict(_binary)?|/invocations")
 _NOT_SERVED = {"/v1/embeddings", "/v1/messages", "/v1/responses", "/hot-reload"}
-# A list in the scope of each guarded request: the frontend appends to it when the request
-# reaches it (and counts it); one that never did was answered by Truss alone.
-HANDLED = "mistral.handled"
-# scope["extensions"][CUT_EXTENSION](abort: bool): end the response unfinished on purpose
-# (set by http_limits' protocols).
-CUT_EXTENSION = "mistral.cut"
 
 
 def route_of(path: str) -> str | None:

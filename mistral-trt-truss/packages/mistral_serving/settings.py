@@ -205,7 +205,10 @@ class Settings(BaseModel):
 
     # Structured output (response_format): bounds checked before any grammar compile.
     grammar_max_schema_bytes: int = Field(
-        65536, ge=1024, le=2**24, description="Largest response_format schema (JSON bytes); larger: 400."
+        65536,
+        ge=1024,
+        le=2**24,
+        description="Largest response_format schema (JSON bytes); larger: 400.",
     )
     grammar_max_schema_depth: int = Field(
         20, ge=2, le=32, description="Deepest JSON nesting of a schema; deeper: 400."
@@ -247,7 +250,10 @@ class Settings(BaseModel):
         "connection is closed (checked before the parser buffers the bytes).",
     )
     max_header_count: int = Field(
-        100, ge=8, le=10_000, description="Most header lines in one request; more get 431 and a close."
+        100,
+        ge=8,
+        le=10_000,
+        description="Most header lines in one request; more get 431 and a close.",
     )
     header_timeout_seconds: float = Field(
         10.0,
