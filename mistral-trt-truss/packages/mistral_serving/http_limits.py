@@ -206,7 +206,7 @@ class _Guarded:
     timeout_keep_alive_task: asyncio.TimerHandle | None
     _unset_keepalive_if_required: Callable[[], None]
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._bound_send_buffers(transport)
         self._header_bytes = 0
@@ -351,7 +351,7 @@ class _Guarded:
         await self._app(scope, receive, send)
 
 
-class _HttpTools(_Guarded, httptools_impl.HttpToolsProtocol):  # type: ignore[misc]
+class _HttpTools(_Guarded, httptools_impl.HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._in_headers = True
         self._header_count_exceeded = False
