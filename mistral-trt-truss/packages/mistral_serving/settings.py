@@ -55,7 +55,18 @@ class Settings(BaseModel):
     torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
     max_batch_size: int = Field(64, ge=1, description="Sequences decoded together per step.")
     max_num_tokens: int = Field(
-        8192, ge=16, description="Prompt tokens prefilled per engine step (bounds step latency)."
+        8192,
+        ge=16,
+        description="Prompt tokens prefilled per engine step, padding included (rows x "
+        "the longest prompt): bounds step latency and prefill memory.",
+    )
+    prefill_logits_bytes: int = Field(
+        256 * 2**20,
+        ge=1,
+        description="PyTorch engines: the most logits one prefill projection may hold "
+        "(bytes). Prompt logprobs (echo) are computed for the rows that ask, this many "
+        "bytes of logits at a time, and the rows prefilled together are limited so their "
+        "last-position logits fit too.",
     )
     pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
         "auto",
