@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from mistral_serving.engines.base import EngineError, SamplingOptions, TokenDelta
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.prefill import PrefillBudget, take_admissible
+from mistral_serving.engines.prefill import PrefillBudget, is_allocation_failure, take_admissible
 from mistral_serving.engines.pytorch import TorchEngine
 from mistral_serving.settings import Settings
 from tests.unit.test_prompt_logprobs import check_against_hf
@@ -233,3 +233,19 @@ def test_a_failed_prefill_fails_its_own_request_alone(engine, monkeypatch) -> No
     assert [tokens(r) for r in others] == alone
     assert running[-1].finish_reason in ("length", "stop")
     assert engine.is_healthy()
+
+
+@pytest.mark.parametrize(
+    ("exc", "alloc"),
+    [
+        (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.45 GiB"), True),
+        (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 8"), True),
+        (RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"), True),
+        (MemoryError(), True),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), False),
+        (ValueError("out of memory"), False),
+    ],
+)  # fmt: skip
+def test_only_allocation_failures_are_a_requests_own(exc: BaseException, alloc: bool) -> None:
+    """A broken device or model (any other error) still stops the engine."""
+    assert is_allocation_failure(exc) is alloc

@@ -81,6 +81,20 @@ def take_admissible(waiting: collections.deque[S], room: int, budget: PrefillBud
     return taken
 
 
+# How torch words an allocation that failed: torch.OutOfMemoryError on CUDA (a
+# RuntimeError); on the CPU a plain RuntimeError from c10's DefaultCPUAllocator
+# ("not enough memory" / "can't allocate memory").
+_ALLOCATION_WORDS = ("out of memory", "not enough memory", "can't allocate memory")
+
+
+def is_allocation_failure(exc: BaseException) -> bool:
+    """Whether `exc` says an allocation failed (the request's size, not a broken device:
+    a CUDA error such as an illegal memory access is not one)."""
+    if isinstance(exc, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc) for w in _ALLOCATION_WORDS)
+
+
 def chunked_prompt_logprobs(
     hidden: torch.Tensor,
     prompt: Sequence[int],

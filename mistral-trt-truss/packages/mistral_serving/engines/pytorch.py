@@ -67,6 +67,7 @@ from mistral_serving.engines.cpus import available_cpus
 from mistral_serving.engines.prefill import (
     PrefillBudget,
     chunked_prompt_logprobs,
+    is_allocation_failure,
     take_admissible,
 )
 from mistral_serving.engines.sampling import Sampled, sample_next_tokens
@@ -418,15 +419,15 @@ class TorchEngine:
             return take_admissible(self._waiting, room, self._budget)
 
     def _prefill(self, seqs: list[_Sequence]) -> None:
-        """Prefill `seqs` and sample their first tokens. If the batch fails (an
-        allocation, most likely), each request is tried alone, so the failure is that
-        request's own: it ends with EngineError, the running batch and the engine go on
-        (the batch's state is only changed once a prefill has succeeded)."""
+        """Prefill `seqs` and sample their first tokens. If an allocation fails, each
+        request is tried alone, so the failure is that request's own: it ends with
+        EngineError, the running batch and the engine go on (the batch's state is only
+        changed once a prefill has succeeded). Any other failure is the engine's."""
         self._committed = False
         try:
             self._prefill_rows(seqs)
-        except Exception as exc:  # noqa: BLE001 - a prefill's failure is its requests'
-            if self._committed:  # the batch already holds them: not theirs alone
+        except Exception as exc:
+            if self._committed or not is_allocation_failure(exc):
                 raise
             if len(seqs) > 1:
                 log.warning("a prefill of %d requests failed (%r); one at a time", len(seqs), exc)
