@@ -85,10 +85,20 @@ def test_a_prompt_far_over_the_limit_is_refused_after_a_bounded_prefix(
     assert max(counting.calls) <= 4 * (limit + PROBE_MARGIN_TOKENS)
 
 
-def test_a_long_chat_is_refused_after_a_bounded_prefix(tok: Tokenizer, counting: Counting) -> None:
+def test_a_long_chat_is_refused_after_a_bounded_prefix(
+    tok: Tokenizer, counting: Counting, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mistral_serving.service as service_module
+
+    def counted_chat(messages, tokenizer: Tokenizer) -> list[int]:
+        counting.calls.append(sum(len(m.content) for m in messages))  # the chat encoder's
+        return encode_chat(messages, tokenizer)
+
+    monkeypatch.setattr(service_module, "encode_chat", counted_chat)
     limit = 256
     service = service_for(tok, limit)
-    content = PROSE * 60  # ~9,000 characters, far over 256 tokens
+    bound = limit * service._max_token_chars
+    content = (PROSE * (bound // len(PROSE) + 1))[: bound - 1]  # just under the bound
     messages = (ChatMessage(role="user", content=content),)
     with pytest.raises(RequestError) as err:
         prepare(service, messages=messages, param="messages")
