@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from mistral_serving.artifacts import Artifact, ArtifactError, ArtifactKind
 from mistral_serving.engines.base import Engine, EngineError
+from mistral_serving.file_bounds import check_file
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer
 
@@ -103,6 +104,7 @@ def runs_on_cuda(settings: Settings) -> bool:
 def read_model_config(model_dir: Path) -> dict[str, Any]:
     """config.json as a dict, or one EngineError naming the file."""
     path = model_dir / "config.json"
+    check_file(path)  # within its bound before it is parsed (file_bounds.py)
     try:
         config = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
