@@ -14,7 +14,13 @@ import pytest
 
 from mistral_serving.artifacts import open_artifact
 from mistral_serving.engines.factory import read_model_config
-from mistral_serving.file_bounds import FILE_BOUNDS, MiB, check_file, check_parsed_files
+from mistral_serving.file_bounds import (
+    FILE_BOUNDS,
+    FOLDER_BOUNDS,
+    MiB,
+    check_file,
+    check_parsed_files,
+)
 from mistral_serving.manifest import ArtifactError
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import load_tokenizer
@@ -100,3 +106,14 @@ def test_read_model_config_refuses_an_oversized_config(tmp_path: Path) -> None:
 def test_names_without_a_bound_and_absent_files_are_not_checked(tmp_path: Path) -> None:
     check_file(sparse(tmp_path / "model.safetensors", 5 * 2**30))  # weights: their own checks
     check_file(tmp_path / "tokenizer.json")  # absent
+
+
+def test_every_additional_chat_template_is_bounded(tmp_path: Path, dev_model: Path) -> None:
+    root = checkpoint(tmp_path, dev_model)
+    folder = root / "additional_chat_templates"
+    folder.mkdir()
+    (folder / "tool_use.jinja").write_text("{{ messages }}")
+    check_parsed_files(root)
+    sparse(folder / "rag.jinja", FOLDER_BOUNDS["additional_chat_templates"] + 1)
+    with pytest.raises(ArtifactError, match="rag.jinja: .*a file in additional_chat_templates/"):
+        load_tokenizer(root)

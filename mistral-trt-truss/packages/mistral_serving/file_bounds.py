@@ -35,12 +35,15 @@ FILE_BOUNDS: dict[str, int] = {
     "vocab.json": 32 * MiB,
     "merges.txt": 32 * MiB,
 }
+# Folder (at the artifact's top level) -> the bound of each file in it: transformers
+# reads every `additional_chat_templates/*.jinja` as a named chat template.
+FOLDER_BOUNDS: dict[str, int] = {"additional_chat_templates": 1 * MiB}
 
 
-def check_file(path: Path) -> None:
-    """Refuse `path` if it is a file over its kind's bound (absent: nothing to check;
-    a name without a bound: not one the server parses)."""
-    bound = FILE_BOUNDS.get(path.name)
+def check_file(path: Path, bound: int | None = None) -> None:
+    """Refuse `path` if it is a file over its kind's bound (or `bound`); absent: nothing
+    to check; a name without a bound: not one the server parses."""
+    bound = FILE_BOUNDS.get(path.name) if bound is None else bound
     if bound is None:
         return
     try:
@@ -51,7 +54,7 @@ def check_file(path: Path) -> None:
         raise ArtifactError(f"{path}: cannot be read ({shown(exc.strerror)})") from None
     if size > bound:
         raise ArtifactError(
-            f"{path}: {size} bytes; a {path.name} is at most {bound} bytes "
+            f"{path}: {size} bytes; {_kind(path)} is at most {bound} bytes "
             f"({bound // MiB} MiB): refused before parsing"
         )
 
@@ -60,3 +63,11 @@ def check_parsed_files(directory: Path) -> None:
     """`check_file` for every file of `directory` the server may parse."""
     for name in FILE_BOUNDS:
         check_file(directory / name)
+    for folder, bound in FOLDER_BOUNDS.items():
+        if (directory / folder).is_dir():
+            for path in sorted((directory / folder).iterdir()):
+                check_file(path, bound)
+
+
+def _kind(path: Path) -> str:
+    return f"a {path.name}" if path.name in FILE_BOUNDS else f"a file in {path.parent.name}/"

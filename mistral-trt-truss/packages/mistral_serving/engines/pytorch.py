@@ -3,8 +3,9 @@
 Used for the dev model on CPU and as the fallback on GPUs without a TensorRT-LLM engine.
 One background thread owns the model and runs steps; every step it
   1. drops aborted requests,
-  2. admits waiting requests (up to `max_batch_size` sequences and `max_num_tokens`
-     prompt tokens a step) and prefills them together, left-padded,
+  2. admits waiting requests (up to `max_batch_size` sequences, `max_num_tokens` padded
+     positions and `prefill_logits_bytes` of logits a step: `prefill.py`, the rule both
+     PyTorch engines share) and prefills them together, left-padded,
   3. decodes one token for every running sequence in one forward pass,
 so a request joins and leaves the running batch at any step instead of waiting for a
 batch to drain. Sequences of different lengths share one left-padded KV cache; joining
@@ -19,8 +20,9 @@ Request options: `ignore_eos` (EOS is an ordinary token; only `max_new_tokens` a
 stop_token_ids end generation), `min_tokens` (EOS and stop_token_ids are masked until that
 many tokens exist), `logprobs` (each token's log-probability and the top k, from the
 logits after penalties and before temperature, top-k and top-p: see `sampling.py`),
-`prompt_logprobs` (each prompt token's logprob, from the logits of the prefill that runs
-anyway: no second forward pass; with `max_new_tokens` 0 the request ends after it, with
+`prompt_logprobs` (each prompt token's logprob, from the final hidden states of the
+prefill that runs anyway, for the rows that ask only, projected through lm_head in chunks:
+no second forward pass, no logits for other rows' positions; with `max_new_tokens` 0 the request ends after it, with
 finish reason `length`). A request with `prompt_logprobs` that ends on a stop token gets
 that token's logprob on its last delta (with no token id; vLLM's output holds its stop
 token too): echo clients (lm-evaluation-harness) index prompt + output logprobs by position.
@@ -179,7 +181,8 @@ class TorchEngine:
         self._device = next(model.parameters()).device
         self._vocab = model.get_input_embeddings().num_embeddings
         # lm_head: the static engine's own modules have no get_output_embeddings().
-        self._head = getattr(model, "lm_head", None) or model.get_output_embeddings()
+        head = getattr(model, "lm_head", None)
+        self._head = head if head is not None else model.get_output_embeddings()
         self._budget = PrefillBudget(
             max_num_tokens,
             prefill_logits_bytes,
@@ -199,7 +202,6 @@ class TorchEngine:
                 "threads": torch.get_num_threads(),
             },
         )
-        self._max_num_tokens = max_num_tokens
         self._committed = False  # whether the prefill under way has joined the batch
         # transformers 5.x names the KV cache argument `cache`; 4.57 (the TensorRT-LLM
         # image's pin) calls it `past_key_values`.

@@ -21,7 +21,8 @@ changes is the batch underneath:
 - Prefill is the same forward pass over the new prompts (right-padded; causal attention
   keeps padding from reaching real positions), writing their keys and values straight
   into their slots. A request asking for prompt logprobs (echo) gets lm_head applied to
-  its prompt positions of that same pass.
+  its own prompt positions of that same pass, in chunks (`prefill.py`: the admission and
+  logits rule both PyTorch engines share).
 
 The cache must fit: its column count is `max_seq_len` when set, else what
 `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for `max_batch_size`
