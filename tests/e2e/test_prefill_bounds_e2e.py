@@ -22,7 +22,7 @@ pytestmark = pytest.mark.e2e
 
 VOCAB = 32000
 CHUNK = 8
-LOGITS_BYTES = CHUNK * VOCAB * (4 + 8)  # float32 logits + float32 work, per position
+LOGITS_BYTES = CHUNK * VOCAB * (4 + 12)  # float32 logits + float32 work, per position
 ECHO_IDS = [1, *[(i * 7919) % 30000 + 1000 for i in range(2999)]]  # 3,000 tokens
 HEADROOM = 800 * 2**20  # bytes of data segment the server may grow by under the cap
 SHORT = [f"Bystander {i}: the mistral wind blows" + " and" * (i % 5) for i in range(16)]

@@ -27,8 +27,8 @@ from tests.unit.test_prompt_logprobs import check_against_hf
 EOS = 2
 VOCAB = 32000
 CHUNK = 16  # prompt positions per projection in these tests
-# float32 logits: 4 bytes each, plus 8 of float32 work (engines/prefill.py)
-LOGITS_BYTES = CHUNK * VOCAB * (4 + 8)
+# float32 logits: 4 bytes each, plus 12 of float32 work (engines/prefill.py)
+LOGITS_BYTES = CHUNK * VOCAB * (4 + 12)
 KINDS = {
     "dynamic": {},
     "static": {"pytorch_kv_cache": "static", "max_seq_len": 512},
@@ -154,7 +154,7 @@ class Waiting:
 def test_admission_takes_a_fitting_prefix_of_the_queue(
     lengths: list[int], room: int, max_tokens: int, rows_of_logits: int
 ) -> None:
-    position = VOCAB * (2 + 8)
+    position = VOCAB * (2 + 12)
     budget = PrefillBudget(max_tokens, max(1, rows_of_logits * position), VOCAB, 2)
     queue = collections.deque(Waiting([1] * n) for n in lengths)
     before = list(queue)

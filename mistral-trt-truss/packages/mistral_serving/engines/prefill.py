@@ -8,8 +8,8 @@ A prefill of `rows` prompts padded to `width` columns costs:
 - logits: one row of `vocab` for each prompt's last position (the first token is sampled
   from it), and, for each prompt that asked for prompt logprobs, its own positions only,
   projected through lm_head `chunk` positions at a time.
-Every logit position costs `vocab x (model dtype + 8)` bytes at its peak (the logits, their
-float32 copy and the float32 log-softmax), and `prefill_logits_bytes` bounds what one
+Every logit position costs `vocab x (model dtype + 12)` bytes at its peak (the logits,
+their float32 copy, its sanitized copy and the float32 log-softmax), and `prefill_logits_bytes` bounds what one
 projection may hold. So a prompt-logprobs prompt of any length beside any number of short
 prompts holds at most `prefill_logits_bytes` of logits at once: never `rows x longest x
 vocab` (33 requests with one 2,000-token echo were 8.45 GB on the dev model that way).
@@ -29,9 +29,10 @@ import torch
 from mistral_serving.engines.base import SamplingOptions, TokenLogprob
 from mistral_serving.engines.sampling import prompt_logprobs
 
-# Bytes of float32 work per logit on top of the logit itself: the float32 copy that
-# `sampling.prompt_logprobs` takes and its log-softmax.
-_WORK_BYTES_PER_LOGIT = 8
+# Bytes of float32 work per logit on top of the logit itself, in
+# `sampling.prompt_logprobs`: `.float()` (a copy unless already float32), the NaN/inf
+# sanitizing copy and the log-softmax.
+_WORK_BYTES_PER_LOGIT = 12
 
 
 class Prompted(Protocol):
