@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mistral_serving.engine_checks import CONFIG_NAME, is_engine_config
+from mistral_serving.file_bounds import check_parsed_files
 from mistral_serving.manifest import (
     MANIFEST_NAME,
     ArtifactError,
@@ -225,6 +226,7 @@ def open_artifact(path: Path, settings: Settings) -> Artifact:
     the manifest parsed once, sizes checked, hashes checked unless a marker vouches."""
     path = Path(path)
     files = scan_files(path)
+    check_parsed_files(path)  # before any parser sees a file (file_bounds.py)
     config = _read_config(path, files)
     kind = _kind(path, files, config)
     manifest = None

@@ -41,6 +41,12 @@ log = logging.getLogger(__name__)
 
 # Tokenizing more text than this runs in a worker thread, off the event loop.
 INLINE_TOKENIZE_CHARS = 2048
+# A prompt longer than 2 x (max_input_len + PROBE_MARGIN_TOKENS) characters is tokenized
+# in growing prefixes first (`_probe_length`); a prefix of more than max_input_len +
+# PROBE_MARGIN_TOKENS tokens refuses the request. The margin covers what cutting the text
+# (at a space) can change in the count; the prefix is cut before a space, where
+# SentencePiece and byte-level BPE pieces start anyway.
+PROBE_MARGIN_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -186,9 +192,9 @@ class GenerationService:
                     param=req.param,
                 )
             if chars > INLINE_TOKENIZE_CHARS:
-                ids = await asyncio.to_thread(self._encode, req)
+                ids = await asyncio.to_thread(self._encode_within, req, limits.max_input_len)
             else:
-                ids = self._encode(req)
+                ids = self._encode_within(req, limits.max_input_len)
         if len(ids) > limits.max_input_len:
             raise RequestError(
                 f"{req.param} is {len(ids)} tokens; this engine accepts at most "
@@ -214,6 +220,42 @@ class GenerationService:
             stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *extra)))
             sampling = dataclasses.replace(sampling, stop_token_ids=stops)
         return PreparedRequest(ids, sampling, req.stop, req.interval, req.echo)
+
+    def _encode_within(self, req: GenerationRequest, limit: int) -> list[int]:
+        """`_encode`, after `_probe_length` found nothing over `limit` tokens: a prompt
+        far over the limit costs about what tokenizing `limit` tokens costs, not what its
+        whole length (up to the character bound) would."""
+        text = (
+            "\n".join(m.content for m in req.messages)
+            if req.messages is not None
+            else req.prompt or ""
+        )
+        found = self._probe_length(text, limit)
+        if found is not None:
+            cut, count = found
+            raise RequestError(
+                f"{req.param} is more than {limit} tokens (its first {cut} characters are "
+                f"{count} tokens); this engine accepts at most {limit} input tokens",
+                param=req.param,
+            )
+        return self._encode(req)
+
+    def _probe_length(self, text: str, limit: int) -> tuple[int, int] | None:
+        """(characters, tokens) of the first prefix of `text` that shows it holds more
+        than `limit` tokens; None if none does. Prefixes double from 2 x (limit + margin)
+        characters, each cut before a space, so the characters tokenized here are at
+        most about twice those of the prefix that proved it, and a text that fits is
+        tokenized at most about twice over in all. (For chat, the messages' contents:
+        the chat's own tokens are more.)"""
+        bound = limit + PROBE_MARGIN_TOKENS
+        size = 2 * bound
+        while size < len(text):
+            cut = _cut_before_space(text, size)
+            count = len(self.tokenizer.encode(text[:cut]))
+            if count > bound:
+                return cut, count
+            size *= 2
+        return None
 
     def _encode(self, req: GenerationRequest) -> list[int]:
         if req.messages is not None:
@@ -314,3 +356,12 @@ class GenerationService:
         if not task.cancelled():
             task.result()  # re-raise what generation raised
         return logprobs
+
+
+def _cut_before_space(text: str, at: int, reach: int = 64) -> int:
+    """A cut at or below `at` just before a whitespace that follows a non-space (no
+    token spans it), looking back at most `reach` characters; else `at` itself."""
+    for i in range(at, max(0, at - reach), -1):
+        if text[i].isspace() and not text[i - 1].isspace():
+            return i
+    return at

@@ -63,7 +63,17 @@ class Settings(BaseModel):
         8192,
         ge=16,
         le=2**21,
-        description="Prompt tokens prefilled per engine step (bounds step latency).",
+        description="Prompt tokens prefilled per engine step, padding included (rows x "
+        "the longest prompt): bounds step latency and prefill memory.",
+    )
+    prefill_logits_bytes: int = Field(
+        256 * 2**20,
+        ge=1,
+        le=2**40,
+        description="PyTorch engines: the most logits one prefill projection may hold "
+        "(bytes). Prompt logprobs (echo) are computed for the rows that ask, this many "
+        "bytes of logits at a time, and the rows prefilled together are limited so their "
+        "last-position logits fit too.",
     )
     pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
         "auto",

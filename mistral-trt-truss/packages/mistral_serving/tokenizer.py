@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from mistral_serving.file_bounds import check_parsed_files
+
 SPIECE_UNDERLINE = "▁"
 
 # How chat messages become prompt ids (see chat.encode_chat):
@@ -102,6 +104,9 @@ class Tokenizer:
 
 
 def load_tokenizer(artifact_dir: Path, prefer_sentencepiece: bool = True) -> Tokenizer:
+    # Every tokenizer file within its bound before SentencePiece, tokenizers or
+    # transformers parse one (an ArtifactError naming the file and the bound).
+    check_parsed_files(artifact_dir)
     sp_model = artifact_dir / "tokenizer.model"
     stop_ids = generation_eos_ids(artifact_dir)
     if prefer_sentencepiece and sp_model.is_file():
