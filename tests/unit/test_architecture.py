@@ -145,6 +145,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.metrics",
                 "mistral_serving.collector",
                 "mistral_serving.manifest",
+                "mistral_serving.file_bounds",
                 "mistral_serving.tokenizer",
                 "mistral_serving.shutdown",
                 "mistral_serving.driver",
