@@ -69,7 +69,7 @@ class Settings(BaseModel):
     prefill_logits_bytes: int = Field(
         256 * 2**20,
         ge=1,
-        le=2**40,
+        le=2**36,
         description="PyTorch engines: the most logits one prefill projection may hold "
         "(bytes). Prompt logprobs (echo) are computed for the rows that ask, this many "
         "bytes of logits at a time, and the rows prefilled together are limited so their "
