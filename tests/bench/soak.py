@@ -14,7 +14,13 @@ Phases, each against a fresh real Truss server (loopback only, bounded in count 
 7. slowloris: 300 connections dripping a header + 100 idle ones, default timeouts: how
    many the server closed, and readiness probes answered meanwhile;
 8. slow readers: 40 logprob streams that are never read, `max_inflight` 4: aborts, RSS,
-   and how long until another client is served.
+   and how long until another client is served;
+9. schema bombs (nested quantifiers, a 700 KB enum, deep nesting) at the default limits and
+   with the pattern bound lifted (the timed compile): statuses, bystanders, probes, kills;
+10. an lm-eval-style echo+logprobs of a 2,000-token prompt among 16 short requests: RSS peak,
+   every answer's status;
+11. a stopped engine (`engine_process=on`, worker SIGSTOPped with a request pending): when
+   readiness turns 503, when and how the server exits.
 
 `python tests/bench/soak.py --help`; the figures go to docs/reliability.md.
 """
@@ -22,6 +28,7 @@ Phases, each against a fresh real Truss server (loopback only, bounded in count 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -48,6 +55,7 @@ from mistral_build.local_server import (  # noqa: E402
     prepare_app_dir,
     render_build_context,
 )
+from tests.e2e.test_engine_process_e2e import engine_processes  # noqa: E402
 from tests.e2e.test_hostile_input import BATTERY, OUR_ROUTES  # noqa: E402
 from tests.e2e.util import scrape  # noqa: E402
 
@@ -482,6 +490,171 @@ def phase_slow_readers(
     return result
 
 
+def _chat_with_schema(url: str, schema: dict) -> requests.Response:
+    return requests.post(
+        url + "/v1/chat/completions",
+        json={
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 8,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": schema},
+            },
+        },
+        timeout=600,
+    )
+
+
+SCHEMA_BOMBS = {
+    "nested_quantifiers": {"type": "string", "pattern": "((a{0,30}){0,30}){0,30}"},
+    "enum_700kb": {"enum": [f"value-{i:07d}-" + "x" * 50 for i in range(11_000)]},
+    "deep_nesting": {"type": "object", "properties": {}},
+}
+_deep = SCHEMA_BOMBS["deep_nesting"]
+for _ in range(40):
+    _deep["properties"]["a"] = {"type": "object", "properties": {}}
+    _deep = _deep["properties"]["a"]
+
+
+def phase_schema_bombs(context: Path, rounds: int = 5) -> dict:
+    """Schema bombs at the default limits (refused before any compile), then with the
+    pattern bound lifted so the bomb reaches the timed compile in its child process."""
+    result: dict = {}
+    for label, settings in (
+        ("default_limits", {}),
+        ("pattern_bound_lifted", {"grammar_max_pattern_repeat": 10**6,
+                                  "grammar_compile_timeout_seconds": 5}),
+    ):  # fmt: skip
+        server = start(context, **settings)
+        stop, probes = threading.Event(), []
+        prober = _probing(server.url, stop, probes)
+        statuses: dict[str, list[int]] = {}
+        bystanders = []
+        with ThreadPoolExecutor(4) as pool:
+            for _ in range(rounds):
+                futures = {
+                    n: pool.submit(_chat_with_schema, server.url, b)
+                    for n, b in SCHEMA_BOMBS.items()
+                }
+                bystander = pool.submit(
+                    requests.post,
+                    server.url + PREDICT,
+                    json={"prompt": "hi", "max_new_tokens": 4},
+                    timeout=600,
+                )
+                for name, f in futures.items():
+                    statuses.setdefault(name, []).append(f.result().status_code)
+                bystanders.append(bystander.result().status_code)
+        stop.set()
+        prober.join()
+        samples = scrape(server.url)
+        result[label] = {
+            "statuses": {n: sorted(set(v)) for n, v in statuses.items()},
+            "bystanders_200": sum(b == 200 for b in bystanders),
+            "bystanders": len(bystanders),
+            "compile_kills": samples.get(("mtt:grammar_compile_kills_total", ()), 0.0),
+            "rss_mb": round(rss_mb(server)),
+            **_probe_figures(probes),
+        }
+        server.stop()
+    return result
+
+
+def phase_echo_prefill(context: Path, short: int = 16, echo_tokens: int = 2000) -> dict:
+    """lm-eval-style echo+logprobs of a long prompt among short chat streams: RSS peak,
+    bystanders answered, the echo answered."""
+    server = start(context)
+    rss_before, rss_peak = rss_mb(server), rss_mb(server)
+    done = threading.Event()
+
+    def watch() -> None:
+        nonlocal rss_peak
+        while not done.is_set():
+            rss_peak = max(rss_peak, rss_mb(server))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    echo = {
+        "prompt": list(range(100, 100 + echo_tokens)),
+        "max_tokens": 0,
+        "echo": True,
+        "logprobs": 1,
+    }
+    with ThreadPoolExecutor(short + 1) as pool:
+        shorts = [
+            pool.submit(requests.post, server.url + PREDICT,
+                        json={"prompt": f"short {i}", "max_new_tokens": 16}, timeout=600)
+            for i in range(short)
+        ]  # fmt: skip
+        long = pool.submit(requests.post, server.url + "/v1/completions", json=echo, timeout=600)
+        codes = [f.result().status_code for f in shorts]
+        echo_answer = long.result()
+    done.set()
+    watcher.join()
+    lps = echo_answer.json()["choices"][0]["logprobs"]["token_logprobs"] if echo_answer.ok else []
+    result = {
+        "short_requests": short,
+        "short_200": sum(c == 200 for c in codes),
+        "echo_status": echo_answer.status_code,
+        "echo_prompt_logprobs": len(lps),
+        "rss_mb_before": round(rss_before),
+        "rss_mb_peak": round(rss_peak),
+        "healthy_after": requests.get(server.url + "/health", timeout=10).status_code,
+    }
+    server.stop()
+    return result
+
+
+def _quietly(call, *args, **kwargs) -> None:
+    """A request whose connection the exiting server may drop (that is the point)."""
+    with contextlib.suppress(requests.RequestException):
+        call(*args, **kwargs)
+
+
+def phase_stopped_engine(context: Path, unready_s: float = 3, exit_s: float = 12) -> dict:
+    """engine_process=on, its worker SIGSTOPped with a request pending: when readiness
+    turns 503 and when the server exits, with what status and last line."""
+    server = start(context, engine_process="on", engine_stall_unready_seconds=unready_s,
+                   engine_stall_exit_seconds=exit_s)  # fmt: skip
+    (worker,) = engine_processes(server.process.pid)
+    os.kill(worker, signal.SIGSTOP)
+    stopped = time.monotonic()
+    pending = threading.Thread(
+        target=lambda: _quietly(
+            requests.post,
+            server.url + PREDICT,
+            json={"prompt": "x", "max_new_tokens": 8},
+            timeout=120,
+        ),
+        daemon=True,
+    )
+    pending.start()
+    unready_after = None
+    while time.monotonic() - stopped < exit_s + 30 and server.process.poll() is None:
+        try:
+            code = requests.get(server.url + "/v1/models/model", timeout=3).status_code
+        except requests.RequestException:
+            code = None
+        if code == 503 and unready_after is None:
+            unready_after = time.monotonic() - stopped
+        time.sleep(0.25)
+    exited_after = time.monotonic() - stopped if server.process.poll() is not None else None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(worker, signal.SIGKILL)
+    last = [ln for ln in server.log().splitlines() if ln.strip()][-1:] or [""]
+    result = {
+        "engine_stall_unready_seconds": unready_s,
+        "engine_stall_exit_seconds": exit_s,
+        "readiness_503_after_s": None if unready_after is None else round(unready_after, 1),
+        "exited_after_s": None if exited_after is None else round(exited_after, 1),
+        "exit_status": server.process.poll(),
+        "last_log_line": last[0][-200:],
+    }
+    server.kill()
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -491,13 +664,14 @@ def main() -> int:
     parser.add_argument(
         "--slow-reader-buffer",
         type=int,
-        default=2**20,
+        default=256 * 2**10,
         help="stream_buffer_bytes for the slow-reader phase (the default setting's value)",
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "soak.json")
     parser.add_argument(
         "--phases",
-        default="bad_input,disconnects,overload,sigterm,poison,header_floods,slowloris,slow_readers",
+        default="bad_input,disconnects,overload,sigterm,poison,header_floods,slowloris,slow_readers,"
+        "schema_bombs,echo_prefill,stopped_engine",
         help="comma-separated subset of the phases to run",
     )
     args = parser.parse_args()
@@ -515,6 +689,9 @@ def main() -> int:
         ("header_floods", lambda: phase_header_floods(context)),
         ("slowloris", lambda: phase_slowloris(context)),
         ("slow_readers", lambda: phase_slow_readers(context, args.slow_reader_buffer)),
+        ("schema_bombs", lambda: phase_schema_bombs(context)),
+        ("echo_prefill", lambda: phase_echo_prefill(context)),
+        ("stopped_engine", lambda: phase_stopped_engine(context)),
     ):
         if name not in args.phases.split(","):
             continue
