@@ -23,8 +23,12 @@ import json
 import logging
 import re
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 from mistral_serving.engines.base import GuidedDecoding
 from mistral_serving.errors import RequestError
@@ -290,7 +294,7 @@ class _GrammarCollector:
         self.gates: weakref.WeakSet[GrammarGate] = weakref.WeakSet()
         self.decoders: weakref.WeakSet[Any] = weakref.WeakSet()
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         yield GaugeMetricFamily(

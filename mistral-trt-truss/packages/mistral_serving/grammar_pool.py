@@ -26,8 +26,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mistral_serving.errors import RequestError
+
+if TYPE_CHECKING:
+    from mistral_serving.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +58,7 @@ class Vocab:
     stop_token_ids: tuple[int, ...]
 
     @classmethod
-    def of(cls, tokenizer) -> Vocab:
+    def of(cls, tokenizer: Tokenizer) -> Vocab:
         tokens = tuple(b or b"" for b in tokenizer.table.token_bytes)
         stops = tuple(sorted({tokenizer.eos_id, *tokenizer.stop_token_ids}))
         return cls(tokens, len(tokens), stops)
@@ -73,14 +77,17 @@ class _Worker:
         self.proc = proc
         self.loop = loop
 
-    async def ask(self, message: bytes) -> dict:
+    async def ask(self, message: bytes) -> dict[str, object]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(message)
         await self.proc.stdin.drain()
         line = await self.proc.stdout.readline()
         if not line:
             raise ConnectionError("the grammar compiler process ended")
-        return json.loads(line)
+        reply = json.loads(line)
+        if not isinstance(reply, dict):  # the child writes one JSON object a line
+            raise ConnectionError(f"the grammar compiler process answered {line[:200]!r}")
+        return reply
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -250,7 +257,7 @@ def _child() -> None:
         try:
             # The same call and options as guided.GuidedDecoder.compile.
             compiler.compile_json_schema(json.loads(line)["schema"], any_whitespace=False)
-            reply = {"ok": round((time.perf_counter() - started) * 1000, 3)}
+            reply: dict[str, float | str] = {"ok": round((time.perf_counter() - started) * 1000, 3)}
         except Exception as exc:  # noqa: BLE001 - xgrammar: RuntimeError/ValueError
             reply = {"error": clean_xgrammar_error(exc)}
         out.write(json.dumps(reply).encode() + b"\n")
