@@ -500,7 +500,7 @@ def format_command(argv: list[str]) -> str:
         last = groups[-1] if groups else None
         # The program group takes its positional args; a flag group takes one value.
         takes = last is not None and (not last[0].startswith("--") or len(last) == 1)
-        if token.startswith("--") or not takes:
+        if last is None or token.startswith("--") or not takes:
             groups.append([token])
         else:
             last.append(token)
@@ -628,6 +628,8 @@ def download_source(opts: EngineOptions, dest: Path, token: str | None) -> str:
     from huggingface_hub import HfApi, snapshot_download
 
     sha = HfApi(token=token).model_info(opts.model, revision=opts.revision).sha
+    if sha is None:  # the Hub answers every model with its commit; None only in its types
+        raise RuntimeError(f"{opts.model}@{opts.revision}: the Hub gave no commit sha")
     print(f"[download] {opts.model}@{sha} -> {dest}")
     started = time.monotonic()
     snapshot_download(

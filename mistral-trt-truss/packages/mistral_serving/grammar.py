@@ -25,7 +25,10 @@ import re
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 from prometheus_client.metrics_core import Metric
 

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mistral_serving.errors import RequestError
 
@@ -77,14 +77,16 @@ class _Worker:
         self.proc = proc
         self.loop = loop
 
-    async def ask(self, message: bytes) -> dict[str, Any]:
+    async def ask(self, message: bytes) -> dict[str, object]:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(message)
         await self.proc.stdin.drain()
         line = await self.proc.stdout.readline()
         if not line:
             raise ConnectionError("the grammar compiler process ended")
-        reply: dict[str, Any] = json.loads(line)
+        reply = json.loads(line)
+        if not isinstance(reply, dict):  # the child writes one JSON object a line
+            raise ConnectionError(f"the grammar compiler process answered {line[:200]!r}")
         return reply
 
     def kill(self) -> None:

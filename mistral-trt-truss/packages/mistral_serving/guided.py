@@ -25,6 +25,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -34,6 +36,29 @@ from mistral_serving.grammar_pool import clean_xgrammar_error
 from mistral_serving.tokenizer import Tokenizer
 
 DEFAULT_CACHE_BYTES = 64 * 2**20  # settings.grammar_cache_bytes' default
+
+
+# xgrammar ships no type information: what this module uses of it (xgrammar 0.2.x,
+# `xgrammar/compiler.py`, `xgrammar/matcher.py`).
+class CompiledGrammar(Protocol):
+    """`xgrammar.CompiledGrammar`: handed to a `GrammarMatcher`."""
+
+    @property
+    def memory_size_bytes(self) -> int: ...
+
+
+class _GrammarCompiler(Protocol):
+    def compile_json_schema(self, schema: str, *, any_whitespace: bool) -> CompiledGrammar: ...
+
+    def get_cache_size_bytes(self) -> int: ...
+
+
+class _GrammarMatcher(Protocol):
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor) -> None: ...
+
+    def accept_token(self, token_id: int) -> bool: ...
+
+    def is_terminated(self) -> bool: ...
 
 
 class GuidedDecoder:
@@ -52,15 +77,16 @@ class GuidedDecoder:
         n = len(tokenizer.table.token_bytes)
         self.vocab_size = max(vocab_size or n, n)
         self.cache_limit_bytes = cache_limit_bytes
-        self._compiler = None
+        self._compiler: _GrammarCompiler | None = None
+        self._xgr: ModuleType | None = None
         self._cache_bytes = 0
         self._lock = threading.Lock()  # compile calls may come from several threads
         # One thread: compiles are CPU-bound (max_threads=1) and already proven cheap.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
 
-    def _compiler_once(self):
+    def _compiler_once(self) -> tuple[ModuleType, _GrammarCompiler]:
         """Under the lock: the grammar compiler for this tokenizer."""
-        if self._compiler is None:
+        if self._compiler is None or self._xgr is None:
             import xgrammar as xgr
 
             tok = self._tokenizer
@@ -76,9 +102,9 @@ class GuidedDecoder:
             self._compiler = xgr.GrammarCompiler(
                 info, max_threads=1, cache_enabled=limit > 0, cache_limit_bytes=max(limit, 1)
             )
-        return self._compiler
+        return self._xgr, self._compiler
 
-    def compile(self, guided: GuidedDecoding):
+    def compile(self, guided: GuidedDecoding) -> CompiledGrammar:
         """The compiled grammar (xgrammar's cache answers a repeated schema); a schema
         xgrammar cannot compile is the client's error."""
         with self._lock:
@@ -86,7 +112,7 @@ class GuidedDecoder:
                 # json_object is OpenAI's "any JSON object"; no free whitespace, so a model
                 # cannot stall in a run of spaces. grammar_pool's child compiles the same way.
                 schema = guided.json_schema if guided.kind == "json_schema" else None
-                compiler = self._compiler_once()
+                _, compiler = self._compiler_once()
                 compiled = compiler.compile_json_schema(
                     schema or '{"type": "object"}', any_whitespace=False
                 )
@@ -100,7 +126,8 @@ class GuidedDecoder:
     def matcher(self, guided: GuidedDecoding) -> GuidedMatcher:
         """A fresh matcher for one request, compiled on the calling thread."""
         compiled = self.compile(guided)
-        return GuidedMatcher(self._xgr, compiled, self.vocab_size)
+        xgr, _ = self._compiler_once()  # set up by the compile
+        return GuidedMatcher(xgr, compiled, self.vocab_size)
 
     def matcher_later(
         self, guided: GuidedDecoding, done: Callable[[GuidedMatcher | BaseException], None]
@@ -126,10 +153,10 @@ class GuidedDecoder:
 class GuidedMatcher:
     """Per-request grammar state: `mask` before sampling, `accept` after."""
 
-    def __init__(self, xgr, compiled, vocab_size: int) -> None:
+    def __init__(self, xgr: ModuleType, compiled: CompiledGrammar, vocab_size: int) -> None:
         self._xgr = xgr
-        self._matcher = xgr.GrammarMatcher(compiled)
-        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self._matcher: _GrammarMatcher = xgr.GrammarMatcher(compiled)
+        self._bitmask: torch.Tensor = xgr.allocate_token_bitmask(1, vocab_size)
         self._vocab_size = vocab_size
 
     def mask(self, logits: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class Drainer:
         loop = asyncio.get_running_loop()
         previous = signal.getsignal(signal.SIGTERM)
 
-        def on_sigterm(signum: int, frame: object) -> None:
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
             loop.call_soon_threadsafe(self.begin)
             if callable(previous):
                 previous(signum, frame)

@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mistral_serving.engines.base import (
     EngineError,
@@ -32,12 +33,16 @@ from mistral_serving.engines.base import (
     EngineRequestError,
     Heartbeat,
     SamplingOptions,
+    StreamQueue,
     TokenDelta,
     TokenLogprob,
     deliver,
     read_stream,
     refuse_unsupported,
 )
+
+if TYPE_CHECKING:
+    from mistral_serving.tokenizer import Tokenizer
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. Continuous batching keeps the GPU busy: "
@@ -50,7 +55,7 @@ TEXT = (
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    queue: StreamQueue
     remaining: int
     offset: int
     held: int  # tokens this request would hold in a KV cache: prompt + output so far
@@ -83,7 +88,7 @@ class ReplayEngine:
     @classmethod
     def for_tokenizer(
         cls,
-        tokenizer,
+        tokenizer: Tokenizer,
         max_batch_size: int,
         max_seq_len: int | None = None,
         max_input_len: int | None = None,
@@ -111,7 +116,7 @@ class ReplayEngine:
         if sampling.max_new_tokens <= 0:  # a prefill only: nothing to replay
             yield TokenDelta([], "length", prompt_logprobs=prompt_lps)
             return
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: StreamQueue = asyncio.Queue()
         with self._lock:
             self._live[request_id] = _Stream(
                 asyncio.get_running_loop(),

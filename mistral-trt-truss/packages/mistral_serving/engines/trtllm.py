@@ -66,7 +66,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mistral_serving.engine_checks import (
     EngineCheckError,
@@ -89,6 +89,9 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.manifest import read_manifest
 from mistral_serving.settings import Settings
+
+if TYPE_CHECKING:  # the image's tensorrt_llm; absent here (the type is then Any)
+    from tensorrt_llm.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +123,7 @@ def to_sampling_params(
     prompt_logprobs_unavailable: str | None = None,
     top_logprobs_unavailable: str | None = None,
     penalties_unavailable: str | None = None,
-):
+) -> SamplingParams:
     """Our `SamplingOptions` as a `tensorrt_llm.sampling_params.SamplingParams`.
 
     Field names and defaults are from `tensorrt_llm/sampling_params.py` (1.2.x). Every value
