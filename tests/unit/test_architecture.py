@@ -165,6 +165,8 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.admission",
                 "mistral_serving.guided",
                 "mistral_serving.engine_checks",
+                "mistral_serving.tool_calls",
+                "mistral_serving.tool_parsers",
             ),
         ),
         (
