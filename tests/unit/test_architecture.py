@@ -169,6 +169,8 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.engine_checks",
                 "mistral_serving.grammar_pool",
                 "mistral_serving.grammar",
+                "mistral_serving.tool_calls",
+                "mistral_serving.tool_parsers",
             ),
         ),
         (
