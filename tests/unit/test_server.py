@@ -386,9 +386,18 @@ def test_health_and_version(registered: Frontend) -> None:
         "server": version["server"],
         "engine": "scripted",
         "details": registered.service.engine.info.details,
+        "startup_seconds": {},
     }
     registered.drainer.draining = True
     assert client.get("/health").status_code == 503
+
+
+def test_version_reports_each_startup_phase(registered: Frontend) -> None:
+    registered.service.startup = {"artifact": 12.5, "tokenizer": 0.25, "engine": 7.0}
+    app = FastAPI()
+    add_routes(app)
+    version = TestClient(app).get("/version").json()
+    assert version["startup_seconds"] == {"artifact": 12.5, "tokenizer": 0.25, "engine": 7.0}
 
 
 def test_health_with_a_dead_engine_is_503_and_stops_the_process(

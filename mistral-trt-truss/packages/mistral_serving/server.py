@@ -279,6 +279,7 @@ def add_routes(app: FastAPI) -> None:
             # The engine's own report (versions, dtype, limits, KV-cache kind, ...).
             answer["engine"] = info.name
             answer["details"] = json.loads(json.dumps(info.details, default=str))
+            answer["startup_seconds"] = frontend.service.startup  # per phase of its start
         return JSONResponse(answer)
 
     async def metrics() -> Response:

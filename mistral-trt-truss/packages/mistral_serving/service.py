@@ -107,6 +107,9 @@ class GenerationService:
         )
 
         self._live: set[str] = set()  # engine ids of the requests in the engine now
+        # Seconds each phase of `start` took (artifact, tokenizer, engine); GET /version
+        # reports them so a slow cold start shows which phase to look at.
+        self.startup: dict[str, float] = {}
         self.watchdog = Watchdog(
             engine, settings.engine_stall_unready_seconds, settings.engine_stall_exit_seconds
         )
@@ -129,9 +132,13 @@ class GenerationService:
         manifest = artifact.manifest
         described = describe(manifest) if manifest is not None else "no build manifest"
         log.info("artifact %s: %s", artifact.path, described)
+        log.info("startup phase artifact (fetch, verify, read): %.1fs", fetched - started)
         tokenizer = load_tokenizer(artifact.path)
+        tokenized = time.monotonic()
+        log.info("startup phase tokenizer: %.1fs", tokenized - fetched)
         engine = start_engine(artifact, settings, tokenizer)
         done = time.monotonic()
+        log.info("startup phase engine start: %.1fs", done - tokenized)
         log.info(
             "loaded %s (%s) with the %s engine in %.1fs (artifact %.1fs, start %.1fs); limits %s",
             settings.artifact,
@@ -143,6 +150,11 @@ class GenerationService:
             engine.limits,
         )
         service = cls(settings, tokenizer, engine, metrics)
+        service.startup = {
+            "artifact": round(fetched - started, 3),
+            "tokenizer": round(tokenized - fetched, 3),
+            "engine": round(done - tokenized, 3),
+        }
         service.watchdog.start()  # a served engine that hangs ends the process
         service.telemetry.metrics.artifact.labels(
             engine.info.name, settings.artifact, described
