@@ -141,6 +141,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
             (
                 "mistral_serving",
                 "mistral_serving.errors",
+                "mistral_serving.auth",
                 "mistral_serving.settings",
                 "mistral_serving.metrics",
                 "mistral_serving.collector",

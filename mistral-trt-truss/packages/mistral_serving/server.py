@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from mistral_serving import __version__, driver
+from mistral_serving.auth import ApiKeyGuard, load_keys
 from mistral_serving.errors import RequestError, openai_error_body
 from mistral_serving.prefetch import prefetch_artifact
 from mistral_serving.scope_keys import HANDLED
@@ -320,6 +321,13 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
         count=count,
         refuse=refuse,
     )
+    if settings.api_keys_file:  # outermost: an unauthenticated body is never read
+        app.add_middleware(
+            ApiKeyGuard,
+            keys=load_keys(settings.api_keys_file),
+            route_of=route_of,
+            error_json=error_json,
+        )
     lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

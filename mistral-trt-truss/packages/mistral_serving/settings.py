@@ -191,6 +191,11 @@ class Settings(BaseModel):
     max_body_bytes: int = Field(
         8 * 2**20, ge=1024, le=2**30, description="Largest request body; larger ones get 413."
     )
+    api_keys_file: str = Field(
+        "",
+        description="File of API keys (one a line, e.g. a mounted Secret); when set, the "
+        "generation routes need `Authorization: Bearer <key>` (else 401). Empty: no auth.",
+    )
     body_timeout_seconds: float = Field(
         30.0, gt=0, le=3600, description="A request body must arrive within this; else 408."
     )
