@@ -82,7 +82,7 @@ import tensorrt_llm  # the double: the engine records the version that built it
 p = argparse.ArgumentParser()
 for flag in ("--checkpoint_dir", "--output_dir", "--gemm_plugin", "--gpt_attention_plugin",
              "--kv_cache_type", "--remove_input_padding", "--context_fmha",
-             "--use_paged_context_fmha", "--log_level"):
+             "--use_paged_context_fmha", "--multiple_profiles", "--log_level"):
     p.add_argument(flag)
 for flag in ("--max_batch_size", "--max_input_len", "--max_seq_len", "--max_num_tokens",
              "--max_beam_width", "--workers"):

@@ -234,7 +234,7 @@ class Settings(BaseModel):
     grammar_max_pattern_repeat: int = Field(
         1000,
         ge=1,
-        le=10**6,
+        le=10**9,
         description="Largest expansion of one schema `pattern` (bounded repetitions multiply "
         "when nested); 10x this for all of a schema's patterns; more: 400.",
     )
