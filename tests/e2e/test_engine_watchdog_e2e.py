@@ -1,7 +1,7 @@
 """The engine watchdog on the real Truss server with `engine_process: on`: a SIGSTOPped
 engine process with a request pending turns readiness 503 past
 `engine_stall_unready_seconds` (SIGCONT brings it back), and past
-`engine_stall_exit_seconds` the server exits with status 1 and the reason last in its log.
+`engine_stall_exit_seconds` the server exits with status 1 and the reason last in its log (no other line after it).
 Nothing here times the machine: limits are small, the waits are generous bounds."""
 
 from __future__ import annotations

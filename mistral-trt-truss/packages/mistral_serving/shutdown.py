@@ -82,12 +82,46 @@ LOAD_FAILED_STATUS = 1
 
 def exit_now(status: int, reason: str) -> None:
     """Log `reason` as the process's last line and end it with `status`, now: no drain,
-    no lifespan shutdown (what would run them waits on what failed)."""
-    log.error("%s", reason)
-    logging.disable(logging.CRITICAL)  # no other thread's line may follow the reason
-    for handler in logging.getLogger().handlers:
+    no lifespan shutdown (what would run them waits on what failed).
+
+    No other thread's line may follow the reason: logging is disabled first, then every
+    handler's lock is taken and kept (a thread already past the level check blocks on it
+    until the process ends), and only then is the reason written."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (reason,), None)
+    logging.disable(logging.CRITICAL)
+    handlers = _all_handlers()
+    for handler in handlers:
+        handler.acquire()  # never released: the process ends below
+    for handler in _handlers_of(log):
+        if record.levelno >= handler.level:
+            handler.emit(record)
+    for handler in handlers:
         handler.flush()
     os._exit(status)
+
+
+def _handlers_of(logger: logging.Logger) -> list[logging.Handler]:
+    """The handlers a record on `logger` reaches, as `Logger.callHandlers` walks them."""
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        found.extend(current.handlers)
+        current = current.parent if current.propagate else None
+    return found
+
+
+def _all_handlers() -> list[logging.Handler]:
+    """Every handler on the root logger and on any named logger, each once."""
+    loggers = [logging.getLogger()] + [
+        item
+        for item in logging.Logger.manager.loggerDict.values()
+        if isinstance(item, logging.Logger)
+    ]
+    seen: dict[int, logging.Handler] = {}
+    for logger in loggers:
+        for handler in logger.handlers:
+            seen.setdefault(id(handler), handler)
+    return list(seen.values())
 
 
 def exit_if_load_fails(model_wrapper: Any, reason: Callable[[BaseException], str]) -> None:
