@@ -336,8 +336,8 @@ def engine_settings(artifact: Path, args):
 def compare_loaders(artifact: Path, args) -> None:
     """Cold load with transformers' `from_pretrained` (the previous loader), for the
     side-by-side with the direct loader that follows."""
-    from mistral_serving.engines.pytorch import load_model
-    from mistral_serving.engines.pytorch_static import StaticTorchEngine
+    from mistral_serving.engines.pytorch.dynamic import load_model
+    from mistral_serving.engines.pytorch.static import StaticTorchEngine
 
     settings = engine_settings(artifact, args)
     cold = drop_page_cache()
@@ -361,8 +361,8 @@ def compare_loaders(artifact: Path, args) -> None:
 def engine_bench(args) -> None:
     from mistral_serving.engines.base import EngineLimits
     from mistral_serving.engines.factory import start_torch_engine
-    from mistral_serving.engines.pytorch import TorchEngine
-    from mistral_serving.engines.pytorch_static import StaticTorchEngine
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine
+    from mistral_serving.engines.pytorch.static import StaticTorchEngine
 
     artifact = Path(args.dir)
     if args.disk_test:

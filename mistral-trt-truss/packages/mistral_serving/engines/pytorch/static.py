@@ -44,10 +44,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from mistral_serving.engines import llama
 from mistral_serving.engines.base import EngineError, EngineLimits
-from mistral_serving.engines.pytorch import LoadedModel, TorchEngine, _Sequence, load_model
-from mistral_serving.engines.weights import copy_shards, read_header
+from mistral_serving.engines.pytorch import llama
+from mistral_serving.engines.pytorch.dynamic import LoadedModel, TorchEngine, _Sequence, load_model
+from mistral_serving.engines.pytorch.weights import copy_shards, read_header
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class _NotDirect(Exception):
 def load_safetensors_direct(
     model_dir: Path, config, dtype: torch.dtype, device: torch.device
 ) -> torch.nn.Module | None:
-    """The decoder's modules (`engines/llama.py`, not transformers' modeling code) made
+    """The decoder's modules (`engines/pytorch/llama.py`, not transformers' modeling code) made
     without memory (meta device), given uninitialised tensors on `device`, and every
     safetensors tensor copied straight into its parameter (`weights.copy_shards`: large
     sequential reads through pinned buffers). Skips transformers' loader (weight init,

@@ -68,14 +68,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mistral_serving.engine_checks import (
-    EngineCheckError,
-    GpuInfo,
-    check_engine,
-    detect_gpu,
-    read_engine_config,
-    world_size,
-)
 from mistral_serving.engines.base import (
     EngineError,
     EngineInfo,
@@ -86,6 +78,14 @@ from mistral_serving.engines.base import (
     TokenDelta,
     TokenLogprob,
     stop_ids_for,
+)
+from mistral_serving.engines.trtllm.checks import (
+    EngineCheckError,
+    GpuInfo,
+    check_engine,
+    detect_gpu,
+    read_engine_config,
+    world_size,
 )
 from mistral_serving.manifest import read_manifest
 from mistral_serving.settings import Settings

@@ -1,7 +1,7 @@
 """The engine process: the PyTorch engine (model, KV cache, step loop, sampling, the
 structured-output matcher) in a process of its own, so the server's event loop and the
 step loop do not share one GIL. The server side is `process.py`, which starts this module
-as `python -m mistral_serving.engines.worker FD` (a fresh interpreter, as multiprocessing's
+as `python -m mistral_serving.engines.process.worker FD` (a fresh interpreter, as multiprocessing's
 `spawn` method: CUDA cannot be forked) with one end of a socket pair as FD.
 
 Messages are pickled tuples over a `multiprocessing.connection.Connection` (length-framed).
@@ -54,7 +54,7 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.settings import Settings
 
-log = logging.getLogger("mistral_serving.engines.worker")  # not __main__ when run as -m
+log = logging.getLogger("mistral_serving.engines.process.worker")  # not __main__ when run as -m
 
 GAUGE_POLL_S = 0.05  # how often the gauges (and the engine's health) are checked
 HEARTBEAT_S = 0.5  # how often a "beat" goes to the server, busy or idle

@@ -26,7 +26,7 @@ no second forward pass, no logits for other rows' positions; with `max_new_token
 finish reason `length`). A request with `prompt_logprobs` that ends on a stop token gets
 that token's logprob on its last delta (with no token id; vLLM's output holds its stop
 token too): echo clients (lm-evaluation-harness) index prompt + output logprobs by position.
-Structured output (`guided`) needs `engine.guided` set (a `mistral_serving.guided`
+Structured output (`guided`) needs `engine.guided` set (a `mistral_serving.engines.pytorch.guided`
 decoder: its per-request matcher masks each row before sampling and is told each chosen
 token); without it such a request is refused with a 4xx.
 
@@ -66,8 +66,8 @@ from mistral_serving.engines.base import (
     refuse_unsupported,
     stop_ids_for,
 )
-from mistral_serving.engines.cpus import available_cpus, default_torch_threads
-from mistral_serving.engines.prefill import (
+from mistral_serving.engines.pytorch.cpus import available_cpus, default_torch_threads
+from mistral_serving.engines.pytorch.prefill import (
     PrefillBudget,
     chunked_prompt_logprobs,
     is_allocation_failure,
@@ -218,7 +218,7 @@ class TorchEngine:
         self._fatal: BaseException | None = None
         self._heartbeat = Heartbeat()  # beats once per step-loop pass (the watchdog reads it)
         # Structured output, when set: `.matcher(GuidedDecoding)` gives a per-request
-        # object with `mask(row_logits)` and `accept(token_id)` (`mistral_serving.guided`).
+        # object with `mask(row_logits)` and `accept(token_id)` (`mistral_serving.engines.pytorch.guided`).
         self.guided = None
         # Read from other threads (gauges): plain values the engine thread replaces.
         self._kv_usage = 0.0
@@ -448,7 +448,7 @@ class TorchEngine:
             self._select(keep)
 
     def _admit(self) -> list[_Sequence]:
-        """The next prefill batch, by the rule in `engines/prefill.py` (padded rows x
+        """The next prefill batch, by the rule in `engines/pytorch/prefill.py` (padded rows x
         width, and the logits they need)."""
         room = self.limits.max_batch_size - len(self._running)
         with self._lock:
@@ -478,7 +478,7 @@ class TorchEngine:
         self, seqs: list[_Sequence], own: Callable[[int, _Sequence], torch.Tensor]
     ) -> dict[int, Exception]:
         """Set `prompt_lps` of the rows that asked, from `own(row, seq)`: that prompt's
-        final hidden states [len(prompt), H], projected in chunks (`engines/prefill.py`).
+        final hidden states [len(prompt), H], projected in chunks (`engines/pytorch/prefill.py`).
         A failure (an allocation) is that request's alone: returned by row, for
         `_advance` to end it with."""
         failures: dict[int, Exception] = {}

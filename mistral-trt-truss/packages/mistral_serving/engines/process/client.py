@@ -27,7 +27,7 @@ in a child process (`worker.py`) and the server keeps only this proxy:
 - `shutdown` asks the child to stop (its pending streams end with EngineError), waits,
   and kills it after `SHUTDOWN_TIMEOUT_S`.
 
-The child is a fresh interpreter (`python -m mistral_serving.engines.worker`), which is
+The child is a fresh interpreter (`python -m mistral_serving.engines.process.worker`), which is
 multiprocessing's `spawn` semantics (CUDA cannot be forked) without re-running the
 server's `__main__` in the child. Its log lines go to the server's stderr, in its format
 (JSON lines under Truss), prefixed `[engine process]`.
@@ -62,7 +62,7 @@ from mistral_serving.engines.base import (
     deliver,
     read_stream,
 )
-from mistral_serving.engines.worker import HEARTBEAT_S, decode, encode
+from mistral_serving.engines.process.worker import HEARTBEAT_S, decode, encode
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,12 @@ class ProcessEngine:
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mistral_serving.engines.worker", str(theirs.fileno())],
+                [
+                    sys.executable,
+                    "-m",
+                    "mistral_serving.engines.process.worker",
+                    str(theirs.fileno()),
+                ],
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 env=_child_env(),

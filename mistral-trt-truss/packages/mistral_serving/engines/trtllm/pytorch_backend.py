@@ -34,9 +34,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mistral_serving.engine_checks import EngineCheckError
 from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
-from mistral_serving.engines.trtllm import LlmApiEngine, scheduler_config
+from mistral_serving.engines.trtllm.checks import EngineCheckError
+from mistral_serving.engines.trtllm.engine import LlmApiEngine, scheduler_config
 from mistral_serving.settings import Settings
 
 # Setting trtllm_sampler -> TorchLlmArgs.sampler_type.
