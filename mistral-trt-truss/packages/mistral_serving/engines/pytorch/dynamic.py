@@ -48,7 +48,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import torch
 import torch.nn.functional as F
@@ -178,15 +178,28 @@ def load_model(
     return LoadedModel(model, max_seq, max_input)
 
 
+@dataclass(frozen=True)
+class TorchOptions:
+    """The settings a PyTorch engine is built with, beyond its limits (defaults: Settings')."""
+
+    max_num_tokens: int = Settings.model_fields["max_num_tokens"].default
+    prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default
+    cuda_graphs: bool = Settings.model_fields["cuda_graphs"].default  # the static engine's
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TorchOptions:
+        return cls(settings.max_num_tokens, settings.prefill_logits_bytes, settings.cuda_graphs)
+
+
 class TorchEngine:
     def __init__(
         self,
         model: torch.nn.Module,
         eos_token_id: int,
         limits: EngineLimits,
-        max_num_tokens: int,
-        prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
+        options: TorchOptions = TorchOptions(),
     ) -> None:
+        self._prepare(model, limits, options)
         # A transformers model or the static path's own modules: called and probed by
         # name (torch types a module's attributes as `Tensor | Module`).
         self._model: Any = cast(Any, model)
@@ -196,8 +209,8 @@ class TorchEngine:
         head = getattr(model, "lm_head", None)
         self._head: Any = head if head is not None else self._model.get_output_embeddings()
         self._budget = PrefillBudget(
-            max_num_tokens,
-            prefill_logits_bytes,
+            options.max_num_tokens,
+            options.prefill_logits_bytes,
             self._head.weight.shape[0],
             self._head.weight.element_size(),
         )
@@ -209,9 +222,10 @@ class TorchEngine:
                 "device": str(self._device),
                 "dtype": str(next(model.parameters()).dtype),
                 "max_batch_size": limits.max_batch_size,
-                "max_num_tokens": max_num_tokens,
+                "max_num_tokens": options.max_num_tokens,
                 "prefill_logits_chunk": self._budget.chunk,
                 "threads": torch.get_num_threads(),
+                **self._details(),
             },
         )
         self._committed = False  # whether the prefill under way has joined the batch
@@ -249,15 +263,23 @@ class TorchEngine:
         return cls.for_model(load_model(model_dir, settings), settings, eos_token_id)
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, settings: Settings, eos_token_id: int) -> TorchEngine:
-        limits = EngineLimits(loaded.max_input_len, loaded.max_seq_len, settings.max_batch_size)
-        return cls(
-            loaded.model,
-            eos_token_id,
-            limits,
-            settings.max_num_tokens,
-            settings.prefill_logits_bytes,
-        )
+    def for_model(cls, loaded: LoadedModel, settings: Settings, eos_token_id: int) -> Self:
+        limits = cls.limits_for(loaded, settings)
+        return cls(loaded.model, eos_token_id, limits, TorchOptions.from_settings(settings))
+
+    # ---- what a subclass (the static engine) adds ----
+
+    @classmethod
+    def limits_for(cls, loaded: LoadedModel, settings: Settings) -> EngineLimits:
+        """The engine's limits for this model: the model's positions, lowered by settings."""
+        return EngineLimits(loaded.max_input_len, loaded.max_seq_len, settings.max_batch_size)
+
+    def _prepare(self, model: torch.nn.Module, limits: EngineLimits, options: TorchOptions) -> None:
+        """Check and set up `model` before the engine is built around it (nothing here)."""
+
+    def _details(self) -> dict[str, object]:
+        """What the engine adds to its `info.details`."""
+        return {}
 
     # ---- the async interface (event loop side) ----
 

@@ -46,7 +46,13 @@ import torch.nn.functional as F
 
 from mistral_serving.engines.base import EngineError, EngineLimits
 from mistral_serving.engines.pytorch import llama
-from mistral_serving.engines.pytorch.dynamic import LoadedModel, TorchEngine, _Sequence, load_model
+from mistral_serving.engines.pytorch.dynamic import (
+    LoadedModel,
+    TorchEngine,
+    TorchOptions,
+    _Sequence,
+    load_model,
+)
 from mistral_serving.engines.pytorch.weights import copy_shards, read_header
 from mistral_serving.settings import Settings
 
@@ -170,15 +176,7 @@ def load_static_model(model_dir: Path, settings: Settings) -> LoadedModel:
 
 
 class StaticTorchEngine(TorchEngine):
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        eos_token_id: int,
-        limits: EngineLimits,
-        max_num_tokens: int,
-        cuda_graphs: bool = True,
-        prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
-    ) -> None:
+    def _prepare(self, model: torch.nn.Module, limits: EngineLimits, options: TorchOptions) -> None:
         why = supports_static_path(model)
         if why is not None:
             raise EngineError(f"pytorch_kv_cache=static cannot run this model: {why}")
@@ -191,7 +189,7 @@ class StaticTorchEngine(TorchEngine):
         self._slots = limits.max_batch_size
         self._cols = limits.max_seq_len
         p = next(model.parameters())
-        self._use_graphs = cuda_graphs and p.device.type == "cuda"
+        self._use_graphs = options.cuda_graphs and p.device.type == "cuda"
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._pool: _POOL_HANDLE | None = None
         self._lens: list[int] = []  # per running row: tokens in its slot (CPU mirror)
@@ -200,23 +198,16 @@ class StaticTorchEngine(TorchEngine):
         self._wqkv: list[torch.Tensor] = []
         self._wgu: list[torch.Tensor] = []
         self._fuse_weights()
-        super().__init__(model, eos_token_id, limits, max_num_tokens, prefill_logits_bytes)
-        self.info.details.update(
-            kv_cache="static", kv_columns=self._cols, cuda_graphs=self._use_graphs
-        )
+
+    def _details(self) -> dict[str, object]:
+        return {"kv_cache": "static", "kv_columns": self._cols, "cuda_graphs": self._use_graphs}
 
     @classmethod
-    def for_model(
-        cls, loaded: LoadedModel, settings: Settings, eos_token_id: int
-    ) -> StaticTorchEngine:
+    def limits_for(cls, loaded: LoadedModel, settings: Settings) -> EngineLimits:
+        """The static KV cache's columns bound the sequence (and the prompt, one below)."""
         columns = static_kv_columns(loaded.model, settings, loaded.max_seq_len)
-        return cls(
-            loaded.model,
-            eos_token_id,
-            EngineLimits(min(loaded.max_input_len, columns - 1), columns, settings.max_batch_size),
-            settings.max_num_tokens,
-            cuda_graphs=settings.cuda_graphs,
-            prefill_logits_bytes=settings.prefill_logits_bytes,
+        return EngineLimits(
+            min(loaded.max_input_len, columns - 1), columns, settings.max_batch_size
         )
 
     def _kv_tokens(self) -> int:
