@@ -7,7 +7,7 @@ of every token the grammar does not allow next, and accepts the token that was c
 Once the grammar is complete only EOS is allowed, so the output always parses. The
 TensorRT-LLM engine does the same inside the runtime (`GuidedDecodingParams`).
 
-Cost (measured by `tests/bench/guided_bench.py`): compiling a schema takes milliseconds
+Cost (measured by `bench/guided_bench.py`): compiling a schema takes milliseconds
 once, then xgrammar's cache answers; per token, filling the bitmask takes ~1-4 us and
 applying it ~10-20 us on a 32000-token row (CPU). The mask is applied with numpy rather than
 xgrammar's CPU kernel, which takes ~110 us when only a few tokens are allowed (most

@@ -1,7 +1,7 @@
 """Where a cold start's seconds go: a fresh interpreter loads the PyTorch engine the way
 the server's engine does (factory defaults), timing each phase from process start.
 
-    python tests/bench/cold_start.py ARTIFACT --evict all|artifact|none [--out results.jsonl]
+    python bench/cold_start.py ARTIFACT --evict all|artifact|none [--out results.jsonl]
 
 --evict none: nothing evicted (what is cached stays). --evict all: `sync; echo 3 > /proc/sys/vm/drop_caches` first (root only: nothing is
 cached, the Python packages and CUDA libraries included). --evict artifact: only the
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def evict(artifact: Path, what: str) -> None:

@@ -22,7 +22,7 @@ Phases, each against a fresh real Truss server (loopback only, bounded in count 
 11. a stopped engine (`engine_process=on`, worker SIGSTOPped with a request pending): when
    readiness turns 503, when and how the server exits.
 
-`python tests/bench/soak.py --help`; the figures go to docs/reliability.md.
+`python bench/soak.py --help`; the figures go to docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "mistral-trt-truss" / "packages")]
 
 from client.hostinfo import process_cpu_seconds  # noqa: E402
@@ -667,7 +667,7 @@ def main() -> int:
         default=256 * 2**10,
         help="stream_buffer_bytes for the slow-reader phase (the default setting's value)",
     )
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "soak.json")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
     parser.add_argument(
         "--phases",
         default="bad_input,disconnects,overload,sigterm,poison,header_floods,slowloris,slow_readers,"

@@ -6,7 +6,7 @@ measures output tokens/s two ways: `python -m client bench` (4 concurrent stream
 tokens each) and the server's own `generation_tokens_total` counter over the same window.
 Every configuration runs `--repeats` times. A benchmark, not a test: it prints figures.
 
-    python tests/bench/threads_bench.py --repeats 2 --json /tmp/threads.json   # ~6-10 min
+    python bench/threads_bench.py --repeats 2 --json /tmp/threads.json   # ~6-10 min
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "mistral-trt-truss" / "packages"), str(REPO)]
 
 from mistral_build.local_server import (  # noqa: E402

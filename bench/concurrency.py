@@ -5,7 +5,7 @@ It starts the server the way `make serve` does, then runs `python -m client benc
 with the same prompts: `--concurrency 16` and `--one-at-a-time` (the article's way of
 serving). Figures, not assertions: speed targets live in benchmarks, not tests.
 
-Results stay under bench/<time>/ (ignored by git): each run's results.json (with the
+Results stay under bench/results/<time>/ (ignored by git): each run's results.json (with the
 host's CPUs, load average before and after, versions and commit) and plot, and
 compare.png with both runs overlaid. Before each run it waits (up to 90 s) for the load
 average to fall below half the CPUs; a run on a busy machine is flagged with a WARNING.
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "mistral-trt-truss" / "packages"), str(REPO)]
 
 from client.bench import default_out_dir  # noqa: E402

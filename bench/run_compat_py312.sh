@@ -2,16 +2,16 @@
 # `make test-compat` on the GPU machine: the same serving unit tests under TensorRT-LLM
 # 1.2.1's pins, on Python 3.12 (the release image's; not installable on the dev machines).
 # That machine has Python 3.12.3 and torch 2.11 but no registry, and a device call carries
-# at most 64 MiB, so the wheels travel in two parts (tests/bench/compat_py312/wheels-*.txt,
+# at most 64 MiB, so the wheels travel in two parts (bench/compat_py312/wheels-*.txt,
 # ~58 + ~18 MiB) and are installed into .venv-compat312/site (ignored; it stays while the
 # machine is warm), ahead of the machine's own packages on PYTHONPATH. torch and triton
 # are the machine's (the compat venv deviates on torch too: mistral_build.image).
 #
-#   here:   tests/bench/run_compat_py312.sh download a     # .whl/ <- part a (cp312 wheels;
+#   here:   bench/run_compat_py312.sh download a     # .whl/ <- part a (cp312 wheels;
 #           PYVER=3.11 for a rehearsal here with PY=.venv/bin/python)
-#   device: bash tests/bench/run_compat_py312.sh install   # carry .whl
-#   here:   tests/bench/run_compat_py312.sh download b
-#   device: bash tests/bench/run_compat_py312.sh install && bash tests/bench/run_compat_py312.sh test
+#   device: bash bench/run_compat_py312.sh install   # carry .whl
+#   here:   bench/run_compat_py312.sh download b
+#   device: bash bench/run_compat_py312.sh install && bash bench/run_compat_py312.sh test
 #
 # `test` builds the dev model with these pins' transformers (.venv-compat312/dev-model)
 # and runs COMPAT_TESTS (the same globs as the Makefile; tests/unit/test_requirements_compat.py
@@ -19,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python3}
-HERE=tests/bench/compat_py312
+HERE=bench/compat_py312
 SITE=.venv-compat312/site
 COMPAT_TESTS=(tests/unit/test_tokenizer*.py tests/unit/test_chat*.py
   tests/unit/test_detokenizer*.py tests/unit/test_streaming*.py tests/unit/test_server.py

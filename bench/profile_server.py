@@ -13,7 +13,7 @@ prompts, `python -m client bench`'s raw client in 4 processes):
 then the engine alone in-process (`gpu_bench.py engine`'s drive) for runs 1 and 4's loads.
 
 Everything goes under --out: results.jsonl (rows + timings), the py-spy files, the server log.
-`tests/bench/profile_summary.py` turns the py-spy files into the text summary in docs/perf/.
+`bench/profile_summary.py` turns the py-spy files into the text summary in docs/perf/.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import gpu_bench as gb  # noqa: E402  - the same helpers and rows as the round's
 # BENCH_PACKAGES: another copy of the serving packages (e.g. the last commit's) for both the
 # server and the in-process engine, so that uncommitted work in the tree is not measured.
 PACKAGES = os.environ.get("BENCH_PACKAGES") or str(
-    Path(__file__).resolve().parents[2] / "mistral-trt-truss/packages"
+    Path(__file__).resolve().parents[1] / "mistral-trt-truss/packages"
 )
 sys.path.insert(0, PACKAGES)
 

@@ -3,7 +3,7 @@ greedy requests and one echo (prompt logprobs) request of N prompt tokens, submi
 together while a running request keeps the engine busy (so they share a step where the
 admission rule lets them).
 
-    PYTHONPATH=mistral-trt-truss/packages .venv/bin/python tests/bench/prefill_peak.py \\
+    PYTHONPATH=mistral-trt-truss/packages .venv/bin/python bench/prefill_peak.py \\
         2000 .cache/dev-model [PREFILL_LOGITS_BYTES]
 """
 

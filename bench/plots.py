@@ -1,6 +1,6 @@
 """Plots for docs/performance.md from the device runs' results (docs/perf/run*-results.jsonl).
 
-python tests/bench/plots.py   # writes docs/perf/engine-variants.png
+python bench/plots.py   # writes docs/perf/engine-variants.png
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PERF = ROOT / "docs/perf"
 
 

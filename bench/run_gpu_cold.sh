@@ -5,10 +5,10 @@
 # -> the in-process engine at 128/128 and 1024/256. Same preparation as run_gpu.sh.
 set -u -o pipefail
 BUDGET=${BUDGET:-330}
-source tests/bench/gpu_env.sh
+source bench/gpu_env.sh
 
 $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]"
-for EV in ${EVICT:-all artifact}; do $PY tests/bench/cold_start.py "$ART" --evict $EV ${MBS:+--max-batch-size $MBS} --out "$R"; done
+for EV in ${EVICT:-all artifact}; do $PY bench/cold_start.py "$ART" --evict $EV ${MBS:+--max-batch-size $MBS} --out "$R"; done
 for EP in off on; do
   timeout $(left 60) $B service "$ART" .benchcarry/ctx/app --evict-artifact ${MBS:+--max-batch-size $MBS} \
     --set engine_process=$EP --concurrency 1 $([ $EP = off ] && echo "--text-levels ${TEXT_LEVELS:-1 64 256}") \

@@ -8,10 +8,10 @@
 #   .whl/                 wheels of the server's requirements the device image lacks
 #   .benchcarry/ctx/app   the rendered Truss app dir (local_server.prepare_app_dir)
 #   .benchcarry/tok/      the dev tokenizer files
-# Usage (device tool): bash tests/bench/run_gpu.sh   (results under $OUT)
+# Usage (device tool): bash bench/run_gpu.sh   (results under $OUT)
 set -u -o pipefail
 BUDGET=${BUDGET:-540}            # seconds for the whole run
-source tests/bench/gpu_env.sh
+source bench/gpu_env.sh
 gpu_mem() { nvidia-smi --query-gpu=memory.used --format=csv,noheader 2>/dev/null | sed "s/^/$1: GPU memory used /" | tee -a "$OUT/env.txt"; }
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
   nproc; free -g | head -2; df -h /tmp | tail -1

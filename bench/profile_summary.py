@@ -6,7 +6,7 @@ the figures, the per-wave arrival and first-token times from the request log, a 
 the event loop and the engine thread, stops where both threads sit on one line, the engine's
 prefill calls, and the event loop's top functions during the ramp and during steady decode.
 
-    python tests/bench/profile_summary.py OUT_DIR [--rate 200] > docs/perf/runN-profile.txt
+    python bench/profile_summary.py OUT_DIR [--rate 200] > docs/perf/runN-profile.txt
 """
 
 from __future__ import annotations

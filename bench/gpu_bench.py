@@ -1,5 +1,5 @@
 """GPU benchmark of the PyTorch engine and the service, one step per subcommand;
-`tests/bench/run_gpu.sh` runs them all in one device call. Prints one JSON line per figure
+`bench/run_gpu.sh` runs them all in one device call. Prints one JSON line per figure
 (and appends it to --out).
 
   make-artifact DIR   a Mistral-7B-shaped bf16 checkpoint with random weights (no download),
@@ -14,7 +14,7 @@
                       tokens teacher-forced through an fp32 reference vs plain HF bf16
   service DIR APP     the real Truss server on DIR: start-to-ready, then the load of
                       `python -m client bench` (client/bench.py) at several concurrency levels
-  peer DIR            `transformers serve --continuous-batching` on DIR (tests/bench/
+  peer DIR            `transformers serve --continuous-batching` on DIR (bench/
                       peer_serve.py), the same client with text prompts
 """
 
@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
 
 # One benchmark client and one set of metric definitions for every figure.
@@ -624,7 +624,7 @@ def start_server(
     `packages` (default: this repo's); (the server, seconds from launch to ready)."""
     from mistral_build.local_server import LocalServer
 
-    packages = packages or str(Path(__file__).resolve().parents[2] / "mistral-trt-truss/packages")
+    packages = packages or str(Path(__file__).resolve().parents[1] / "mistral-trt-truss/packages")
     path = os.pathsep.join(p for p in (packages, os.environ.get("PYTHONPATH", "")) if p)
     log_path = Path(log) if log else None
     started = time.perf_counter()

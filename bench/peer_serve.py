@@ -3,7 +3,7 @@ with one addition: its /v1/completions stream ends without OpenAI's `data: [DONE
 terminator (transformers 5.17), which `python -m client bench` requires, so each stream
 gets that one line appended. Nothing else about the server changes.
 
-    python tests/bench/peer_serve.py MODEL_DIR --continuous-batching --port 8000 ...
+    python bench/peer_serve.py MODEL_DIR --continuous-batching --port 8000 ...
 """
 
 from __future__ import annotations

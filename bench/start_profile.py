@@ -1,7 +1,7 @@
 """Where a warm engine start's seconds go: `start_torch_engine` under cProfile, and which
 heavy modules the load imports.
 
-    python tests/bench/start_profile.py ARTIFACT [--device cuda] [--kv-cache static] [--top 35]
+    python bench/start_profile.py ARTIFACT [--device cuda] [--kv-cache static] [--top 35]
 
 Imports torch and transformers and sets up the device first (not counted), then loads the
 engine the way the server does. Prints the load time, the modules it imported (how many,
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
 
 HEAVY = (

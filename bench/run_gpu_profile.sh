@@ -7,14 +7,14 @@
 set -u -o pipefail
 OUT=${OUT:-/tmp/profile-out}
 BUDGET=${BUDGET:-380}
-source tests/bench/gpu_env.sh
+source bench/gpu_env.sh
 SPY=${SPY:-$(command -v py-spy || echo /tmp/site/bin/py-spy)}
 # The last commit's serving code (git archive HEAD), not uncommitted work in the tree:
 [ -d .benchcarry/head ] && export BENCH_PACKAGES=$PWD/.benchcarry/head/mistral-trt-truss/packages
 { nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv; nproc; $SPY --version; } 2>&1 | tee "$OUT/env.txt"
-$PY tests/bench/gpu_bench.py make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} \
+$PY bench/gpu_bench.py make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} \
   --out "$OUT/results.jsonl" 2>&1 | grep -v "it/s]"
-timeout ${TLIM:-400} $PY tests/bench/profile_server.py "$ART" .benchcarry/ctx/app --out "$OUT" \
+timeout ${TLIM:-400} $PY bench/profile_server.py "$ART" .benchcarry/ctx/app --out "$OUT" \
   --pyspy "$SPY" --budget $BUDGET ${MBS:+--max-batch-size $MBS --concurrency $MBS} \
   ${LPW:+--long-per-worker $LPW} 2>&1 | grep -v "it/s]" | tee "$OUT/driver.log"
 gzip -f "$OUT/server.log"; ls -la "$OUT"

@@ -17,7 +17,7 @@ Two parts:
    the steadiest on a shared machine), not per-request ones. Each point runs `--rounds`
    times, formats interleaved, and the medians are printed.
 
-`python tests/bench/guided_bench.py --help`; the figures go to docs/performance.md.
+`python bench/guided_bench.py --help`; the figures go to docs/performance.md.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 import requests
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "mistral-trt-truss" / "packages")]
 
 from client.hostinfo import process_cpu_seconds  # noqa: E402

@@ -2,7 +2,7 @@
 compiled in a fresh process (real xgrammar, the dev model's Mistral tokenizer, the same
 options as the server), killed past a time limit.
 
-    .venv/bin/python tests/bench/grammar_limits_bench.py [--timeout 25] [NAME ...]
+    .venv/bin/python bench/grammar_limits_bench.py [--timeout 25] [NAME ...]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "mistral-trt-truss" / "packages"))
 
 

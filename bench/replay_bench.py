@@ -6,7 +6,7 @@ completions, token-id prompts) and reads the server process's CPU time, so the f
 tokens per second per core of the server alone (the load client runs in this process, on
 other cores).
 
-    python tests/bench/replay_bench.py [--concurrency 256] [--output-len 256] \
+    python bench/replay_bench.py [--concurrency 256] [--output-len 256] \
         [--profile docs/replay-profile.txt]   # py-spy: self time per function
         [--set http_parser=h11] [--context .benchcarry/ctx]  # a setting; no truss package
 
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
 
 from client.bench import closed_loop_level  # noqa: E402

@@ -3,7 +3,7 @@
 for both halves of each message's trip (the engine process builds and encodes it, the
 server decodes it and builds what the streams take). Figures, not a test.
 
-    .venv/bin/python tests/bench/ipc_codec.py [--repeat 7] [--json OUT]
+    .venv/bin/python bench/ipc_codec.py [--repeat 7] [--json OUT]
 
 Payloads: a Step of N events (one new token each, as a decode step of N running requests
 sends; and with logprobs, top 5, as `logprobs: 5` asks), and an Add (what `generate`
@@ -23,7 +23,7 @@ import timeit
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "mistral-trt-truss" / "packages"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mistral-trt-truss" / "packages"))
 
 from mistral_serving.engines.base import (  # noqa: E402
     EngineError,

@@ -18,4 +18,4 @@ L=${LOGS:-/tmp/bench-logs}; mkdir -p "$L"
 snap() { tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null; }
 at() { echo $((START + BUDGET * $1 / 100)); }   # a deadline: percent of the budget
 left() { echo $(( $(at $1) - $(date +%s) )); }   # seconds until it (a phase's timeout)
-B="$PY tests/bench/gpu_bench.py"
+B="$PY bench/gpu_bench.py"

@@ -6,10 +6,10 @@
 #      with the whole page cache dropped (cold start), same sweeps, its GC pauses
 #   -> the same server with http_parser=h11 at 128/128 (the parser's share; SKIP_H11=1: not)
 # Prepared as for run_gpu.sh (docs/performance.md: .whl/, .benchcarry/ctx/app, .benchcarry/tok).
-# Usage (device tool): bash tests/bench/run_gpu_server.sh   (results under $OUT)
+# Usage (device tool): bash bench/run_gpu_server.sh   (results under $OUT)
 set -u -o pipefail
 BUDGET=${BUDGET:-420}
-source tests/bench/gpu_env.sh
+source bench/gpu_env.sh
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
   df -h /tmp | tail -1; $PY -c 'import torch, uvloop, httptools; print("torch", torch.__version__)'
 } 2>&1 | tee "$OUT/env.txt"

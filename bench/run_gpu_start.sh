@@ -5,13 +5,13 @@
 # with the whole page cache dropped, once per load_prefetch_threads value in $PREFETCH
 # (start -> ready only; the server log's phase lines are printed).
 # Prepared as for run_gpu.sh (docs/performance.md: .whl/, .benchcarry/ctx/app, .benchcarry/tok).
-# Usage (device tool): bash tests/bench/run_gpu_start.sh   (results under $OUT)
+# Usage (device tool): bash bench/run_gpu_start.sh   (results under $OUT)
 set -u -o pipefail
-source tests/bench/gpu_env.sh
+source bench/gpu_env.sh
 
 $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]"
 $B prepare-verify "$ART" --verify "$CACHE" ${DROP---drop-page-cache} --out "$R"
-[ -n "${SKIP_PHASES:-}" ] || $PY tests/bench/cold_start.py "$ART" --evict ${DROP+artifact}${DROP-all} \
+[ -n "${SKIP_PHASES:-}" ] || $PY bench/cold_start.py "$ART" --evict ${DROP+artifact}${DROP-all} \
   ${MBS:+--max-batch-size $MBS} --out "$R"
 for T in ${PREFETCH:-8 2 1 0}; do
   $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} --start-only ${MBS:+--max-batch-size $MBS} \

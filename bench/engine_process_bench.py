@@ -4,7 +4,7 @@ against each (default: 16 concurrent streams, 64 tokens in / 128 out). Figures, 
 assertions. Each server is started, measured and stopped in turn, so the two never share
 the CPUs. Also counts the CPU seconds of the server and of its engine process.
 
-    python tests/bench/engine_process_bench.py [--concurrency 16] [--requests 32]
+    python bench/engine_process_bench.py [--concurrency 16] [--requests 32]
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "mistral-trt-truss" / "packages"), str(REPO)]
 
+from bench.concurrency import settle  # noqa: E402
 from mistral_build.dev_model import build_dev_model  # noqa: E402
 from mistral_build.local_server import (  # noqa: E402
     LocalServer,
@@ -27,7 +28,6 @@ from mistral_build.local_server import (  # noqa: E402
     prepare_app_dir,
     render_build_context,
 )
-from tests.bench.concurrency import settle  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
