@@ -30,7 +30,7 @@ Structured output (`guided`) needs `engine.guided` set (a `mistral_serving.engin
 decoder: its per-request matcher masks each row before sampling and is told each chosen
 token); without it such a request is refused with a 4xx.
 
-The fast path is `pytorch_static.py` (preallocated KV slots, our own Llama/Mistral forward
+The fast path is `static.py` (preallocated KV slots, our own Llama/Mistral forward
 pass, CUDA graphs): 6.4x this engine's throughput at 256 concurrent requests and 13x for
 one stream on an H200. `factory.py` picks (`pytorch_kv_cache: auto`: static on a CUDA GPU
 for the architectures it supports).

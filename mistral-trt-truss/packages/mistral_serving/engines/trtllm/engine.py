@@ -3,7 +3,7 @@
 `LlmApiEngine` holds everything both TensorRT-LLM engine kinds share: the sampling mapping,
 streaming, abort, per-request errors, health, shutdown and the KV-cache gauge.
 `TrtLlmEngine` (here) serves a TensorRT engine directory; `TrtLlmPytorchEngine`
-(`trtllm_pytorch.py`) serves a Hugging Face checkpoint with the PyTorch backend.
+(`pytorch_backend.py`) serves a Hugging Face checkpoint with the PyTorch backend.
 
 What is called, and the source file (NVIDIA/TensorRT-LLM) each fact was read from:
 
