@@ -1,7 +1,7 @@
 """Per-chunk cost of the OpenAI stream encoding: `OpenAIFormat.stream_events` over N
 one-word chunks, plain and with logprobs (timeit-style: several repeats, the best).
 
-    .venv/bin/python tests/bench/chunk_bench.py
+    PYTHONPATH=mistral-trt-truss/packages .venv/bin/python tests/bench/chunk_bench.py
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def per_chunk_us(chat: bool, logprobs: bool, usage: bool) -> float:
     for _ in range(REPEATS):
         record = RequestRecord(request_id="r", route="bench", finish_reason="length")
 
-        async def drain() -> int:
-            return sum([len(e) async for e in fmt.stream_events(call, _chunks(logprobs), record)])
+        async def drain(record: RequestRecord = record) -> int:
+            events = fmt.stream_events(call, _chunks(logprobs), record)
+            return sum([len(e) async for e in events])
 
         start = time.perf_counter()
         asyncio.run(drain())
