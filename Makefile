@@ -74,32 +74,55 @@ test: $(DEV_MODEL)
 	$(MAKE) typecheck
 	$(PY) -m pytest
 
-# The production image runs our code on TensorRT-LLM's pins (transformers, mistral-common,
-# numpy<2, ...: mistral_build.image.TRTLLM_PINS). A second venv takes them as pip
-# constraints, read from there (less image.COMPAT_DEVIATIONS), and runs the tokenizer, chat,
-# detokenizer and streaming unit tests on them. COMPAT_PINS only picks versions within them.
+# The production image runs our code on TensorRT-LLM 1.2.1's pins (transformers 4.57.3,
+# mistral-common 1.8.6, numpy<2, fastapi<=0.121.3 and its starlette, ...:
+# mistral_build.image.TRTLLM_PINS). A second venv takes them as pip constraints, read from
+# there (less image.COMPAT_DEVIATIONS), builds its own dev model with its own transformers
+# (MISTRAL_DEV_MODEL_DIR points the tests at it) and runs the serving unit tests on them:
+# server, frontend, protocols, artifacts, streaming, detokenizer, tokenizer, chat.
+# COMPAT_PINS only picks versions within the constraints (protobuf: transformers 4.57's slow
+# Llama tokenizer needs it to write the dev model; xgrammar 0.1.25 is TensorRT-LLM
+# 1.2.1's own pin; fastapi 0.121.3 the newest it allows). The venv is rebuilt only when
+# these pins or image.py change (COMPAT_REQS), not on every Makefile edit.
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 COMPAT_STAMP := $(COMPAT_VENV)/.installed
 COMPAT_CONSTRAINTS := $(COMPAT_VENV)/constraints.txt
+COMPAT_REQS := $(COMPAT_VENV)/pins.txt
+COMPAT_DEV_MODEL_DIR := $(CURDIR)/$(COMPAT_VENV)/dev-model
+COMPAT_DEV_MODEL := $(COMPAT_DEV_MODEL_DIR)/build_manifest.json
 COMPAT_PINS := transformers tokenizers==0.22.2 huggingface_hub==0.36.2 mistral-common numpy \
   torch==2.13.0 sentencepiece==0.2.3 safetensors==0.8.0 pydantic==2.14.4 \
-  prometheus-client==0.26.0 requests==2.34.2 "pyyaml>=6" pytest==9.2.0 hypothesis==6.170.17
+  prometheus-client==0.26.0 requests==2.34.2 "pyyaml>=6" pytest==9.2.0 hypothesis==6.170.17 \
+  fastapi==0.121.3 starlette httpx==0.28.1 xgrammar==0.1.25 protobuf==7.36.2
 COMPAT_TESTS = $(wildcard tests/unit/test_tokenizer*.py tests/unit/test_chat*.py \
-  tests/unit/test_detokenizer*.py tests/unit/test_streaming*.py)
+  tests/unit/test_detokenizer*.py tests/unit/test_streaming*.py tests/unit/test_server.py \
+  tests/unit/test_frontend*.py tests/unit/test_protocol_*.py tests/unit/test_artifacts*.py)
 
-$(COMPAT_STAMP): Makefile mistral_build/image.py | $(STAMP)
-	rm -rf $(COMPAT_VENV)
+# Rewritten (when test-compat is asked for) only when its content changes, so its mtime
+# says "the pins changed".
+ifneq ($(filter test-compat,$(MAKECMDGOALS)),)
+_ := $(shell mkdir -p $(COMPAT_VENV) && printf '%s\n' $(COMPAT_PINS) | cmp -s - $(COMPAT_REQS) \
+  || printf '%s\n' $(COMPAT_PINS) > $(COMPAT_REQS))
+endif
+
+$(COMPAT_STAMP): $(COMPAT_REQS) mistral_build/image.py | $(STAMP)
+	rm -rf $(COMPAT_VENV)/bin $(COMPAT_VENV)/lib $(COMPAT_VENV)/include $(COMPAT_VENV)/dev-model
 	$(PYTHON) -m venv $(COMPAT_VENV)
 	PYTHONPATH=mistral-trt-truss/packages $(PY) -c "from mistral_build.image import compat_constraints; \
 	  print(*compat_constraints(), sep='\\n')" > $(COMPAT_CONSTRAINTS)
-	$(COMPAT_PY) -m pip install -q $(COMPAT_PINS) -c $(COMPAT_CONSTRAINTS)
+	$(COMPAT_PY) -m pip install -q -r $(COMPAT_REQS) -c $(COMPAT_CONSTRAINTS)
 	touch $(COMPAT_STAMP)
 
-test-compat: $(COMPAT_STAMP) $(DEV_MODEL)
-	@test -n "$(COMPAT_TESTS)" || { echo "test-compat: no tokenizer/chat/detokenizer/streaming unit tests found"; exit 1; }
-	$(COMPAT_PY) -c "import transformers, mistral_common; print('transformers', transformers.__version__, 'mistral-common', mistral_common.__version__)"
-	$(COMPAT_PY) -m pytest -p no:cacheprovider $(COMPAT_TESTS)
+# The compat venv's own dev model, built by its own transformers (what the image would write).
+$(COMPAT_DEV_MODEL): $(COMPAT_STAMP) mistral_build/dev_model.py
+	$(COMPAT_PY) build.py dev-model --force --out $(COMPAT_DEV_MODEL_DIR)
+
+test-compat: $(COMPAT_STAMP) $(COMPAT_DEV_MODEL)
+	@test -n "$(COMPAT_TESTS)" || { echo "test-compat: no serving unit tests found"; exit 1; }
+	$(COMPAT_PY) -c "from importlib.metadata import version as v; \
+	  print(*(f'{p} {v(p)}' for p in ('transformers', 'mistral-common', 'fastapi', 'starlette', 'numpy', 'xgrammar')), sep=', ')"
+	MISTRAL_DEV_MODEL_DIR=$(COMPAT_DEV_MODEL_DIR) $(COMPAT_PY) -m pytest -q -p no:cacheprovider $(COMPAT_TESTS)
 
 # Third-party tools whose dependencies clash with the dev venv (guidellm needs numpy>=2;
 # the Truss server's constraints keep numpy<2) get a venv of their own, every package

@@ -110,6 +110,12 @@ class DeploySettings(BaseModel):
     gpu_count: int = Field(
         1, ge=1, le=8, description="GPUs per pod = the engine's tensor-parallel size."
     )
+    gpu_driver_version: Literal["latest", "default"] = Field(
+        "latest",
+        description="GKE node label cloud.google.com/gke-gpu-driver-version the pods select: "
+        "the node pool's gpu-driver-version. The image is CUDA 13.0 and needs an R580 "
+        "driver (>= 580.65.06), which GKE's `latest` has on current versions.",
+    )
 
     # Replicas and autoscaling.
     replicas: int = Field(1, ge=1, description="Initial replicas = HPA minimum.")
@@ -244,6 +250,11 @@ class DeploySettings(BaseModel):
     @property
     def image_ref(self) -> str:
         return f"{self.image}:{self.image_tag}"
+
+    @property
+    def verify_image_ref(self) -> str:
+        """The verify image (`build.py image` builds it beside the serving image)."""
+        return f"{self.image}:{self.image_tag}-verify"
 
     @property
     def gke_accelerator(self) -> str:

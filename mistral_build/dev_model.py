@@ -65,6 +65,14 @@ def write_tokenizer(out: Path) -> None:
         out, legacy=False, clean_up_tokenization_spaces=False, add_bos_token=True
     )
     tok.save_pretrained(out)
+    if not (out / "tokenizer.json").is_file():
+        # transformers 4.x (the TensorRT-LLM image's 4.57): LlamaTokenizer is the slow one and
+        # writes no tokenizer.json; its fast twin converts the same SentencePiece model.
+        from transformers import LlamaTokenizerFast
+
+        LlamaTokenizerFast.from_pretrained(
+            out, legacy=False, clean_up_tokenization_spaces=False, add_bos_token=True
+        ).save_pretrained(out)
     portable_tokenizer_config(out)
 
 

@@ -28,10 +28,16 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from mistral_build.gpu import TARGETS, BuildGpu, detect_gpus, matches_target, supports_fp8
-from mistral_build.image import BASE_IMAGE
+from mistral_build.gpu import (
+    TARGETS,
+    BuildGpu,
+    capability_tuple,
+    detect_gpus,
+    matches_target,
+    supports_fp8,
+)
 from mistral_build.paths import REPO_ROOT
 from mistral_build.publish import (
     ArtifactError,
@@ -39,6 +45,8 @@ from mistral_build.publish import (
     hf_token_from_env,
     push_artifact,
 )
+from mistral_build.release import BASE_IMAGE
+from mistral_serving import driver
 from mistral_serving.manifest import BuildManifest, GpuRecord
 
 DEFAULT_MODEL = "mistralai/Mistral-7B-Instruct-v0.2"
@@ -53,7 +61,8 @@ TRTLLM_IMAGE = BASE_IMAGE
 DEFAULT_EXAMPLES_DIR = "/app/tensorrt_llm/examples"
 HEARTBEAT_S = 15.0
 
-Quantization = Literal["none", "int8_wo", "int4_wo", "int4_awq", "fp8"]
+Quantization = Literal["none", "int8_sq", "int8_wo", "int4_wo", "int4_awq", "fp8"]
+KvCacheDtype = Literal["auto", "int8"]
 Backend = Literal["tensorrt_llm", "pytorch"]
 GpuTargetName = Literal["a100", "h100", "h200", "l4"]
 
@@ -79,12 +88,16 @@ class EngineOptions(BaseModel):
     checkpoint_dir: Path | None = None
     backend: Backend = "tensorrt_llm"
     dev: bool = False
-    dtype: Literal["float16", "bfloat16"] = "float16"
+    # None: chosen from the target GPU (`default_dtype`, `default_max_batch_size`) and,
+    # for the batch size, from the build GPU's memory once it is seen (`run_engine`).
+    dtype: Literal["float16", "bfloat16"] | None = None
     quantization: Quantization = "none"
+    smoothquant_alpha: float = Field(0.5, ge=0, le=1)
+    kv_cache_dtype: KvCacheDtype = "auto"
     calib_size: int = Field(512, ge=1)
     calib_dataset: str | None = None
     tp_size: int = Field(1, ge=1)
-    max_batch_size: int = Field(64, ge=1)
+    max_batch_size: int | None = Field(None, ge=1)
     max_input_len: int = Field(32256, ge=1)
     max_seq_len: int = Field(32768, ge=2)
     max_num_tokens: int = Field(8192, ge=1)
@@ -96,6 +109,18 @@ class EngineOptions(BaseModel):
     push_revision: str = "main"
     private: bool = True
     dry_run: bool = False
+
+    @model_validator(mode="after")
+    def _target_defaults(self) -> EngineOptions:
+        # Filled here so that every use (slug, commands, manifest) sees one value; an
+        # explicit value stays in model_fields_set, a default does not.
+        if self.dtype is None:
+            self.dtype = default_dtype(self.gpu)
+            self.__pydantic_fields_set__.discard("dtype")
+        if self.max_batch_size is None:
+            self.max_batch_size = default_max_batch_size(self.gpu, None)
+            self.__pydantic_fields_set__.discard("max_batch_size")
+        return self
 
     @property
     def source_label(self) -> str:
@@ -126,6 +151,32 @@ class EngineOptions(BaseModel):
         return out.with_name(out.name + ".work")
 
 
+# Memory of the GPU each target names when the build machine's GPU is not seen (a dry run):
+# GKE's `nvidia-tesla-a100` is the 40 GB A100, `nvidia-h100-80gb` the 80 GB H100.
+TARGET_MEMORY_GIB: dict[str, int] = {"a100": 40, "h100": 80, "h200": 141, "l4": 24}
+
+
+def default_dtype(target: str) -> Literal["float16", "bfloat16"]:
+    """bf16 on sm80+ (every target we build for): Mistral's weights are bf16, and fp16's
+    narrower range can overflow in activations where bf16 does not; fp16 only before
+    Ampere, which has no bf16 tensor cores."""
+    return (
+        "bfloat16" if capability_tuple(TARGETS[target].compute_capability) >= (8, 0) else "float16"
+    )
+
+
+def default_max_batch_size(target: str, memory_mib: int | None) -> int:
+    """Requests decoded together. A Mistral-7B bf16 engine leaves ~60 GB of KV cache on an
+    80 GB GPU, about 185 requests of the default size (docs/deploy.md), so a cap of 64
+    idles most of it: 256 on 80 GB and up, 128 on 40 GB, 64 below."""
+    gib = memory_mib / 1024 if memory_mib else TARGET_MEMORY_GIB[target]
+    if gib >= 70:
+        return 256
+    if gib >= 35:
+        return 128
+    return 64
+
+
 class ModelFacts(BaseModel):
     """What the checks need to know about the source model."""
 
@@ -142,6 +193,13 @@ class BuildFacts(BaseModel):
     free_disk_bytes: int
     trtllm_version: str | None = None  # None: tensorrt_llm is not importable
     tensorrt_version: str | None = None
+    driver_version: str | None = None  # None: no NVIDIA driver found
+    image_cuda: str | None = None  # the CUDA toolkit here (the release image's), major.minor
+
+    def driver_report(self) -> driver.DriverReport:
+        major = int(self.image_cuda.split(".")[0]) if self.image_cuda else None
+        minimum = driver.MIN_DRIVER.get(major) if major is not None else None
+        return driver.DriverReport(self.driver_version, self.image_cuda, minimum)
 
 
 def model_facts_from_config(config: dict) -> ModelFacts:
@@ -180,6 +238,7 @@ KNOWN_MODELS: dict[str, ModelFacts] = {
 
 BYTES_PER_PARAM: dict[str, float] = {
     "none": 2.0,  # float16 / bfloat16
+    "int8_sq": 1.0,
     "int8_wo": 1.0,
     "fp8": 1.0,
     "int4_wo": 0.5,
@@ -212,6 +271,12 @@ def check_options(opts: EngineOptions, model: ModelFacts | None) -> list[str]:
         problems.append("--dev builds the tiny PyTorch dev model: use it with --backend pytorch")
     if opts.backend == "pytorch" and opts.quantization != "none":
         problems.append("--quantization applies to TensorRT-LLM engines, not --backend pytorch")
+    if opts.kv_cache_dtype == "int8" and opts.quantization == "fp8":
+        problems.append(
+            "--kv-cache-dtype int8 with --quantization fp8: FP8 builds keep an FP8 KV cache"
+        )
+    if opts.backend == "pytorch" and opts.kv_cache_dtype != "auto":
+        problems.append("--kv-cache-dtype applies to TensorRT-LLM engines, not --backend pytorch")
     if opts.max_input_len >= opts.max_seq_len:
         problems.append(
             f"--max-input-len {opts.max_input_len} must be below --max-seq-len "
@@ -258,6 +323,8 @@ def check_environment(
                 f"tensorrt_llm {facts.trtllm_version} is installed; this pipeline targets "
                 f"{TRTLLM_SERIES}x (engine flags and layout differ between lines): use {TRTLLM_IMAGE}"
             )
+        if facts.driver_report().too_old:
+            problems.append(facts.driver_report().refusal())
         if not facts.gpus:
             problems.append(
                 f"no NVIDIA GPU found (nvidia-smi lists none): an engine must be built on a GPU "
@@ -323,7 +390,7 @@ def convert_command(opts: EngineOptions, paths: BuildPaths, python: str) -> list
     common = [
         "--model_dir", str(paths.source_dir),
         "--output_dir", str(paths.trtllm_checkpoint_dir),
-        "--dtype", opts.dtype,
+        "--dtype", str(opts.dtype),
         "--tp_size", str(opts.tp_size),
     ]  # fmt: skip
     if opts.quantization in ("int4_awq", "fp8"):
@@ -334,6 +401,8 @@ def convert_command(opts: EngineOptions, paths: BuildPaths, python: str) -> list
         argv += ["--qformat", opts.quantization, "--calib_size", str(opts.calib_size)]
         if opts.quantization == "int4_awq":
             argv += ["--awq_block_size", "128"]
+            if opts.kv_cache_dtype == "int8":
+                argv += ["--kv_cache_dtype", "int8"]
         else:
             argv += ["--kv_cache_dtype", "fp8"]  # FP8 KV cache halves its memory on Hopper/Ada
         if opts.calib_dataset:
@@ -344,6 +413,20 @@ def convert_command(opts: EngineOptions, paths: BuildPaths, python: str) -> list
     argv = [python, f"{opts.examples_dir}/models/core/llama/convert_checkpoint.py", *common]
     if opts.quantization in ("int8_wo", "int4_wo"):
         argv += ["--use_weight_only", "--weight_only_precision", opts.quantization[:4]]
+    if opts.quantization == "int8_sq":
+        # SmoothQuant W8A8 (args_to_quant_config: --smoothquant with --per_channel and
+        # --per_token is W8A8_SQ_PER_CHANNEL_PER_TOKEN_PLUGIN): INT8 tensor-core GEMMs on
+        # A100 for weights and activations, per-token/per-channel scales for accuracy.
+        argv += ["--smoothquant", str(opts.smoothquant_alpha), "--per_channel", "--per_token"]
+    if opts.kv_cache_dtype == "int8":
+        # INT8 KV cache (QuantAlgo.INT8 for kv_cache_quant_algo): half the KV bytes, so
+        # twice the tokens in flight on an A100, which has no FP8.
+        argv += ["--int8_kv_cache"]
+    if opts.quantization == "int8_sq" or opts.kv_cache_dtype == "int8":
+        # Both calibrate on sample text (activation and KV scales).
+        argv += ["--calib_size", str(opts.calib_size)]
+        if opts.calib_dataset:
+            argv += ["--calib_dataset", opts.calib_dataset]
     return argv
 
 
@@ -371,6 +454,9 @@ def build_command(opts: EngineOptions, paths: BuildPaths) -> list[str]:
         "--max_seq_len", str(opts.max_seq_len),
         "--max_num_tokens", str(opts.max_num_tokens),
         "--max_beam_width", "1",
+        # Several TensorRT optimisation profiles (by token count): small decode batches
+        # and large prefills each get kernels tuned for their shape; a longer build.
+        "--multiple_profiles", "enable",
         "--workers", str(opts.tp_size),
         "--log_level", "info",
     ]  # fmt: skip
@@ -414,7 +500,7 @@ def format_command(argv: list[str]) -> str:
         last = groups[-1] if groups else None
         # The program group takes its positional args; a flag group takes one value.
         takes = last is not None and (not last[0].startswith("--") or len(last) == 1)
-        if token.startswith("--") or not takes:
+        if last is None or token.startswith("--") or not takes:
             groups.append([token])
         else:
             last.append(token)
@@ -450,6 +536,8 @@ def gather_facts(opts: EngineOptions) -> BuildFacts:
         free_disk_bytes=free_disk_bytes(opts.resolved_output_dir()),
         trtllm_version=trtllm,
         tensorrt_version=package_version("tensorrt", "tensorrt_cu13", "tensorrt_cu12"),
+        driver_version=driver.driver_version(),
+        image_cuda=driver.image_cuda_version(),
     )
 
 
@@ -540,6 +628,8 @@ def download_source(opts: EngineOptions, dest: Path, token: str | None) -> str:
     from huggingface_hub import HfApi, snapshot_download
 
     sha = HfApi(token=token).model_info(opts.model, revision=opts.revision).sha
+    if sha is None:  # the Hub answers every model with its commit; None only in its types
+        raise RuntimeError(f"{opts.model}@{opts.revision}: the Hub gave no commit sha")
     print(f"[download] {opts.model}@{sha} -> {dest}")
     started = time.monotonic()
     snapshot_download(
@@ -654,6 +744,16 @@ def run_engine(opts: EngineOptions) -> int:
 
     download = opts.checkpoint_dir is None and not opts.dev
     facts = gather_facts(opts)
+    if opts.backend == "tensorrt_llm":
+        print(("# note: " if opts.dry_run else "") + facts.driver_report().line())
+        if "max_batch_size" not in opts.model_fields_set and facts.gpus:
+            memory = facts.gpus[0].memory_mib
+            opts.max_batch_size = default_max_batch_size(opts.gpu, memory)
+            print(
+                ("# note: " if opts.dry_run else "")
+                + f"max_batch_size {opts.max_batch_size}: from the GPU's {memory / 1024:.0f} GiB "
+                "(--max-batch-size overrides)"
+            )
     env_problems = check_environment(opts, facts, model, download)
     if opts.dry_run:
         if opts.backend == "tensorrt_llm":
@@ -737,19 +837,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     b = p.add_argument_group("engine")
     b.add_argument(
-        "--dtype", choices=["float16", "bfloat16"], default=d.dtype, help="Weights/activations."
+        "--dtype",
+        choices=["float16", "bfloat16"],
+        help="Weights/activations (default: bfloat16 on sm80+, every --gpu we build for).",
     )
     b.add_argument(
         "--quantization",
-        choices=["none", "int8_wo", "int4_wo", "int4_awq", "fp8"],
+        choices=["none", "int8_sq", "int8_wo", "int4_wo", "int4_awq", "fp8"],
         default=d.quantization,
-        help="Weight-only INT8/INT4, INT4-AWQ, or FP8 (Ada/Hopper only).",
+        help="INT8 SmoothQuant (W8A8), weight-only INT8/INT4, INT4-AWQ, or FP8 (Ada/Hopper only).",
     )
-    b.add_argument("--calib-size", type=int, default=d.calib_size, help="AWQ/FP8 samples.")
-    b.add_argument("--calib-dataset", help="AWQ/FP8 calibration dataset (name or local dir).")
+    b.add_argument(
+        "--smoothquant-alpha",
+        type=float,
+        default=d.smoothquant_alpha,
+        help="With --quantization int8_sq: how much activation range moves into the weights.",
+    )
+    b.add_argument(
+        "--kv-cache-dtype",
+        choices=["auto", "int8"],
+        default=d.kv_cache_dtype,
+        help="auto: the model's dtype (fp8 with --quantization fp8); int8: half the KV memory.",
+    )
+    b.add_argument(
+        "--calib-size", type=int, default=d.calib_size, help="Calibration samples (SQ/AWQ/FP8/KV)."
+    )
+    b.add_argument("--calib-dataset", help="Calibration dataset (name or local dir).")
     b.add_argument("--tp-size", type=int, default=d.tp_size, help="Tensor-parallel GPUs.")
     b.add_argument(
-        "--max-batch-size", type=int, default=d.max_batch_size, help="Requests per step."
+        "--max-batch-size",
+        type=int,
+        help="Requests per step (default: 256 on an 80 GB GPU, 128 on 40 GB, 64 below).",
     )
     b.add_argument(
         "--max-input-len", type=int, default=d.max_input_len, help="Longest prompt (tokens)."

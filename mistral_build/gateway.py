@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from mistral_build.deploy_settings import DeploySettings
-from mistral_build.k8s import (
+from mistral_build.k8s_objects import (
     GAUGE_KV_CACHE,
     GAUGE_RUNNING,
     GAUGE_WAITING,

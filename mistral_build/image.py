@@ -8,7 +8,12 @@
    `app` user (uid 60000) that the Truss Dockerfile template creates when
    `BT_USE_NON_ROOT_USER` is set, and our launcher (`python3 -m mistral_serving.server`,
    the real Truss server plus our routes) as the container's entry point.
-3. Builds, tags and pushes it with `docker build` / `docker push` when a Docker engine
+   The rendered Dockerfile is then made production-safe (`patch_dockerfile`): tini as
+   PID 1, every install held to the base image's frozen packages (`base_constraints.py`),
+   `pip check` and an import smoke test after the last install, `chown` of only what the
+   server writes. `Dockerfile.verify` beside it builds the verify image (the serving image
+   plus the build tooling) that k8s/verify/job.yaml runs.
+3. Builds, tags and pushes both with `docker build` / `docker push` when a Docker engine
    answers `docker info`; otherwise prints why and the exact commands to run elsewhere.
 """
 
@@ -32,26 +37,26 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
+from mistral_build import base_constraints
 from mistral_build.deploy_settings import (
     DeploySettings,
     DeploySettingsError,
     add_settings_arguments,
     settings_from_args,
 )
+from mistral_build.k8s_objects import NON_ROOT_UID
 from mistral_build.local_server import SERVER_MODULE, render_build_context
 from mistral_build.paths import CACHE_DIR, REPO_ROOT, TRUSS_DIR
+from mistral_build.release import (
+    BASE_IMAGE,
+    BASE_IMAGE_CUDA,
+    BASE_IMAGE_PYTHON,
+    BASE_IMAGE_PYTHON_VERSION,
+    RAISE_NOFILE,
+    TINI,
+    TRTLLM_VERSION,
+)
 from mistral_build.truss_config import truss_config, write_config
-
-# The TensorRT-LLM version our engines are built with, and NVIDIA's release container
-# for it (nvcr.io/nvidia/tensorrt-llm/release:<version>, see TensorRT-LLM's
-# docs/source/installation/containers.md). Engines only run on the TensorRT version they
-# were built with, so the base image and the engine builder must use the same tag.
-TRTLLM_VERSION = "1.2.1"
-BASE_IMAGE = f"nvcr.io/nvidia/tensorrt-llm/release:{TRTLLM_VERSION}"
-# The release image derives from NGC's PyTorch container (Ubuntu 24.04, system Python
-# 3.12, packages in /usr/local/lib/python3.12/dist-packages).
-BASE_IMAGE_PYTHON = "/usr/bin/python3"
-BASE_IMAGE_PYTHON_VERSION = "3.12"
 
 # What the base image has installed that our code and the Truss server also touch:
 # TensorRT-LLM v1.2.1's requirements.txt (tag commit 376f7e1b), plus the bounds that
@@ -240,19 +245,176 @@ def _env(name: str, value: str) -> Iterator[None]:
             os.environ[name] = old
 
 
-def _set_entrypoint(dockerfile: str, python: str) -> str:
-    """Replace truss's `python /app/main.py` with our launcher, /packages on the path."""
+def _replace_once(dockerfile: str, old: str, new: str) -> str:
+    """`old` replaced by `new`; refused unless `old` is there exactly once (truss's
+    template changed under us, and the build would silently lose a step)."""
+    if dockerfile.count(old) != 1:
+        raise RuntimeError(f"rendered Dockerfile has no single {old!r}: truss changed")
+    return dockerfile.replace(old, new)
+
+
+# Where the build keeps the base image's freeze and the constraints made from it.
+BUILD_DIR = "/opt/mtt-build"
+CONSTRAINTS_SCRIPT = "base_constraints.py"  # mistral_build/base_constraints.py
+MAY_MOVE_FILE = "server_may_move.txt"
+BASE_FREEZE = f"{BUILD_DIR}/base-freeze.txt"
+BASE_PIP_CHECK = f"{BUILD_DIR}/base-pip-check.txt"
+BASE_CONSTRAINTS = f"{BUILD_DIR}/base-constraints.txt"
+CUDA_COMPAT_LIB = "/usr/local/cuda/compat/lib.real"  # NGC images: libcuda.so.1 for forward compat
+# What the server must import, checked in the image at build time (no GPU there: CUDA is
+# checked as built, not as available).
+SMOKE_IMPORTS = ("tensorrt_llm", "truss_server", SERVER_MODULE, "torch.cuda")
+# Files and folders under APP_HOME the Truss server writes at run time (model_wrapper.py
+# creates `data` in its working directory); everything else stays root's.
+APP_WRITABLE = ("data",)
+
+
+def server_entrypoint(python: str) -> list[str]:
+    """tini as PID 1, a shell that raises the open-file limit and execs (so tini's child
+    is the server itself, and SIGTERM reaches it), then our launcher."""
+    shell = f'{RAISE_NOFILE}; exec {python} -m {SERVER_MODULE} "$@"'
+    return [TINI, "--", "/bin/sh", "-c", shell, SERVER_MODULE]
+
+
+def smoke_test_command(python: str) -> str:
+    imports = ", ".join(SMOKE_IMPORTS)
+    code = (
+        f"import {imports}; "
+        f"v = tensorrt_llm.__version__; "
+        f"assert v == {TRTLLM_VERSION!r}, f'tensorrt_llm {{v}}, expected {TRTLLM_VERSION}'; "
+        f"c = torch.version.cuda or ''; "
+        f"assert c.split('.')[0] == {BASE_IMAGE_CUDA.split('.')[0]!r}, "
+        f"f'torch built for CUDA {{c!r}}, the image is CUDA {BASE_IMAGE_CUDA}'; "
+        f"print('imports ok: tensorrt_llm', v, 'torch', torch.__version__, 'CUDA', c)"
+    )
+    # No GPU and no driver during `docker build`: should a library need libcuda.so.1 just
+    # to load, the CUDA forward-compatibility copy the NGC image ships stands in (after
+    # any real one on the path; this RUN only, the server never sees it).
+    return f'RUN LD_LIBRARY_PATH="${{LD_LIBRARY_PATH}}:{CUDA_COMPAT_LIB}" {python} -c "{code}"'
+
+
+def patch_dockerfile(dockerfile: str, python: str) -> str:
+    """truss's Dockerfile made production-safe, in build order:
+
+    1. tini, so PID 1 reaps orphans (MPI helpers) and forwards signals;
+    2. the base image's packages frozen (and its own `pip check` recorded) before any
+       install, and every `uv pip install` held to them as constraints;
+    3. `chown` only what the server writes (not /app/tensorrt_llm, not the code);
+    4. after the last install: `pip check` (no problem the base did not have) and an
+       import smoke test of what the server runs;
+    5. our launcher as the entry point, under tini, with /packages on the path.
+    """
+    first_install = "COPY --chown=root:root ./base_server_requirements.txt"
+    b = BUILD_DIR
+    freeze = (
+        f"RUN apt-get update && apt-get install -y --no-install-recommends tini "
+        f"&& rm -rf /var/lib/apt/lists/*\n"
+        f"COPY --chown=root:root ./{CONSTRAINTS_SCRIPT} ./{MAY_MOVE_FILE} {b}/\n"
+        f"RUN {python} -m pip list --format=freeze > {BASE_FREEZE} \\\n"
+        f"    && ({python} -m pip check > {BASE_PIP_CHECK} || true) \\\n"
+        f"    && {python} {b}/{CONSTRAINTS_SCRIPT} freeze {BASE_FREEZE} {b}/{MAY_MOVE_FILE} "
+        f"> {BASE_CONSTRAINTS}\n"
+    )
+    dockerfile = _replace_once(dockerfile, first_install, freeze + first_install)
+    installs = [ln for ln in dockerfile.splitlines() if "uv pip install" in ln]
+    if len(installs) != 2:
+        raise RuntimeError(
+            f"rendered Dockerfile has {len(installs)} uv installs, not 2: truss changed"
+        )
+    for line in installs:
+        dockerfile = _replace_once(
+            dockerfile,
+            line,
+            line.replace(" --no-cache-dir", f" -c {BASE_CONSTRAINTS} --no-cache-dir"),
+        )
+    writable = " ".join(f"${{APP_HOME}}/{d}" for d in APP_WRITABLE)
+    dockerfile = _replace_once(
+        dockerfile,
+        f"RUN chown -R {NON_ROOT_UID}:{NON_ROOT_UID} ${{HOME}} ${{APP_HOME}} {PACKAGES_DIR} /workspace \n",
+        f"RUN mkdir -p {writable} && chown -R {NON_ROOT_UID}:{NON_ROOT_UID} ${{HOME}} /workspace {writable}\n",
+    )
     truss_cmd = json.dumps([python, "/app/main.py"], separators=(", ", ": "))
-    ours = json.dumps([python, "-m", SERVER_MODULE], separators=(", ", ": "))
-    old_line = f"ENTRYPOINT {truss_cmd}"
-    if dockerfile.count(old_line) != 1:
-        raise RuntimeError(f"rendered Dockerfile has no single {old_line!r}: truss changed")
-    new_lines = (
+    ours = json.dumps(server_entrypoint(python), separators=(", ", ": "))
+    return _replace_once(
+        dockerfile,
+        f"ENTRYPOINT {truss_cmd}",
         f'ENV PYTHONPATH="{PACKAGES_DIR}${{PYTHONPATH:+:${{PYTHONPATH}}}}"\n'
         f'ENV SERVER_START_CMD="{python} -m {SERVER_MODULE}"\n'
-        f"ENTRYPOINT {ours}"
+        f"RUN {python} -m pip check | {python} {b}/{CONSTRAINTS_SCRIPT} check {BASE_PIP_CHECK}\n"
+        f"{smoke_test_command(python)}\n"
+        f"ENTRYPOINT {ours}",
     )
-    return dockerfile.replace(old_line, new_lines)
+
+
+# --- the verify image: the serving image plus the build tooling ----------------------
+
+VERIFY_DOCKERFILE = "Dockerfile.verify"
+TOOLS_DIR = "tools"  # in the build context; only Dockerfile.verify copies it
+TOOLS_HOME = "/opt/mistral-trt-truss"
+# What `build.py verify-gpu` needs of the repository (mistral_build imports client for the
+# benchmark; the Truss folder is what it renders a server from).
+TOOLS = ("build.py", "pyproject.toml", "mistral_build", "client", TRUSS_DIR.name)
+
+
+def truss_requirement(repo_root: Path = REPO_ROOT) -> str:
+    """The truss package, pinned as the dev environment pins it (verify-gpu renders the
+    server's build context with it)."""
+    data = tomllib.loads((repo_root / "pyproject.toml").read_text())
+    for line in data["project"]["optional-dependencies"]["dev"]:
+        if canonicalize_name(Requirement(line).name) == "truss":
+            return line
+    raise RuntimeError("pyproject.toml's dev extras do not pin truss")
+
+
+def verify_dockerfile(python: str = BASE_IMAGE_PYTHON) -> str:
+    uid = NON_ROOT_UID
+    return (
+        "# The verify image: the serving image plus the repository's build tooling, so that\n"
+        "# `build.py verify-gpu` runs inside what the Deployment runs (k8s/verify/job.yaml).\n"
+        "ARG SERVING_IMAGE\n"
+        "FROM ${SERVING_IMAGE}\n"
+        "USER root\n"
+        f"COPY --chown=root:root ./{TOOLS_DIR} {TOOLS_HOME}\n"
+        # Held to the base image's packages like every other install, then checked.
+        f"RUN uv pip install --system --break-system-packages --python {python} "
+        f"-c {BASE_CONSTRAINTS} '{truss_requirement()}' --no-cache-dir \\\n"
+        f"    && {python} -m pip check | {python} {BUILD_DIR}/{CONSTRAINTS_SCRIPT} check "
+        f"{BASE_PIP_CHECK}\n"
+        f"RUN mkdir -p {TOOLS_HOME}/.cache && chown -R {uid}:{uid} {TOOLS_HOME}/.cache\n"
+        f"USER {uid}\n"
+        f"WORKDIR {TOOLS_HOME}\n"
+        f"RUN {python} build.py verify-gpu --help > /dev/null\n"
+        + "ENTRYPOINT "
+        + json.dumps([TINI, "--", python, "build.py", "verify-gpu"], separators=(", ", ": "))
+        + "\n"
+    )
+
+
+def add_verify_image(build_dir: Path, repo_root: Path = REPO_ROOT) -> None:
+    tools = build_dir / TOOLS_DIR
+    ignore = shutil.ignore_patterns("__pycache__", ".cache", "*.pyc")
+    tools.mkdir()
+    for name in TOOLS:
+        src = repo_root / name
+        if src.is_dir():
+            shutil.copytree(src, tools / name, ignore=ignore)
+        else:
+            shutil.copyfile(src, tools / name)
+    (build_dir / VERIFY_DOCKERFILE).write_text(verify_dockerfile())
+
+
+def server_may_move() -> list[str]:
+    """Packages the base image's versions do not hold: what the Truss server pins exactly
+    (it must install that version) and TensorRT-LLM does not require. Everything else the
+    base has stays as it is, or the build fails."""
+    trtllm = {canonicalize_name(r.name) for r in parse_requirements(TRTLLM_PINS)}
+    server = parse_requirements(truss_server_requirements() + truss_server_constraints())
+    exact = {
+        canonicalize_name(r.name)
+        for r in server
+        if any(s.operator in ("==", "===") for s in r.specifier)
+    }
+    return sorted(exact - trtllm)
 
 
 def render_image_context(
@@ -272,7 +434,13 @@ def render_image_context(
     dockerfile = dockerfile_path.read_text()
     if f"FROM {BASE_IMAGE} " not in dockerfile:
         raise RuntimeError(f"rendered Dockerfile does not build FROM {BASE_IMAGE}")
-    dockerfile_path.write_text(_set_entrypoint(dockerfile, BASE_IMAGE_PYTHON))
+    dockerfile_path.write_text(patch_dockerfile(dockerfile, BASE_IMAGE_PYTHON))
+    shutil.copyfile(Path(base_constraints.__file__), build_dir / CONSTRAINTS_SCRIPT)
+    (build_dir / MAY_MOVE_FILE).write_text(
+        "# Truss server pins the base image's versions do not hold (image.server_may_move)\n"
+        + "".join(f"{name}\n" for name in server_may_move())
+    )
+    add_verify_image(build_dir)
     return build_dir
 
 
@@ -301,10 +469,21 @@ def docker_unavailable(runner: Runner = subprocess.run) -> str | None:
     return None
 
 
-def docker_commands(context_dir: Path, image_ref: str, push: bool = True) -> list[list[str]]:
+def docker_commands(
+    context_dir: Path, image_ref: str, push: bool = True, verify_ref: str | None = None
+) -> list[list[str]]:
+    """Build (and push) the serving image, then the verify image on top of it."""
     cmds = [["docker", "build", "--platform", DOCKER_PLATFORM, "-t", image_ref, str(context_dir)]]
+    if verify_ref is not None:
+        cmds.append(
+            ["docker", "build", "--platform", DOCKER_PLATFORM,
+             "-f", str(context_dir / VERIFY_DOCKERFILE), "--build-arg", f"SERVING_IMAGE={image_ref}",
+             "-t", verify_ref, str(context_dir)]
+        )  # fmt: skip
     if push:
         cmds.append(["docker", "push", image_ref])
+        if verify_ref is not None:
+            cmds.append(["docker", "push", verify_ref])
     return cmds
 
 
@@ -332,9 +511,10 @@ def build_image(
     render_image_context(context_dir, settings)
     print(
         f"Rendered the Docker build context into {context_dir} "
-        f"(FROM {BASE_IMAGE}, runs `python3 -m {SERVER_MODULE}` as uid 60000)."
+        f"(FROM {BASE_IMAGE}, runs `python3 -m {SERVER_MODULE}` as uid 60000; "
+        f"{VERIFY_DOCKERFILE}: the verify image {settings.verify_image_ref})."
     )
-    cmds = docker_commands(context_dir, settings.image_ref, push)
+    cmds = docker_commands(context_dir, settings.image_ref, push, settings.verify_image_ref)
     shown = "\n".join("  " + " ".join(c) for c in cmds)
     why = docker_unavailable(runner)
     if why is not None:

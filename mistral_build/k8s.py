@@ -5,6 +5,8 @@ node with that accelerator), a ClusterIP Service, a PodDisruptionBudget and a
 HorizontalPodAutoscaler. The HF token Secret is a template (`*.yaml.example`, which
 `kubectl apply -f k8s/` skips) so that applying the folder never overwrites a real token.
 With `gateway: true` (`--gateway`) it also renders `k8s/gateway/` (mistral_build.gateway).
+`k8s/verify/job.yaml` (applied on its own) runs `build.py verify-gpu` in the Deployment's
+pod spec.
 
 The pod's life, as the manifests arrange it:
 - start: the startup probe polls the Truss readiness route while the engine downloads and
@@ -34,17 +36,24 @@ from mistral_build.deploy_settings import (
     add_settings_arguments,
     settings_from_args,
 )
+from mistral_build.gateway import render_gateway
+from mistral_build.k8s_objects import (
+    GAUGE_RUNNING,
+    GAUGE_WAITING,
+    LIVE_PATH,
+    METRICS_PATH,
+    NON_ROOT_UID,
+    READY_PATH,
+    labels,
+    meta,
+    metric_name,
+)
 from mistral_build.paths import K8S_DIR, REPO_ROOT
+from mistral_build.release import BASE_IMAGE_PYTHON, RAISE_NOFILE, TINI
 from mistral_serving.settings import ENV_PREFIX
-
-# Truss server routes (truss/templates/server/truss_server.py; model name is "model").
-LIVE_PATH = "/"
-READY_PATH = "/v1/models/model"
-METRICS_PATH = "/metrics/"  # the Truss metrics mount; answers on every server version
 
 HF_SECRET_KEY = "hf_access_token"  # Truss secret name (config.yaml `secrets`).
 HF_SECRET_ENV = "TRUSS_SECRET_" + HF_SECRET_KEY  # how Truss reads a secret from the env.
-NON_ROOT_UID = 60000  # the `app` user the Truss Dockerfile creates (BT_USE_NON_ROOT_USER).
 
 PROBE_PERIOD_STARTUP = 10
 SECRET_TEMPLATE_FILE = "hf-token-secret.yaml.example"
@@ -67,37 +76,6 @@ def header(values_file: Path | None) -> str:
         f"# (mistral_build/deploy_settings.py; values: {source}). Do not edit by hand:\n"
         "# change the settings (--values FILE or flags) and render again.\n"
     )
-
-
-def labels(s: DeploySettings) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "mistral-trt-truss",
-        "app.kubernetes.io/instance": s.name,
-        "app.kubernetes.io/component": "llm-server",
-    }
-
-
-def meta(s: DeploySettings, name: str, extra_labels: dict[str, str] | None = None) -> dict:
-    m: dict[str, Any] = {"name": name}
-    if s.namespace:
-        m["namespace"] = s.namespace
-    m["labels"] = {
-        **labels(s),
-        "app.kubernetes.io/part-of": "mistral-trt-truss",
-        **(extra_labels or {}),
-    }
-    return m
-
-
-def metric_name(s: DeploySettings, gauge: str) -> str:
-    """The name the pod exports a gauge under (Settings.metrics_names picks the prefix)."""
-    return s.serving_settings.metrics_prefix + gauge
-
-
-# The service's gauges (mistral_serving.metrics) that the HPA and the endpoint picker read.
-GAUGE_WAITING = "num_requests_waiting"
-GAUGE_RUNNING = "num_requests_running"
-GAUGE_KV_CACHE = "kv_cache_usage_perc"
 
 
 def _http_probe(path: str, period: int, timeout: int, failures: int) -> dict[str, Any]:
@@ -126,13 +104,28 @@ def _resources(s: DeploySettings) -> dict[str, Any]:
     return {"requests": requests, "limits": limits}
 
 
-def deployment(s: DeploySettings) -> dict[str, Any]:
-    env = [{"name": ENV_PREFIX + k.upper(), "value": v} for k, v in s.serving_env().items()]
+# TP > 1: NCCL's cuMem-based transport passes file descriptors between the ranks, which
+# may fail with every capability dropped; legacy CUDA IPC does not need that. SGLang sets
+# the same by default; we found no TensorRT-LLM guidance for it. Unverified on a
+# multi-GPU pod.
+MULTI_GPU_ENV = {"NCCL_CUMEM_ENABLE": "0"}
+GKE_DRIVER_LABEL = "cloud.google.com/gke-gpu-driver-version"
+VERIFY_JOB_FILE = "verify/job.yaml"  # in a subfolder: `kubectl apply -f k8s/` skips it
+
+
+def server_env(s: DeploySettings) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": ENV_PREFIX + k.upper(), "value": v} for k, v in s.serving_env().items()
+    ]
     env += [
         {"name": "INFERENCE_SERVER_PORT", "value": str(s.port)},
         # Settings' `~` paths (the engine cache) resolve here, where the volume is mounted.
         {"name": "HOME", "value": APP_HOME_DIR},
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+    ]
+    if s.gpu_count > 1:
+        env += [{"name": k, "value": v} for k, v in MULTI_GPU_ENV.items()]
+    env.append(
         {
             "name": HF_SECRET_ENV,
             "valueFrom": {
@@ -142,19 +135,29 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
                     "optional": False,
                 }
             },
-        },
-    ]
-    cache_volume: dict[str, Any] = {"name": "engine-cache"}
-    if s.cache_pvc:
-        cache_volume["persistentVolumeClaim"] = {"claimName": s.cache_pvc}
-    else:
-        cache_volume["emptyDir"] = {"sizeLimit": s.cache_size}
-    container = {
+        }
+    )
+    return env
+
+
+def container_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def server_container(s: DeploySettings) -> dict[str, Any]:
+    return {
         "name": "server",
         "image": s.image_ref,
         "imagePullPolicy": "IfNotPresent",
         "ports": [{"name": "http", "containerPort": s.port, "protocol": "TCP"}],
-        "env": env,
+        "env": server_env(s),
         "resources": _resources(s),
         "startupProbe": _http_probe(
             READY_PATH,
@@ -165,20 +168,51 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
         "readinessProbe": {**_http_probe(READY_PATH, 5, 3, 3), "successThreshold": 1},
         "livenessProbe": _http_probe(LIVE_PATH, 15, 10, 4),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(s.pre_stop_sleep_seconds)]}}},
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": NON_ROOT_UID,
-            "runAsGroup": NON_ROOT_UID,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": container_security_context(),
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "engine-cache", "mountPath": s.cache_mount_path},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
+
+
+def pod_spec(s: DeploySettings, container: dict[str, Any]) -> dict[str, Any]:
+    """The pod the server runs in, and the verify Job with it: node, user, volumes."""
+    cache_volume: dict[str, Any] = {"name": "engine-cache"}
+    if s.cache_pvc:
+        cache_volume["persistentVolumeClaim"] = {"claimName": s.cache_pvc}
+    else:
+        cache_volume["emptyDir"] = {"sizeLimit": s.cache_size}
+    return {
+        "terminationGracePeriodSeconds": s.termination_grace_period_seconds,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "nodeSelector": {
+            "cloud.google.com/gke-accelerator": s.gke_accelerator,
+            # The image is CUDA 13.0: GKE's `latest` driver (R580 on current GKE
+            # versions) rather than the `default` branch, which can be older.
+            GKE_DRIVER_LABEL: s.gpu_driver_version,
+        },
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": NON_ROOT_UID,
+            "runAsGroup": NON_ROOT_UID,
+            "fsGroup": NON_ROOT_UID,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm_size}},
+            cache_volume,
+            {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
+        ],
+    }
+
+
+def deployment(s: DeploySettings) -> dict[str, Any]:
     pod_labels = labels(s)
     return {
         "apiVersion": "apps/v1",
@@ -203,30 +237,56 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
                         "prometheus.io/path": METRICS_PATH,
                     },
                 },
-                "spec": {
-                    "terminationGracePeriodSeconds": s.termination_grace_period_seconds,
-                    "automountServiceAccountToken": False,
-                    "enableServiceLinks": False,
-                    "nodeSelector": {"cloud.google.com/gke-accelerator": s.gke_accelerator},
-                    "tolerations": [
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-                    ],
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": NON_ROOT_UID,
-                        "runAsGroup": NON_ROOT_UID,
-                        "fsGroup": NON_ROOT_UID,
-                        "fsGroupChangePolicy": "OnRootMismatch",
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": s.shm_size}},
-                        cache_volume,
-                        {"name": "tmp", "emptyDir": {"sizeLimit": "4Gi"}},
-                    ],
-                },
+                "spec": pod_spec(s, server_container(s)),
             },
+        },
+    }
+
+
+def verify_job_name(s: DeploySettings) -> str:
+    return f"{s.name[:48]}-verify-gpu"
+
+
+# Where the verify Job writes its report and tiny artifacts: the /tmp volume (the image's
+# tooling folder is root's).
+VERIFY_OUT = "/tmp/verify-gpu"
+VERIFY_SHELL = (
+    'echo "open files: the container gives $(ulimit -S -n) (hard $(ulimit -H -n))"; '
+    f"{RAISE_NOFILE}; "
+    'echo "open files (ulimit -n): $(ulimit -n)"; '
+    f'exec {BASE_IMAGE_PYTHON} build.py verify-gpu "$@"'
+)
+
+
+def verify_job(s: DeploySettings) -> dict[str, Any]:
+    """`build.py verify-gpu` inside the verify image (the serving image plus the build
+    tooling) on a GPU node, in the Deployment's pod: same node selector, tolerations, user,
+    security contexts, volumes, env and resources, from the same functions. Its pods are
+    labelled `verify-gpu`, so the Service, PDB and HPA never select them."""
+    server = server_container(s)
+    container = {
+        "name": "verify-gpu",
+        "image": s.verify_image_ref,
+        "imagePullPolicy": "IfNotPresent",
+        # The image's entry point: the open-file limit raised as the server's entry point
+        # raises it, and said (what the container gave, what the server gets).
+        "command": [TINI, "--", "/bin/sh", "-c", VERIFY_SHELL, "verify-gpu"],
+        "args": ["--kind", "all", "--out", VERIFY_OUT],
+        **{k: server[k] for k in ("env", "resources", "securityContext", "volumeMounts")},
+    }
+    spec = pod_spec(s, container)
+    spec["restartPolicy"] = "Never"
+    spec["terminationGracePeriodSeconds"] = 30
+    job_labels = {**labels(s), "app.kubernetes.io/component": "verify-gpu"}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta(s, verify_job_name(s), {"app.kubernetes.io/component": "verify-gpu"}),
+        "spec": {
+            "backoffLimit": 0,  # one run, one report: a failed check is not retried
+            "activeDeadlineSeconds": 3600,
+            "ttlSecondsAfterFinished": 86400,  # the report stays readable for a day
+            "template": {"metadata": {"labels": job_labels}, "spec": spec},
         },
     }
 
@@ -342,13 +402,12 @@ def render_manifests(s: DeploySettings) -> dict[str, dict[str, Any]]:
         "poddisruptionbudget.yaml": pod_disruption_budget(s),
         "hpa.yaml": horizontal_pod_autoscaler(s),
         SECRET_TEMPLATE_FILE: secret_template(s),
+        VERIFY_JOB_FILE: verify_job(s),
     }
     if s.metrics_adapter == "gke-managed-prometheus":
         rendered[PODMONITORING_FILE] = pod_monitoring(s)
     if s.gateway:
-        from mistral_build import gateway
-
-        rendered.update({f"gateway/{k}": v for k, v in gateway.render_gateway(s).items()})
+        rendered.update({f"gateway/{k}": v for k, v in render_gateway(s).items()})
     return rendered
 
 
@@ -444,6 +503,10 @@ def run_manifests(
     )
     print(f"  next: {create_secret_command(s)}")
     print(f"        kubectl apply -f {out_dir}/")
+    print(
+        f"  check the GPU node first: kubectl apply -f {out_dir}/{VERIFY_JOB_FILE} && "
+        f"kubectl logs -f job/{verify_job_name(s)}   (docs/verify-on-gpu.md)"
+    )
     if s.gateway:
         print(f"        kubectl apply -f {out_dir}/gateway/   (docs/deploy.md: Inference Gateway)")
     return 0

@@ -123,7 +123,7 @@ def wait_ready(
         try:
             if requests.get(url + "/v1/models/model", timeout=2).status_code == 200:
                 return time.monotonic() - started
-        except requests.ConnectionError:
+        except (requests.ConnectionError, requests.Timeout):  # not up yet, or a busy machine
             pass
         time.sleep(0.25)
     raise RuntimeError(f"server not ready in {timeout:.0f}s:\n{tail()}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,7 @@ def one(context: Path, threads: int | None, hogs: int) -> dict:
         counted = (generated(server.url) - before) / (time.monotonic() - t0)
         metrics = json.loads((out / "results.json").read_text())["runs"][0]["metrics"]
         return {
+            "load_average_1m": round(os.getloadavg()[0], 2),
             "torch_threads": threads or "default",
             "hogs": hogs,
             "client_output_tok_s": round(metrics["output_throughput"], 2),

@@ -11,6 +11,7 @@ What the service did is recorded: `calls` (request id, prompt ids, sampling), `a
 (ids passed to `abort`, in order) and `closed` (ids whose stream was closed or finished).
 `step_delay_s` sleeps before each step so tests can act while a stream is live.
 `num_running()` counts the live streams; `kv_cache_usage()` returns `kv_usage` (set it).
+`stalled_for()` returns `stalled_s` (set it to play a hung engine for the watchdog).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class ScriptedEngine:
         self.closed: list[str] = []
         self.healthy = True
         self.kv_usage = 0.0
+        self.stalled_s = 0.0
         self.shutdowns = 0
         self._abort_events: dict[str, asyncio.Event] = {}
 
@@ -105,6 +107,9 @@ class ScriptedEngine:
 
     def num_running(self) -> int:
         return len(self._abort_events)  # streams started and not yet closed
+
+    def stalled_for(self) -> float:
+        return self.stalled_s
 
     def shutdown(self) -> None:
         self.healthy = False

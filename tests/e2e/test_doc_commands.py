@@ -81,12 +81,12 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     ),
     (r"^python -m client \"What is a mistral\?\" --chat --stream$", Run(60, r"\w")),
     (
-        r"^python -m client \"What is a mistral\?\" --max-new-tokens 64 .*--json$",
+        r"^python -m client \"What is a mistral\?\" --chat --max-new-tokens 64 .*--json$",
         Run(120, r'"finish_reason"'),
     ),  # fmt: skip
     (r"^python -m client \"Hello\" --chat --system", Run(60, r"\w")),
     (r"^echo \"long prompt\" \| python -m client - --chat --stream$", Run(60, r"\w")),
-    (r"^python -m client \"Hi\" --api openai --url http://127\.0\.0\.1:8000", Run(60, r"\w")),
+    (r"^python -m client \"Hi\" --api openai --url http://127\.0\.0\.1:8000", Run(300, r"\w")),
     (r"^python -m client bench .*\.\.\.$", NotHere("options elided (`...`) in the docs")),
     (
         r"^python -m client bench .*--num-prompts (200|512)",
@@ -108,11 +108,12 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     (r"^python build\.py engine --help$", Run(60, r"--dry-run")),
     (r"^python3? build\.py engine", WEIGHTS),
     (r"^python build\.py serve --artifact", WEIGHTS),
-    (r"^python build\.py truss-config", Run(120, r"", 0)),
+    (r"^python build\.py truss-config --check$", Run(120, r"", 0)),
     (r"^cp k8s/values\.yaml\.example my\.yaml$", Covered("tests/unit/test_k8s.py")),
     (r"^python build\.py (--values|image|manifests)", Covered("tests/unit/test_k8s.py")),
     (r"^kubernetes-validate --strict k8s/\*\.yaml$", Run(300, r"")),
     (r"^kubectl ", CLUSTER),
+    (r"^gcloud ", NotHere("needs a Google Cloud project and credentials; never run here")),
     (r"^docs/(deploy|verify-on-gpu)\.md: curl ", CLUSTER),  # against the deployed Service
     (r"^docs/tensorrt-llm\.md: curl ", GPU),
     (r"^docker ", DOCKER),

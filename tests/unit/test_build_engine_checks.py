@@ -54,14 +54,50 @@ def test_defaults_pass_all_checks() -> None:
     assert check_environment(opts, good_facts(), MISTRAL, download=True) == []
 
 
-def test_defaults_reproduce_the_article() -> None:
+def test_defaults_reproduce_the_article_but_in_bf16() -> None:
     opts = EngineOptions()
-    assert (opts.model, opts.dtype, opts.tp_size) == (
-        "mistralai/Mistral-7B-Instruct-v0.2",
-        "float16",
-        1,
-    )
+    assert (opts.model, opts.tp_size) == ("mistralai/Mistral-7B-Instruct-v0.2", 1)
     assert (opts.max_input_len, opts.max_seq_len, opts.gpu) == (32256, 32768, "a100")
+    # bf16 on sm80+ (every target); the article's fp16 on request.
+    assert {EngineOptions(gpu=g).dtype for g in ("a100", "h100", "h200", "l4")} == {"bfloat16"}
+    assert EngineOptions(dtype="float16").dtype == "float16"
+
+
+def test_max_batch_size_follows_the_gpus_memory_unless_given() -> None:
+    from mistral_build.engine import default_max_batch_size
+
+    assert default_max_batch_size("a100", 81920) == 256  # A100 80 GB
+    assert default_max_batch_size("a100", 40960) == 128  # A100 40 GB
+    assert default_max_batch_size("l4", 23034) == 64
+    # No GPU seen (a dry run): the target's GKE GPU (nvidia-tesla-a100 is the 40 GB one).
+    assert EngineOptions().max_batch_size == 128
+    assert EngineOptions(gpu="h100").max_batch_size == 256
+    assert "max_batch_size" not in EngineOptions().model_fields_set
+    assert EngineOptions(max_batch_size=32).max_batch_size == 32
+    assert "max_batch_size" in EngineOptions(max_batch_size=32).model_fields_set
+
+
+def test_int8_kv_cache_is_refused_where_it_cannot_apply() -> None:
+    problems = check_options(
+        EngineOptions(quantization="fp8", gpu="h100", kv_cache_dtype="int8"), MISTRAL
+    )
+    assert problems == [
+        "--kv-cache-dtype int8 with --quantization fp8: FP8 builds keep an FP8 KV cache"
+    ]
+    problems = check_options(EngineOptions(backend="pytorch", kv_cache_dtype="int8"), MISTRAL)
+    assert any("not --backend pytorch" in p for p in problems)
+
+
+def test_an_old_driver_refuses_the_build_in_one_line() -> None:
+    facts = good_facts(driver_version="550.90.07", image_cuda="13.0")
+    problems = check_environment(EngineOptions(), facts, MISTRAL, download=True)
+    assert len(problems) == 1
+    assert problems[0].startswith("NVIDIA driver 550.90.07 is too old for this image's CUDA 13.0")
+    ok = good_facts(driver_version="580.95.05", image_cuda="13.0")
+    assert check_environment(EngineOptions(), ok, MISTRAL, download=True) == []
+    assert ok.driver_report().line() == (
+        "NVIDIA driver 580.95.05, image CUDA 13.0, needs >= 580.65.06: ok"
+    )
 
 
 @pytest.mark.parametrize(
@@ -186,6 +222,8 @@ def test_cli_refuses_on_this_machine() -> None:
     assert any("no NVIDIA GPU found" in ln for ln in lines)
     assert all(ln.startswith("refused: ") for ln in lines)
     assert not Path("/tmp/never-created-engine").exists()
+    # The driver against the image's CUDA is said first (here: no driver, no toolkit).
+    assert out.stdout.splitlines()[0].startswith("NVIDIA driver: none found")
 
 
 def test_cli_refuses_bad_options(tmp_path: Path) -> None:

@@ -26,9 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 FIXED = dict(output_dir=Path("/artifacts/engine"), workdir=Path("/scratch/engine-build"))
 
 CASES: dict[str, dict] = {
-    "default_fp16_a100": {},
+    "default_bf16_a100": {},
     "bf16_tp2_h100": dict(dtype="bfloat16", tp_size=2, gpu="h100"),
     "int8_wo_a100": dict(quantization="int8_wo"),
+    "int8_sq_int8_kv_a100": dict(
+        quantization="int8_sq", kv_cache_dtype="int8", calib_dataset="/data/calib"
+    ),
+    "fp16_80gb_a100": dict(dtype="float16", max_batch_size=256),
     "int4_wo_a100": dict(quantization="int4_wo", max_batch_size=128),
     "int4_awq_a100": dict(quantization="int4_awq", calib_size=64),
     "fp8_h100": dict(quantization="fp8", gpu="h100", calib_dataset="/data/calib"),
@@ -81,6 +85,11 @@ CONVERT_FLAGS = {
     "weight_only_precision",
     "int8_kv_cache",
     "fp8_kv_cache",
+    "smoothquant",
+    "per_channel",
+    "per_token",
+    "calib_dataset",
+    "calib_size",
     "workers",
     "load_model_on_cpu",
 }
@@ -145,6 +154,28 @@ def test_quantization_picks_the_right_tool() -> None:
     assert argv[argv.index("--kv_cache_dtype") + 1] == "fp8"
 
 
+def test_int8_smoothquant_and_kv_cache_use_convert_checkpoints_flags() -> None:
+    opts = EngineOptions(**FIXED, quantization="int8_sq", kv_cache_dtype="int8")
+    argv = plan_steps(opts, build_paths(opts))[0].argv
+    assert argv[1].endswith("models/core/llama/convert_checkpoint.py")
+    assert argv[argv.index("--smoothquant") + 1] == "0.5"
+    assert {"--per_channel", "--per_token", "--int8_kv_cache"} <= set(argv)
+    assert argv[argv.index("--calib_size") + 1] == "512"
+    awq = EngineOptions(**FIXED, quantization="int4_awq", kv_cache_dtype="int8")
+    argv = plan_steps(awq, build_paths(awq))[0].argv
+    assert argv[argv.index("--kv_cache_dtype") + 1] == "int8"
+    plain = EngineOptions(**FIXED)
+    argv = plan_steps(plain, build_paths(plain))[0].argv
+    assert "--int8_kv_cache" not in argv and "--smoothquant" not in argv
+
+
+def test_every_build_has_multiple_profiles() -> None:
+    for case in CASES.values():
+        opts = EngineOptions(**FIXED, **case)
+        argv = plan_steps(opts, build_paths(opts))[1].argv
+        assert argv[argv.index("--multiple_profiles") + 1] == "enable"
+
+
 def test_limits_reach_trtllm_build() -> None:
     opts = EngineOptions(**FIXED, max_batch_size=8, max_input_len=1000, max_seq_len=2000,
                          max_num_tokens=512, tp_size=2)  # fmt: skip
@@ -168,4 +199,4 @@ def test_dry_run_prints_the_golden_commands() -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     plan = "".join(ln for ln in out.stdout.splitlines(True) if not ln.startswith("# note:"))
-    assert plan == (GOLDEN / "default_fp16_a100.sh").read_text()
+    assert plan == (GOLDEN / "default_bf16_a100.sh").read_text()

@@ -82,7 +82,8 @@ def test_build_writes_engine_tokenizer_and_manifest(
     assert manifest.gpu.name == A100.name and manifest.gpu.compute_capability == "8.0"
     options = manifest.build_options
     assert options["max_input_len"] == 2048 and options["max_seq_len"] == 4096
-    assert options["dtype"] == "float16" and options["quantization"] == "none"
+    assert options["dtype"] == "bfloat16" and options["quantization"] == "none"
+    assert options["max_batch_size"] == 128 and options["kv_cache_dtype"] == "auto"
     assert options["gpu"] == "a100" and options["kv_cache_type"] == "paged"
     assert len(options["commands"]) == 2
     assert set(manifest.files) >= {"rank0.engine", "config.json", "tokenizer.model"}

@@ -9,7 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mistral_serving import engine_checks as ec
@@ -365,16 +365,120 @@ def fake_torch(available: bool, count: int = 0, capability=(8, 0), name="NVIDIA 
     return types.SimpleNamespace(cuda=cuda)
 
 
-def test_detect_gpu_on_cpu(monkeypatch):
+@pytest.fixture
+def no_nvml(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml -> ImportError
+
+
+class FakeNvml(types.ModuleType):
+    """The pynvml (nvidia-ml-py) calls detect_gpu makes. Like NVML, it ignores
+    CUDA_VISIBLE_DEVICES; it counts inits and shutdowns."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, gpus: list[tuple[str, str, tuple[int, int]]], driver: bool = True):
+        super().__init__("pynvml")
+        self.gpus, self.driver, self.inits, self.shutdowns = gpus, driver, 0, 0
+
+    def nvmlInit(self) -> None:  # noqa: N802 - pynvml's names
+        if not self.driver:
+            raise self.NVMLError("NVML Shared Library Not Found")
+        self.inits += 1
+
+    def nvmlShutdown(self) -> None:  # noqa: N802
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:  # noqa: N802
+        return i
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str) -> int:  # noqa: N802
+        for i, (_, gpu_uuid, _) in enumerate(self.gpus):
+            if gpu_uuid == uuid:
+                return i
+        raise self.NVMLError("Not Found")
+
+    def nvmlDeviceGetName(self, handle: int) -> str:  # noqa: N802
+        return self.gpus[handle][0]
+
+    def nvmlDeviceGetCudaComputeCapability(self, handle: int) -> tuple[int, int]:  # noqa: N802
+        return self.gpus[handle][2]
+
+
+NVML_A100 = ("NVIDIA NVML_A100-SXM4-40GB", "GPU-aaaa", (8, 0))
+NVML_H200 = ("NVIDIA NVML_H200", "GPU-hhhh", (9, 0))
+
+
+def test_detect_gpu_reads_nvml_and_never_touches_torch_cuda(monkeypatch):
+    nvml = FakeNvml([NVML_A100, NVML_H200])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setitem(sys.modules, "torch", None)  # a CUDA context would need torch
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert ec.detect_gpu() == GpuInfo(name=NVML_A100[0], capability="8.0", count=2)
+    assert nvml.inits == nvml.shutdowns == 1
+
+
+@pytest.mark.parametrize(
+    ("visible", "expected"),
+    [
+        ("1", GpuInfo(name=NVML_H200[0], capability="9.0", count=1)),
+        ("GPU-hhhh,0", GpuInfo(name=NVML_H200[0], capability="9.0", count=2)),
+        ("1,7,0", GpuInfo(name=NVML_H200[0], capability="9.0", count=1)),  # CUDA stops at 7
+        ("", None),
+        ("-1", None),
+        ("GPU-none", None),
+    ],
+)
+def test_detect_gpu_follows_cuda_visible_devices(monkeypatch, visible, expected):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([NVML_A100, NVML_H200]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert ec.detect_gpu() == expected
+
+
+def test_detect_gpu_without_a_driver_is_none(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([NVML_A100], driver=False))
+    assert ec.detect_gpu() is None
+
+
+def test_detect_gpu_on_cpu(monkeypatch, no_nvml):
     monkeypatch.setitem(sys.modules, "torch", fake_torch(False))
     assert ec.detect_gpu() is None
 
 
-def test_detect_gpu_without_torch(monkeypatch):
+def test_detect_gpu_without_torch(monkeypatch, no_nvml):
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
     assert ec.detect_gpu() is None
 
 
-def test_detect_gpu_reads_torch_cuda(monkeypatch):
+def test_detect_gpu_reads_torch_cuda_only_without_nvml(monkeypatch, no_nvml):
     monkeypatch.setitem(sys.modules, "torch", fake_torch(True, 2, (9, 0), "NVIDIA H100"))
     assert ec.detect_gpu() == GpuInfo(name="NVIDIA H100", capability="9.0", count=2)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    visible=st.lists(
+        st.one_of(
+            st.integers(-2, 4).map(str),
+            st.sampled_from(["GPU-aaaa", "GPU-hhhh", "GPU-x", "MIG-1", "", " 1", "0x1"]),
+            st.text(
+                st.characters(blacklist_characters=",\x00", blacklist_categories=("Cs",)),
+                max_size=6,
+            ),
+        ),
+        max_size=5,
+    ).map(",".join)
+)
+def test_fuzz_cuda_visible_devices(monkeypatch, visible):
+    """Any CUDA_VISIBLE_DEVICES: an answer, never an exception, never more GPUs than listed."""
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([NVML_A100, NVML_H200]))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    info = ec.detect_gpu()
+    assert info is None or (
+        info.name in (NVML_A100[0], NVML_H200[0]) and 1 <= info.count <= len(visible.split(","))
+    )

@@ -10,6 +10,7 @@ without a Docker engine.
 from __future__ import annotations
 
 import filecmp
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -60,8 +61,74 @@ def test_installs_with_and_runs_the_base_images_python(dockerfile: str) -> None:
     assert len(installs) == 2  # Truss server requirements, then ours + the server's
     for cmd in installs:
         assert f"--python {image.BASE_IMAGE_PYTHON} " in cmd
+        # Every install is held to the base image's own packages.
+        assert f" -c {image.BASE_CONSTRAINTS} " in cmd
     assert any("-r requirements.txt -c constraints.txt" in cmd for cmd in installs)
     assert 'ENV INFERENCE_SERVER_PORT="8080"' in dockerfile
+
+
+def test_the_build_freezes_the_base_then_installs_then_checks_in_that_order(
+    context: Path, dockerfile: str
+) -> None:
+    lines = instructions(dockerfile)
+
+    def first(fragment: str) -> int:
+        return next(i for i, line in enumerate(lines) if fragment in line)
+
+    py = image.BASE_IMAGE_PYTHON
+    freeze = first(f"{py} -m pip list --format=freeze > {image.BASE_FREEZE}")
+    assert f"{py} -m pip check > {image.BASE_PIP_CHECK}" in lines[freeze]
+    assert f"base_constraints.py freeze {image.BASE_FREEZE}" in lines[freeze]
+    assert lines[freeze].endswith(f"> {image.BASE_CONSTRAINTS}")
+    installs = [i for i, line in enumerate(lines) if "uv pip install" in line]
+    last_copy = max(i for i, line in enumerate(lines) if line.startswith("COPY "))
+    pip_check = first(f"RUN {py} -m pip check | {py} ")
+    assert f"base_constraints.py check {image.BASE_PIP_CHECK}" in lines[pip_check]
+    smoke = first(f'{py} -c "import tensorrt_llm, truss_server, mistral_serving.server')
+    compat = f'RUN LD_LIBRARY_PATH="${{LD_LIBRARY_PATH}}:{image.CUDA_COMPAT_LIB}" '
+    assert lines[smoke].startswith(compat)
+    entry = first("ENTRYPOINT")
+    assert freeze < installs[0] < installs[1] < last_copy < pip_check < smoke < entry
+    assert "torch.cuda" in lines[smoke] and "'1.2.1'" in lines[smoke]
+    # The smoke test runs where the server's modules and packages are importable.
+    assert lines.index('ENV PYTHONPATH="/packages${PYTHONPATH:+:${PYTHONPATH}}"') < smoke
+    assert [ln for ln in lines[:smoke] if ln.startswith("WORKDIR")][-1] == "WORKDIR $APP_HOME"
+    # The script the build runs is the one the tests exercise, and the may-move list is
+    # what image.server_may_move() says.
+    assert filecmp.cmp(
+        context / "base_constraints.py", Path(image.base_constraints.__file__), shallow=False
+    )
+    listed = [
+        ln for ln in (context / "server_may_move.txt").read_text().splitlines() if ln[:1] != "#"
+    ]
+    assert listed == image.server_may_move()
+
+
+def test_only_the_servers_exact_pins_outside_tensorrt_llm_may_move() -> None:
+    may_move = image.server_may_move()
+    trtllm = {r.name.lower().replace("_", "-") for r in image.parse_requirements(image.TRTLLM_PINS)}
+    assert not set(may_move) & trtllm
+    assert "cython" in may_move  # the Truss server pins cython==3.0.5
+    assert "transformers" not in may_move and "torch" not in may_move
+
+
+def test_the_smoke_test_compiles_and_fails_on_a_wrong_version() -> None:
+    cmd = image.smoke_test_command("python3")
+    code = cmd.split(' python3 -c "', 1)[1].removesuffix('"')
+    compile(code, "<smoke>", "exec")
+    fake = {
+        "tensorrt_llm": type("M", (), {"__version__": "1.1.0"}),
+        "torch": type("T", (), {"version": type("V", (), {"cuda": "13.0"}), "__version__": "x"}),
+    }
+    body = code.split("; ", 1)[1]  # past the imports: the assertions on the versions
+    with pytest.raises(AssertionError, match="tensorrt_llm 1.1.0, expected 1.2.1"):
+        exec(body, dict(fake))
+    fake["tensorrt_llm"].__version__ = image.TRTLLM_VERSION
+    fake["torch"].version.cuda = "12.8"
+    with pytest.raises(AssertionError, match="CUDA '12.8'"):
+        exec(body, dict(fake))
+    fake["torch"].version.cuda = "13.0"
+    exec(body, dict(fake))
 
 
 def test_the_container_runs_our_launcher_of_the_truss_server(
@@ -69,7 +136,14 @@ def test_the_container_runs_our_launcher_of_the_truss_server(
 ) -> None:
     lines = instructions(dockerfile)
     entry = [i for i in lines if i.startswith(("ENTRYPOINT", "CMD"))]
-    assert entry == [f'ENTRYPOINT ["{image.BASE_IMAGE_PYTHON}", "-m", "mistral_serving.server"]']
+    # tini is PID 1: it reaps orphaned MPI helpers and forwards SIGTERM to the server; a
+    # shell between them raises the open-file limit and execs the launcher.
+    (argv,) = [json.loads(e.removeprefix("ENTRYPOINT ")) for e in entry]
+    assert argv == image.server_entrypoint(image.BASE_IMAGE_PYTHON)
+    assert argv[:4] == [image.TINI, "--", "/bin/sh", "-c"]
+    assert argv[4].endswith(f'; exec {image.BASE_IMAGE_PYTHON} -m mistral_serving.server "$@"')
+    tini = next(i for i in lines if "apt-get install" in i and " tini " in i)
+    assert lines.index(tini) < lines.index("USER 60000")
     assert "/app/main.py" not in entry[0]
     # Run from /app (the Truss server's modules: `-m` puts the working dir on sys.path)...
     workdirs = [i for i in lines[: lines.index(entry[0])] if i.startswith("WORKDIR")]
@@ -87,7 +161,7 @@ def test_the_container_runs_our_launcher_of_the_truss_server(
 
 def test_a_changed_truss_template_is_refused_not_silently_kept() -> None:
     with pytest.raises(RuntimeError, match="truss changed"):
-        image._set_entrypoint(
+        image.patch_dockerfile(
             'ENTRYPOINT ["/usr/bin/python3", "/app/server.py"]\n', "/usr/bin/python3"
         )
 
@@ -148,8 +222,11 @@ def test_image_runs_as_the_non_root_user_the_manifests_expect(dockerfile: str) -
     assert f"RUN useradd -u {uid} -ms /bin/bash app" in lines
     users = [i for i in lines if i.startswith("USER ")]
     assert users[-1] == f"USER {uid}"
-    chown = next(i for i in lines if i.startswith("RUN chown -R"))
-    assert "${APP_HOME}" in chown and "/packages" in chown and "${HOME}" in chown
+    (chown,) = [i for i in lines if "chown -R" in i]
+    # Only what the server writes: HOME (caches), /workspace and Truss's data folder; not
+    # /app itself (it holds /app/tensorrt_llm from the base image) nor the code.
+    targets = chown.split(f"chown -R {uid}:{uid} ", 1)[1].split()
+    assert targets == ["${HOME}", "/workspace", "${APP_HOME}/data"]
     assert lines.index(chown) < lines.index(users[-1]) < len(lines) - 1
     assert f"ENV HOME=${{HOME:-{APP_HOME_DIR}}}" in lines
 
@@ -207,21 +284,33 @@ def test_with_a_docker_engine_it_builds_tags_and_pushes(
     docker = FakeDocker()
     s = DeploySettings(image=REGISTRY, image_tag="t2")
     assert image.build_image(s, tmp_path / "ctx", runner=docker) == 0
+    ctx = str(tmp_path / "ctx")
     assert docker.calls[1:] == [
-        [
-            "docker",
-            "build",
-            "--platform",
-            "linux/amd64",
-            "-t",
-            "registry.example/llm/mtt:t2",
-            str(tmp_path / "ctx"),
-        ],
-        ["docker", "push", "registry.example/llm/mtt:t2"],
-    ]
+        ["docker", "build", "--platform", "linux/amd64", "-t", f"{REGISTRY}:t2", ctx],
+        ["docker", "build", "--platform", "linux/amd64", "-f", f"{ctx}/Dockerfile.verify",
+         "--build-arg", f"SERVING_IMAGE={REGISTRY}:t2", "-t", f"{REGISTRY}:t2-verify", ctx],
+        ["docker", "push", f"{REGISTRY}:t2"],
+        ["docker", "push", f"{REGISTRY}:t2-verify"],
+    ]  # fmt: skip
     failing = FakeDocker(build_rc=3)
     assert image.build_image(s, tmp_path / "ctx", runner=failing) == 3
     assert [c[1] for c in failing.calls] == ["info", "build"]  # no push after a failed build
+
+
+def test_the_verify_image_is_the_serving_image_plus_the_tooling(context: Path) -> None:
+    text = (context / image.VERIFY_DOCKERFILE).read_text()
+    lines = instructions(text)
+    assert lines[:2] == ["ARG SERVING_IMAGE", "FROM ${SERVING_IMAGE}"]
+    install = next(i for i in lines if "uv pip install" in i)
+    assert f"-c {image.BASE_CONSTRAINTS} 'truss==" in install and "pip check" in install
+    assert lines[-1] == (
+        f'ENTRYPOINT ["{image.TINI}", "--", "{image.BASE_IMAGE_PYTHON}", "build.py", "verify-gpu"]'
+    )
+    assert f"USER {k8s.NON_ROOT_UID}" in lines
+    for name in image.TOOLS:
+        assert (context / image.TOOLS_DIR / name).exists(), name
+    assert (context / image.TOOLS_DIR / "mistral_build" / "verify_gpu.py").is_file()
+    assert not list((context / image.TOOLS_DIR).rglob("__pycache__"))
 
 
 def test_no_docker_client_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -270,3 +359,63 @@ def test_engines_are_built_in_the_tensorrt_llm_line_the_image_runs() -> None:
     from mistral_build import engine
 
     assert image.TRTLLM_VERSION.startswith(engine.TRTLLM_SERIES)
+
+
+def test_the_freeze_and_pip_check_steps_run_as_written(
+    context: Path, dockerfile: str, tmp_path: Path
+) -> None:
+    """The Dockerfile's own freeze and check lines, run in this venv (paths moved under
+    tmp_path): they are valid shell, the freeze holds what is installed, and `pip check`
+    passes on an environment the install did not change."""
+    import importlib.metadata
+    import shutil
+    import sys
+
+    lines = instructions(dockerfile)
+    py = image.BASE_IMAGE_PYTHON
+    freeze = next(ln for ln in lines if "--format=freeze" in ln)
+    check = next(ln for ln in lines if ln.startswith(f"RUN {py} -m pip check | "))
+
+    def here(line: str) -> str:
+        return (
+            line.removeprefix("RUN ")
+            .replace(image.BUILD_DIR, str(tmp_path))
+            .replace(py, sys.executable)
+        )
+
+    # What the COPY before them puts in place.
+    for name in (image.CONSTRAINTS_SCRIPT, image.MAY_MOVE_FILE):
+        shutil.copyfile(context / name, tmp_path / name)
+    subprocess.run(["/bin/sh", "-c", here(freeze)], check=True, timeout=300)
+    held = (tmp_path / "base-constraints.txt").read_text().splitlines()
+    assert f"pydantic=={importlib.metadata.version('pydantic')}" in held
+    assert (tmp_path / "base-pip-check.txt").is_file()
+    proc = subprocess.run(
+        ["/bin/sh", "-c", here(check)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def shell(script: str, *args: str) -> list[str]:
+    out = subprocess.run(
+        ["/bin/sh", "-c", script, "sh", *args], capture_output=True, text=True, check=True,
+        timeout=30,
+    )  # fmt: skip
+    return out.stdout.splitlines()
+
+
+def test_the_entry_point_raises_the_open_file_limit_and_passes_its_args() -> None:
+    from mistral_build.release import NOFILE, RAISE_NOFILE
+
+    argv = image.server_entrypoint(image.BASE_IMAGE_PYTHON)
+    assert argv[4].startswith(RAISE_NOFILE + "; exec ")
+    # The launcher gets the container's arguments (python replaced by echo: no image here).
+    script = argv[4].replace(image.BASE_IMAGE_PYTHON, "echo")
+    assert shell(script, "--extra", "arg") == ["-m mistral_serving.server --extra arg"]
+    hard = int(shell("ulimit -H -n")[0])
+    # containerd 2.x gives soft 1024 under a high hard limit: raised to NOFILE (or to the
+    # hard limit where that is lower).
+    assert shell(f"ulimit -S -n 256; {RAISE_NOFILE}; ulimit -S -n") == [str(min(hard, NOFILE))]
+    low = min(hard, 4096)
+    lowered = f"ulimit -S -n 256; ulimit -H -n {low}; {RAISE_NOFILE}; ulimit -S -n"
+    assert shell(lowered) == [str(low)]

@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from mistral_build import k8s
+from mistral_build import k8s, k8s_objects
 from mistral_build.cli import main as build_main
 from mistral_build.deploy_settings import GKE_ACCELERATORS, DeploySettings, load_deploy_settings
 from mistral_build.image import truss_server_dir
@@ -303,7 +303,10 @@ def test_gpu_limit_and_node_selector_follow_settings(gpu_type: str, label: str, 
     assert res["limits"]["nvidia.com/gpu"] == str(count)
     assert res["requests"]["nvidia.com/gpu"] == str(count)
     spec = pod_spec(objs)
-    assert spec["nodeSelector"] == {"cloud.google.com/gke-accelerator": label}
+    assert spec["nodeSelector"] == {
+        "cloud.google.com/gke-accelerator": label,
+        k8s.GKE_DRIVER_LABEL: "latest",
+    }
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
         "tolerations"
     ]
@@ -483,7 +486,8 @@ def test_the_gauges_the_manifests_name_are_the_ones_the_server_exports(names: st
     gauges = {m.name for m in registry.collect() if m.type == "gauge"}
     s = deployable(serving={"metrics_names": names})
     wanted = {
-        k8s.metric_name(s, g) for g in (k8s.GAUGE_WAITING, k8s.GAUGE_RUNNING, k8s.GAUGE_KV_CACHE)
+        k8s_objects.metric_name(s, g)
+        for g in (k8s_objects.GAUGE_WAITING, k8s_objects.GAUGE_RUNNING, k8s_objects.GAUGE_KV_CACHE)
     }
     assert wanted <= gauges
 
@@ -520,7 +524,8 @@ def test_values_file_and_flags_override_defaults(tmp_path: Path) -> None:
     assert c["image"].endswith(":v7")
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
     assert dep["spec"]["template"]["spec"]["nodeSelector"] == {
-        "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"
+        "cloud.google.com/gke-accelerator": "nvidia-h100-80gb",
+        k8s.GKE_DRIVER_LABEL: "latest",
     }
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["MTT_MAX_INFLIGHT"] == "128"
@@ -565,3 +570,94 @@ def test_a_bad_values_file_is_one_line_without_a_traceback(
 def test_cli_reports_bad_settings_without_a_traceback(tmp_path: Path, capsys) -> None:
     assert build_main(["manifests", "--gpu-count", "9", "--out", str(tmp_path)]) == 2
     assert "gpu_count" in capsys.readouterr().err
+
+
+# --- the GPU node: driver, multi-GPU env, and the verify Job -------------------------------
+
+
+def test_pods_select_nodes_with_gkes_latest_driver() -> None:
+    for objs in (rendered(), rendered(deployable(gpu_driver_version="default"))):
+        selector = pod_spec(objs)["nodeSelector"]
+        job_selector = objs[k8s.VERIFY_JOB_FILE]["spec"]["template"]["spec"]["nodeSelector"]
+        assert selector == job_selector
+    assert pod_spec(rendered())["nodeSelector"][k8s.GKE_DRIVER_LABEL] == "latest"
+    assert (
+        pod_spec(rendered(deployable(gpu_driver_version="default")))["nodeSelector"][
+            k8s.GKE_DRIVER_LABEL
+        ]
+        == "default"
+    )
+
+
+def test_nccl_cumem_is_off_only_with_more_than_one_gpu() -> None:
+    assert "NCCL_CUMEM_ENABLE" not in env_of(container(rendered()))
+    two = env_of(container(rendered(deployable(gpu_count=2))))
+    assert two["NCCL_CUMEM_ENABLE"]["value"] == "0"
+
+
+def job_pod(objs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return objs[k8s.VERIFY_JOB_FILE]["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {},
+        {"gpu_count": 2, "gpu_type": "h100", "cache_pvc": "engines", "namespace": "llm"},
+        {"serving": {"max_inflight": "64", "cache_dir": "/cache/engines"}, "shm_size": "16Gi"},
+    ],
+)
+def test_the_verify_job_runs_in_the_deployments_pod(values: dict[str, Any]) -> None:
+    """Same node, user, security contexts, volumes, env and resources: rendered by the same
+    functions from the same settings, so the check cannot drift from what it checks."""
+    s = deployable(**values)
+    objs = rendered(s)
+    pod, job = pod_spec(objs), job_pod(objs)
+    for key in ("nodeSelector", "tolerations", "securityContext", "volumes",
+                "automountServiceAccountToken", "enableServiceLinks"):  # fmt: skip
+        assert job[key] == pod[key], key
+    (server,) = pod["containers"]
+    (verify,) = job["containers"]
+    for key in ("env", "resources", "securityContext", "volumeMounts"):
+        assert verify[key] == server[key], key
+    assert verify["image"] == f"{s.image}:{s.image_tag}-verify" == s.verify_image_ref
+    assert verify["args"][:2] == ["--kind", "all"]
+    # The image's own entry point (tini, then build.py verify-gpu), the nofile limit first.
+    assert verify["command"][:4] == ["/usr/bin/tini", "--", "/bin/sh", "-c"]
+    assert verify["command"][4].startswith('echo "open files: the container gives ')
+    assert verify["command"][4].endswith('exec /usr/bin/python3 build.py verify-gpu "$@"')
+    assert job["restartPolicy"] == "Never"
+    # Its pods are not the Service's, the PDB's or the HPA's.
+    labels = objs[k8s.VERIFY_JOB_FILE]["spec"]["template"]["metadata"]["labels"]
+    selector = objs["service.yaml"]["spec"]["selector"]
+    assert not selector.items() <= labels.items()
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(objs[k8s.VERIFY_JOB_FILE], version, strict=True)
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_the_committed_verify_job_is_valid_kubernetes_strict(version: str) -> None:
+    obj = yaml.safe_load((K8S_DIR / k8s.VERIFY_JOB_FILE).read_text())
+    kubernetes_validate.validate(obj, version, strict=True)
+    assert obj["spec"]["backoffLimit"] == 0 and obj["spec"]["ttlSecondsAfterFinished"] > 0
+
+
+def test_the_verify_job_writes_where_its_user_can() -> None:
+    (verify,) = job_pod(rendered())["containers"]
+    out = verify["args"][verify["args"].index("--out") + 1]
+    mounts = [m["mountPath"] for m in verify["volumeMounts"]]
+    assert any(out.startswith(m.rstrip("/") + "/") for m in mounts), (out, mounts)
+
+
+def test_the_verify_jobs_shell_says_the_limit_and_passes_its_args() -> None:
+    import subprocess
+
+    (verify,) = job_pod(rendered())["containers"]
+    script = verify["command"][4].replace("/usr/bin/python3", "echo")  # no image here
+    out = subprocess.run(
+        ["/bin/sh", "-c", script, verify["command"][5], *verify["args"]],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.splitlines()  # fmt: skip
+    assert re.fullmatch(r"open files: the container gives \d+ \(hard (\d+|unlimited)\)", out[0])
+    assert re.fullmatch(r"open files \(ulimit -n\): \d+", out[1])
+    assert out[2] == "build.py verify-gpu --kind all --out /tmp/verify-gpu"

@@ -195,14 +195,15 @@ def fake_trtllm(monkeypatch: pytest.MonkeyPatch):
 
 def trt_engine(tmp_path: Path, gather_context: bool):
     from mistral_serving.engines.trtllm import TrtLlmEngine
-    from tests.unit.test_trtllm_engine import H100, make_engine_dir
+    from tests.doubles.trtllm_helpers import H100, make_engine_dir
 
     engine_dir = make_engine_dir(tmp_path)
     config = json.loads((engine_dir / "config.json").read_text())
     config["build_config"]["gather_context_logits"] = gather_context
     config["build_config"]["gather_generation_logits"] = True
     (engine_dir / "config.json").write_text(json.dumps(config))
-    return TrtLlmEngine.load(engine_dir, Settings(), eos_token_id=EOS, gpu=H100)
+    settings = Settings(trtllm_logprobs_abort_safe=True)  # logprobs served from this engine
+    return TrtLlmEngine.load(engine_dir, settings, eos_token_id=EOS, gpu=H100)
 
 
 @pytest.mark.parametrize("max_new", [0, 3])
@@ -241,9 +242,9 @@ def test_trtllm_engine_without_context_logits_refuses_echo(fake_trtllm, tmp_path
 
 
 def test_trtllm_pytorch_kind_asks_for_context_logits(fake_trtllm, tmp_path):
-    from tests.unit.test_trtllm_engine import load_pytorch_kind
+    from tests.doubles.trtllm_helpers import load_pytorch_kind
 
-    engine = load_pytorch_kind(tmp_path)
+    engine = load_pytorch_kind(tmp_path, Settings(trtllm_sampler="torch"))  # top-k logprobs
     deltas = asyncio.run(drain(engine, "r", [1, 5, 9], echo(0, k=1)))
     assert engine.llm.requests[-1].sampling_params.return_context_logits
     assert [lp.token_id for lp in deltas[0].prompt_logprobs] == [5, 9]

@@ -389,6 +389,9 @@ class OnlyTokens:
 
         return type("M", (), {"mask": staticmethod(mask), "accept": self.accepted.append})
 
+    def matcher_later(self, guided, done) -> None:
+        done(self.matcher(guided))
+
 
 def test_a_guided_decoder_masks_each_row_and_is_told_each_token(any_engine):
     decoder = OnlyTokens([7, 8, 9])

@@ -114,5 +114,51 @@ def test_ci_runs_the_compat_tests_after_make_test() -> None:
     assert ci.index("make test\n") < ci.index("make test-compat")
     makefile = (REPO_ROOT / "Makefile").read_text()
     assert re.search(r"^test-compat:", makefile, re.M)
-    for pattern in ("test_tokenizer*", "test_chat*", "test_detokenizer*", "test_streaming*"):
-        assert f"tests/unit/{pattern}.py" in makefile
+    assert compat_test_globs(makefile) == SERVING_TESTS
+
+
+# The serving unit tests `make test-compat` runs under the image's pins.
+SERVING_TESTS = {
+    "tests/unit/test_tokenizer*.py",
+    "tests/unit/test_chat*.py",
+    "tests/unit/test_detokenizer*.py",
+    "tests/unit/test_streaming*.py",
+    "tests/unit/test_server.py",
+    "tests/unit/test_frontend*.py",
+    "tests/unit/test_protocol_*.py",
+    "tests/unit/test_artifacts*.py",
+}
+PY312 = REPO_ROOT / "tests" / "bench" / "run_compat_py312.sh"
+WHEELS = sorted((REPO_ROOT / "tests" / "bench" / "compat_py312").glob("wheels-*.txt"))
+
+
+def compat_test_globs(makefile: str) -> set[str]:
+    match = re.search(r"^COMPAT_TESTS = \$\(wildcard (.+?)\)$", makefile.replace("\\\n", " "), re.M)
+    assert match, "Makefile has no COMPAT_TESTS"
+    return set(match.group(1).split())
+
+
+def test_the_py312_script_runs_the_same_tests() -> None:
+    script = PY312.read_text()
+    match = re.search(r"^COMPAT_TESTS=\((.+?)\)$", script, re.M | re.S)
+    assert match, "run_compat_py312.sh has no COMPAT_TESTS"
+    assert set(match.group(1).split()) == SERVING_TESTS
+
+
+def test_the_py312_wheels_are_the_compat_pins() -> None:
+    """What the GPU machine installs: one exact version per package, the image's exact
+    pins and the Makefile's, less torch (the machine's own)."""
+    carried = {}
+    for path in WHEELS:
+        for r in image.parse_requirements(path.read_text().splitlines()):
+            assert str(r.specifier).startswith("=="), f"{path.name}: {r} is not exact"
+            assert canonicalize_name(r.name) not in carried, f"{r.name} twice"
+            carried[canonicalize_name(r.name)] = str(r.specifier)[2:]
+    assert len(WHEELS) == 2 and "torch" not in carried
+    pinned = image.parse_requirements(image.compat_constraints() + compat_pins())
+    for r in pinned:
+        name = canonicalize_name(r.name)
+        if name in carried:
+            assert r.specifier.contains(carried[name]), f"{name} {carried[name]} vs {r}"
+    for name in ("transformers", "mistral-common", "xgrammar", "fastapi", "numpy", "starlette"):
+        assert name in carried

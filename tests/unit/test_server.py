@@ -24,6 +24,7 @@ from mistral_serving.engines.base import EngineLimits
 from mistral_serving.errors import RequestError
 from mistral_serving.frontend import Frontend
 from mistral_serving.metrics import Metrics, default_metrics
+from mistral_serving.scope_keys import HANDLED
 from mistral_serving.server import BodyGuard, add_routes, error_json, extend, route_of
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
@@ -350,7 +351,8 @@ def test_models_lists_the_served_model(registered: Frontend) -> None:
     assert model["id"] == "tiny-mistral"
     assert model["object"] == "model"
     assert model["owned_by"] == "mistral-trt-truss"
-    assert model["root"] == "/models/dev"
+    assert "root" not in model  # the artifact's path on disk is not the client's business
+    assert "/models/dev" not in answer.text
     assert model["max_model_len"] == LIMITS.max_seq_len
     assert isinstance(model["created"], int)
 
@@ -384,9 +386,18 @@ def test_health_and_version(registered: Frontend) -> None:
         "server": version["server"],
         "engine": "scripted",
         "details": registered.service.engine.info.details,
+        "startup_seconds": {},
     }
     registered.drainer.draining = True
     assert client.get("/health").status_code == 503
+
+
+def test_version_reports_each_startup_phase(registered: Frontend) -> None:
+    registered.service.startup = {"artifact": 12.5, "tokenizer": 0.25, "engine": 7.0}
+    app = FastAPI()
+    add_routes(app)
+    version = TestClient(app).get("/version").json()
+    assert version["startup_seconds"] == {"artifact": 12.5, "tokenizer": 0.25, "engine": 7.0}
 
 
 def test_health_with_a_dead_engine_is_503_and_stops_the_process(
@@ -440,3 +451,43 @@ def test_extend_guards_bodies_counts_refusals_and_shuts_down(registered: Fronten
     }
     # The 413 is counted; the 404 is not one of our routes.
     assert counts == {(("finished_reason", "invalid"), ("route", "chat_completions")): 1.0}
+
+
+def test_openapi_json_is_a_clean_404(registered: Frontend) -> None:
+    app = truss_like_app()
+    add_routes(app)
+    answer = TestClient(app, raise_server_exceptions=True).get("/openapi.json")
+    assert answer.status_code == 404
+
+
+def test_truss_499_before_the_model_is_counted_once() -> None:
+    """Truss answers 499 itself when the client left after sending; the frontend never
+    sees that request, so the guard counts it (client_gone). One the frontend handled is
+    not counted twice."""
+    counted: list[tuple[str, str]] = []
+
+    async def truss_499(scope: dict, receive: Any, send: Any) -> None:
+        await receive()
+        if "handled" in scope["path"]:  # as the frontend marks what it counts
+            scope[HANDLED].append(True)
+        await send({"type": "http.response.start", "status": 499, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    guard = BodyGuard(truss_499, MAX, TIMEOUT, count=lambda r, why: counted.append((r, why)))
+
+    async def call(path: str) -> None:
+        messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+        async def receive() -> dict:
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message: dict) -> None:
+            pass
+
+        scope = {"type": "http", "method": "POST", "path": path, "headers": []}
+        await guard(scope, receive, send)
+
+    asyncio.run(call("/v1/models/model:predict"))
+    assert counted == [("predict", "client_gone")]
+    asyncio.run(call("/v1/models/handled:predict"))
+    assert counted == [("predict", "client_gone")]

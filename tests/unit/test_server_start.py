@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mistral_serving.settings import Settings
+
 ROOT = Path(__file__).resolve().parents[2]
 
 DRIVER = r"""
@@ -19,6 +21,7 @@ import asyncio, json, sys, types
 import uvicorn
 import truss_server
 from mistral_serving import server as ours
+from mistral_serving.settings import Settings
 
 seen = []
 
@@ -39,7 +42,8 @@ fake = types.SimpleNamespace(
     _config={"runtime": runtime}, _http_port=8123, create_application=lambda: "the app"
 )
 truss_server.TrussServer.start(fake)
-ours.serve(fake, sys.argv[2])
+ours.serve(fake, Settings(http_parser=sys.argv[2]))
+seen[1]["http"] = next(c.__module__ for c in seen[1]["http"].__mro__ if c.__module__.startswith("uvicorn"))
 print(json.dumps(seen, default=repr))
 """
 
@@ -75,7 +79,11 @@ def test_same_uvicorn_settings_as_truss_but_the_parser_and_a_real_uvloop(
     app_context: Path, runtime: dict
 ) -> None:
     truss, mine = started(app_context, runtime, "httptools")
-    assert truss.pop("http") == "h11" and mine.pop("http") == "httptools"
+    assert truss.pop("http") == "h11"
+    assert mine.pop("http") == "uvicorn.protocols.http.httptools_impl"  # bounded: http_limits
+    # The HTTP limits (http_limits.py): h11's own header bound must not answer first.
+    assert mine.pop("h11_max_incomplete_event_size") == Settings().max_header_bytes + 1
+    assert mine.pop("timeout_keep_alive") == Settings().keepalive_timeout_seconds
     assert truss.pop("running_loop") == "asyncio.unix_events"  # asked for uvloop, got this
     assert mine.pop("running_loop") == "uvloop"
     assert mine == truss  # app, host, port, workers, timeouts, log config, ws settings
@@ -83,4 +91,4 @@ def test_same_uvicorn_settings_as_truss_but_the_parser_and_a_real_uvloop(
 
 def test_h11_can_be_chosen(app_context: Path) -> None:
     _, mine = started(app_context, {}, "h11")
-    assert mine["http"] == "h11"
+    assert mine["http"] == "uvicorn.protocols.http.h11_impl"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -164,7 +166,7 @@ def test_cache_path_expands_home(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(value=st.integers(1, 10**6), via_env=st.booleans())
+@given(value=st.integers(1, 4096), via_env=st.booleans())
 def test_int_settings_roundtrip(value: int, via_env: bool) -> None:
     for name in ("max_batch_size", "max_inflight"):
         if via_env:
@@ -183,3 +185,76 @@ def test_any_path_setting_loads_or_is_refused_in_one_line(artifact: str, cache_d
         assert "\n" not in str(exc)
         return
     s.cache_path  # noqa: B018 - expands without raising
+
+
+# ---- every setting has a finite, sane range; text settings are printable UTF-8 ----
+
+NUMERIC = [
+    name
+    for name, f in Settings.model_fields.items()
+    if f.annotation in (int, float, int | None, float | None)
+]
+
+
+def test_every_numeric_setting_has_an_upper_bound() -> None:
+    for name in NUMERIC:
+        bounds = [m for m in Settings.model_fields[name].metadata if hasattr(m, "le")]
+        assert bounds and bounds[0].le < 10**12, name
+
+
+@pytest.mark.parametrize(
+    ("name", "raw"),
+    [
+        ("drain_grace_seconds", "inf"),
+        ("drain_grace_seconds", "nan"),
+        ("body_timeout_seconds", "1e400"),
+        ("max_body_bytes", "1" + "0" * 22),
+        ("max_waiting", str(10**9)),
+        ("engine_stall_unready_seconds", "-inf"),
+        ("served_model_name", "caf\udce9"),  # a Latin-1 byte in a UTF-8 environment
+        ("served_model_name", "two words"),
+        ("served_model_name", "a\x00b"),
+        ("artifact", "/models/\x1b[31mred"),
+    ],
+)
+def test_absurd_values_are_refused_in_one_line(name: str, raw: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.load({}, env={ENV_PREFIX + name.upper(): raw})
+    message = str(err.value)
+    assert name in message and "\n" not in message
+    message.encode("utf-8")  # printable wherever it is logged
+
+
+def test_the_stall_exit_limit_is_not_below_the_unready_limit() -> None:
+    with pytest.raises(SettingsError, match="engine_stall_exit_seconds"):
+        Settings.load(
+            {}, env={"MTT_ENGINE_STALL_UNREADY_SECONDS": "60", "MTT_ENGINE_STALL_EXIT_SECONDS": "5"}
+        )
+    s = Settings.load({}, env={"MTT_ENGINE_STALL_UNREADY_SECONDS": "5"})
+    assert s.engine_stall_unready_seconds == 5 and s.engine_stall_exit_seconds == 120
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    name=st.sampled_from(sorted(Settings.model_fields)),
+    raw=st.text(st.characters(codec=None, exclude_categories=()), max_size=30)
+    | st.sampled_from(["inf", "-inf", "nan", "1e308", "1e309", "0", "-1", "9" * 30, "\udcff"])
+    | st.integers(-(10**30), 10**30).map(str)
+    | st.floats().map(repr),
+)
+def test_any_env_value_loads_sanely_or_is_refused_in_one_line(name: str, raw: str) -> None:
+    try:
+        s = Settings.load({}, env={ENV_PREFIX + name.upper(): raw})
+    except SettingsError as err:
+        assert "\n" not in str(err)
+        str(err).encode("utf-8")
+        return
+    for field in NUMERIC:
+        value = getattr(s, field)
+        if value is not None:
+            assert math.isfinite(value) and abs(value) <= 2**30, field
+    for field, value in s.model_dump().items():
+        if isinstance(value, str):
+            value.encode("utf-8")
+            assert value.isprintable(), field
+    assert s.served_model_name and not any(c.isspace() for c in s.served_model_name)

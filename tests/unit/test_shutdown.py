@@ -4,7 +4,10 @@ its SIGTERM handler chained in front of the previous one (on the main thread).""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -175,3 +178,50 @@ def test_engine_died_signals_the_process_and_drains_once(restore_sigterm: None) 
     asyncio.run(main())
     assert received == [signal.SIGTERM]  # the container is restarted through the drain
     assert drainer.draining and calls.stop_admitting == 1
+
+
+EXIT_SCRIPT = """
+import logging, sys, threading, time
+from mistral_serving.shutdown import exit_now
+
+class SlowOnTheReason(logging.StreamHandler):
+    # A slow stdout pipe, where it hurts: writing the reason lets the other threads run.
+    def emit(self, record):
+        super().emit(record)
+        if record.getMessage() == "the reason":
+            time.sleep(0.05)
+
+handler = SlowOnTheReason(sys.stdout)
+handler.setFormatter(logging.Formatter("%(message)s"))
+logging.basicConfig(handlers=[handler], level=logging.INFO)
+chatter = logging.getLogger("chatter")
+started = threading.Barrier(5)
+
+def chat(n):
+    started.wait()
+    while True:
+        chatter.info("line from thread %d", n)
+
+for n in range(4):
+    threading.Thread(target=chat, args=(n,), daemon=True).start()
+started.wait()
+exit_now(3, "the reason")
+"""
+
+
+def test_exit_now_writes_the_reason_last_while_other_threads_log() -> None:
+    # Four threads log in a tight loop while the process exits, and writing the reason is
+    # slow: the reason is still the last line, once, and the status is the one asked for.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for _ in range(5):
+        done = subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert done.returncode == 3, done.stderr
+        lines = done.stdout.strip().splitlines()
+        assert lines[-1] == "the reason", lines[-3:]
+        assert lines.count("the reason") == 1

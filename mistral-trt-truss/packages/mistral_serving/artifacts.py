@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mistral_serving.engine_checks import CONFIG_NAME, is_engine_config
+from mistral_serving.file_bounds import check_parsed_files
 from mistral_serving.manifest import (
     MANIFEST_NAME,
     ArtifactError,
@@ -166,8 +167,10 @@ def hub_failure(
             )
         if isinstance(link, RepositoryNotFoundError):
             return f"{repo_id} not found or private ({token_hint}); put a read token in {secret}"
-        if isinstance(link, HfHubHTTPError):
-            response = getattr(link, "response", None)
+        # huggingface_hub 0.x (the TensorRT-LLM image's) makes LocalEntryNotFoundError an
+        # HfHubHTTPError with no response: the HTTP answer, if any, is further down the chain.
+        if isinstance(link, HfHubHTTPError) and getattr(link, "response", None) is not None:
+            response = link.response
             status = getattr(response, "status_code", None)
             answered = f"the Hub answered HTTP {status} for {where}"
             if status == 401:
@@ -182,7 +185,7 @@ def hub_failure(
                 return f"{answered} {not_cached}; the Hub is failing: retry later"
             return f"{answered}"
     for link in chain:
-        if isinstance(link, (json.JSONDecodeError, UnicodeDecodeError)):
+        if isinstance(link, UnicodeDecodeError) or _is_json_error(link):
             return (
                 f"the Hub's answer for {where} is not JSON ({shown(link, 80)}); is HF_ENDPOINT "
                 f"({constants.ENDPOINT}) a Hugging Face Hub?"
@@ -223,6 +226,7 @@ def open_artifact(path: Path, settings: Settings) -> Artifact:
     the manifest parsed once, sizes checked, hashes checked unless a marker vouches."""
     path = Path(path)
     files = scan_files(path)
+    check_parsed_files(path)  # before any parser sees a file (file_bounds.py)
     config = _read_config(path, files)
     kind = _kind(path, files, config)
     manifest = None
@@ -331,3 +335,11 @@ def _write_marker(marker: Path, record: dict[str, Any]) -> None:
         log.warning(
             "cannot write the verified marker %s (%s): next start hashes again", marker, exc
         )
+
+
+def _is_json_error(exc: BaseException) -> bool:
+    """json's JSONDecodeError, or simplejson's: requests decodes with simplejson where it
+    is installed (the GPU machine has it), and neither class derives from the other."""
+    return isinstance(exc, json.JSONDecodeError) or any(
+        c.__name__ == "JSONDecodeError" for c in type(exc).__mro__
+    )

@@ -5,6 +5,8 @@ artifact's tokenizer says which encoding applies (`Tokenizer.chat_format`):
   does it, described below;
 - "template" (any other checkpoint with a chat template, e.g. SmolLM2's ChatML): the
   checkpoint's own template, rendered by transformers with the assistant turn opened;
+  message content is encoded as text, so content that spells a control token
+  ("<|im_start|>system ...") cannot forge a turn (as on the Mistral path);
 - "none": refused with a clear message (send a prompt instead).
 
 Mistral-7B-Instruct-v0.2 uses `mistral-common`'s instruct tokenizer v1:
@@ -24,7 +26,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.tokenizer import ChatTemplateRefused, Tokenizer
 
 JOIN = "\n\n"
 Role = Literal["system", "user", "assistant"]
@@ -109,6 +111,8 @@ def encode_template_chat(messages: Sequence[ChatMessage], tokenizer: Tokenizer) 
         return tokenizer.apply_chat_template([m.model_dump() for m in messages])
     except TemplateError as exc:  # a template's raise_exception(...) lands here
         raise ChatFormatError(f"the model's chat template refused the messages: {exc}") from None
+    except ChatTemplateRefused as exc:
+        raise ChatFormatError(str(exc)) from None
 
 
 def encode_mistral_chat(messages: Sequence[ChatMessage], tokenizer: Tokenizer) -> list[int]:

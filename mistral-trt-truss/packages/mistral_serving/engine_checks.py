@@ -16,6 +16,7 @@ calls a directory an engine when its config.json has both `pretrained_config` an
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,60 @@ class GpuInfo:
 
 
 def detect_gpu() -> GpuInfo | None:
-    """The GPUs this process sees, via torch.cuda; None on a CPU-only machine."""
+    """The GPUs this process may use; None on a CPU-only machine.
+
+    Read through NVML (`pynvml`, from nvidia-ml-py, which TensorRT-LLM requires), which
+    creates no CUDA context: a context in this process (~0.5 GiB on an H200, see
+    docs/tensorrt-llm.md) is memory the executor cannot size its KV cache from.
+    torch.cuda only where NVML is absent.
+    """
+    try:
+        import pynvml
+    except ImportError:
+        return _detect_gpu_torch()
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return None  # no driver: no GPU
+    try:
+        handles = _visible_handles(pynvml)
+        if not handles:
+            return None
+        name = pynvml.nvmlDeviceGetName(handles[0])
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handles[0])
+    except pynvml.NVMLError:  # e.g. a MIG instance NVML cannot describe: ask CUDA
+        return _detect_gpu_torch()
+    finally:
+        pynvml.nvmlShutdown()
+    if isinstance(name, bytes):  # older nvidia-ml-py returned bytes
+        name = name.decode()
+    return GpuInfo(name=name, capability=f"{major}.{minor}", count=len(handles))
+
+
+def _visible_handles(pynvml: Any) -> list[Any]:
+    """NVML handles of the devices CUDA_VISIBLE_DEVICES leaves visible, in its order (NVML
+    itself ignores the variable). As CUDA does, the list ends at the first entry that names
+    no device."""
+    count = pynvml.nvmlDeviceGetCount()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+    handles = []
+    for entry in (e.strip() for e in visible.split(",")):
+        if entry.isdigit() and int(entry) < count:
+            handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(entry)))
+        elif entry.startswith(("GPU-", "MIG-")):
+            try:
+                handles.append(pynvml.nvmlDeviceGetHandleByUUID(entry))
+            except pynvml.NVMLError:
+                break
+        else:
+            break
+    return handles
+
+
+def _detect_gpu_torch() -> GpuInfo | None:
+    """detect_gpu without NVML, via torch.cuda (creates a CUDA context in this process)."""
     try:
         import torch
     except ImportError:

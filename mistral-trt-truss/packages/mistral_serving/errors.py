@@ -54,6 +54,7 @@ OPENAI_ERROR_TYPES = {
     404: "not_found_error",
     408: "invalid_request_error",
     413: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     499: "invalid_request_error",
     500: "server_error",

@@ -12,9 +12,10 @@ Every request is counted once in `request_finished_total` with its reason. The d
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
@@ -36,6 +37,7 @@ from mistral_serving.protocols import ParseContext, TruncatedStream, WireFormat
 from mistral_serving.protocols.body import decode_json_object
 from mistral_serving.protocols.openai import OpenAIFormat
 from mistral_serving.protocols.predict import PredictFormat
+from mistral_serving.scope_keys import CUT_EXTENSION, HANDLED
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.shutdown import Drainer
@@ -61,23 +63,103 @@ def current() -> Frontend | None:
     return _current
 
 
+class _SlowReader(Exception):
+    """The client fell `stream_buffer_bytes` behind."""
+
+
 class _Stream(StreamingResponse):
     """A streaming answer that, when cut short, ends without HTTP's closing chunk: the
     client sees an incomplete body (e.g. requests' ChunkedEncodingError), not a
-    complete answer."""
+    complete answer.
+
+    The body is pulled as the engine makes it, not as the client reads: what the client
+    has not taken yet waits here, up to `buffer_bytes` (the socket's buffers come on top). A client that falls further behind, or does
+    not take a write within `write_timeout_s`, is a slow reader: `on_slow_reader` runs,
+    the connection is dropped and the body (hence the engine request) is closed."""
+
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        *,
+        write_timeout_s: float,
+        buffer_bytes: int,
+        on_slow_reader: Callable[[], None] | None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(content, **kwargs)
+        self.write_timeout_s = write_timeout_s
+        self.buffer_bytes = buffer_bytes
+        self.on_slow_reader = on_slow_reader
+        self._cut: Callable[[bool], None] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Send) -> None:
+        # The server's way to end a response unfinished on purpose (http_limits); absent
+        # in-process (TestClient), where returning early has the same effect.
+        self._cut = (scope.get("extensions") or {}).get(CUT_EXTENSION)
+        await super().__call__(scope, receive, send)
 
     async def stream_response(self, send: Send) -> None:
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
+        pending: collections.deque[bytes] = collections.deque()
+        held = 0  # bytes in `pending`
+        ready = asyncio.Event()
+
+        async def pull() -> None:
+            nonlocal held
+            try:
+                async for chunk in self.body_iterator:
+                    data = chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+                    pending.append(data)
+                    held += len(data)
+                    ready.set()
+                    if held > self.buffer_bytes:
+                        raise _SlowReader
+            finally:
+                ready.set()
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+        puller = asyncio.ensure_future(pull())
+        puller.add_done_callback(self._pulled)
         try:
-            async for chunk in self.body_iterator:
-                await send(
-                    {"type": "http.response.body", "body": chunk.encode(), "more_body": True}
-                )
+            while True:
+                if not pending and not puller.done():
+                    await ready.wait()
+                    ready.clear()
+                if pending:
+                    data = pending.popleft()  # one write per event, as made
+                    held -= len(data)
+                    message = {"type": "http.response.body", "body": data, "more_body": True}
+                    await asyncio.wait_for(send(message), self.write_timeout_s)
+                elif puller.done():
+                    break
+            puller.result()
         except TruncatedStream:
-            return  # the server closes the connection with the body unfinished
+            self._end(abort=False)  # the server closes the connection with the body unfinished
+            return
+        except (TimeoutError, _SlowReader):
+            self._slow()
+            return
+        finally:
+            puller.cancel()  # no-op when done; else the body is closed (engine abort) by it
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _pulled(self, task: asyncio.Future[None]) -> None:
+        # Fell too far behind while a write was waiting: drop the connection now (the
+        # waiting write then returns), not when the write timeout runs out.
+        if not task.cancelled() and isinstance(task.exception(), _SlowReader):
+            self._slow()
+
+    def _slow(self) -> None:
+        if self.on_slow_reader is not None:
+            on_slow, self.on_slow_reader = self.on_slow_reader, None  # once
+            on_slow()
+            self._end(abort=True)
+
+    def _end(self, abort: bool) -> None:
+        if self._cut is not None:
+            self._cut(abort)
 
 
 class Frontend:
@@ -97,7 +179,7 @@ class Frontend:
         try:
             service = GenerationService.start(self.settings, hf_token, self.metrics)
         except Exception as exc:
-            self.load_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+            self.load_error = one_line(exc)
             raise
         self.attach(service)
         freeze_loaded_objects()  # later full collections skip the imports and the model
@@ -121,7 +203,13 @@ class Frontend:
 
     @property
     def ready(self) -> bool:
-        return self.service is not None and not self.drainer.draining and self.service.is_healthy()
+        service = self.service
+        return (
+            service is not None
+            and not self.drainer.draining
+            and service.is_healthy()
+            and service.stalled() is None  # the watchdog: a hung engine is not ready
+        )
 
     async def is_healthy(self) -> bool:
         self.drainer.install()  # here: the first call on the server's main-thread loop
@@ -130,6 +218,8 @@ class Frontend:
         if not self.service.is_healthy():
             self.drainer.engine_died()
             return False
+        if self.service.stalled() is not None:
+            return False  # hung, not dead: ready again if it moves (or the watchdog exits)
         return not self.drainer.draining
 
     def shutdown(self) -> None:
@@ -148,6 +238,9 @@ class Frontend:
 
     async def handle(self, route: str, request: Request) -> Response:
         self.drainer.install()
+        handled = request.scope.get(HANDLED)
+        if handled is not None:
+            handled.append(True)  # counted from here on (the body guard needs to know)
         service = self.service
         fmt = self.formats[route]
         record = RequestRecord(request_id_from(request.headers.get(REQUEST_ID_HEADER)), route)
@@ -183,7 +276,10 @@ class Frontend:
             return _error_response(fmt, err, headers)
         finally:
             ticket.release()
-        return JSONResponse(fmt.response_body(call, record, logprobs), headers=headers)
+        answer = fmt.response_body(call, record, logprobs)
+        if record.finish_reason == "abort":
+            return _cut_response(fmt, answer, headers)
+        return JSONResponse(answer, headers=headers)
 
     def early_refusal(self) -> RequestError | None:
         """503 while draining, 429 when no slot and no queue place is free: decided
@@ -237,12 +333,17 @@ class Frontend:
         headers: dict[str, str],
     ) -> StreamingResponse:
         started = []
+        slow: list[bool] = []
         telemetry = self.service.telemetry
+        tokens = self.metrics.generation_tokens
 
         async def body() -> AsyncIterator[str]:
             started.append(True)
             try:
                 async for event in events:
+                    # Counted as they are sent, so rate() follows long streams.
+                    tokens.inc(record.completion_tokens - record.tokens_counted)
+                    record.tokens_counted = record.completion_tokens
                     yield event
             except (EngineError, RequestError):
                 # Past the status line a failure can only cut the body (the predict
@@ -254,8 +355,14 @@ class Frontend:
                 if record.finish_reason is None:
                     # Left before generation started (e.g. while the chat role chunk was
                     # written): the service never saw it, so count it here.
-                    record.finish_reason = "client_gone"
+                    record.finish_reason = "slow_reader" if slow else "client_gone"
                     telemetry.finished(record)
+
+        def slow_reader() -> None:
+            slow.append(True)
+            log.warning("request %s: client stopped reading; stream aborted", record.request_id)
+            if record.finish_reason == "abort":  # generating: the service counts it so
+                record.finish_reason = "slow_reader"
 
         def gone() -> None:
             # If the body never started (client gone before the first byte), nothing
@@ -265,13 +372,31 @@ class Frontend:
                 record.finish_reason = "client_gone"
                 telemetry.finished(record)
 
-        response = _Stream(body(), media_type=media_type, headers=headers)
+        response = _Stream(
+            body(),
+            write_timeout_s=self.settings.stream_write_timeout_seconds,
+            buffer_bytes=self.settings.stream_buffer_bytes,
+            on_slow_reader=slow_reader,
+            media_type=media_type,
+            headers=headers,
+        )
         weakref.finalize(response, gone)
         return response
 
 
 def _draining() -> RequestError:
     return RequestError("server is shutting down; retry on another replica", status=503)
+
+
+def _cut_response(fmt: WireFormat, answer: dict[str, Any], headers: dict[str, str]) -> Response:
+    """A non-streamed answer cut short (the drain's grace period ran out) is not a success:
+    503, the route's error, and the partial answer beside it (finish_reason "abort")."""
+    err = RequestError(
+        "the answer was cut short (the server is shutting down); the partial answer is "
+        "included; retry on another replica",
+        status=503,
+    )
+    return JSONResponse(status_code=503, content=answer | fmt.error_body(err), headers=headers)
 
 
 def _error_response(fmt: WireFormat, err: RequestError, headers: dict[str, str]) -> JSONResponse:
@@ -285,3 +410,14 @@ async def _read_json(request: Request) -> dict[str, Any]:
     if len(raw) > INLINE_DECODE_BYTES:
         return await asyncio.to_thread(decode_json_object, raw)
     return decode_json_object(raw)
+
+
+def one_line(exc: BaseException, limit: int = 16_000) -> str:
+    """The whole cause (with the exceptions it was raised from) as one log line."""
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 8:
+        parts.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
+    text = " | caused by: ".join(parts)
+    return " ".join(text.split())[:limit]

@@ -10,13 +10,17 @@ settings, and adds, before it starts:
   POST routes Truss has but this model does not serve (`/v1/embeddings`, `/v1/messages`,
   `/v1/responses`, `/hot-reload`) get 404 without their body being read.
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
-  ready; 503 while loading, draining or with a dead engine: vLLM's meaning),
+  ready; 503 while loading, draining, or with a dead or stalled engine),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
 - With read-ahead on (`load_prefetch_threads` > 0; off by default) the artifact's weight
   files start streaming into the page cache before Truss and torch are imported
   (`prefetch.py`).
 - uvicorn runs on uvloop with the `http_parser` setting's parser (httptools by default;
-  Truss's own start runs h11 on a stdlib asyncio loop).
+  Truss's own start runs h11 on a stdlib asyncio loop), through `http_limits.py`'s
+  protocol class: header size/count (431), header and idle timeouts, a connection cap
+  with room for probes, bounded send buffers; the open-file limit is raised to fit.
+- Requests Truss answers 499 itself (client gone after sending) are counted
+  `client_gone`; `/openapi.json` is a 404; `/v1/models` does not show the artifact path.
 - A failed `load()` ends the process with status 1 and the reason as its last log line
   (Truss alone exits 0), and the engine is shut down when the server stops.
 """
@@ -34,10 +38,13 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from mistral_serving import __version__
+from mistral_serving import __version__, driver
+from mistral_serving.auth import ApiKeyGuard, load_keys
 from mistral_serving.errors import RequestError, openai_error_body
 from mistral_serving.prefetch import prefetch_artifact
+from mistral_serving.scope_keys import HANDLED
 from mistral_serving.settings import Settings, SettingsError
+from mistral_serving.shutdown import exit_if_load_fails
 from mistral_serving.telemetry import request_id_from
 
 if TYPE_CHECKING:
@@ -138,7 +145,20 @@ class BodyGuard:
         except _Gone:
             self.count(route, "client_gone")
             return None
-        return await self.app(scope, _replay(body, receive), send)
+        handled: list[bool] = []
+        scope[HANDLED] = handled
+        status: list[int] = []
+
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        await self.app(scope, _replay(body, receive), watched)
+        if not handled and status == [499]:
+            # Truss answers 499 itself when the client left after sending (before the
+            # model is called): the frontend never saw it, so it is counted here.
+            self.count(route, "client_gone")
 
     def _too_large(self) -> str:
         return f"request body is larger than {self.max_bytes} bytes"
@@ -235,7 +255,6 @@ def add_routes(app: FastAPI) -> None:
                         "object": "model",
                         "created": _started,
                         "owned_by": "mistral-trt-truss",
-                        "root": frontend.settings.artifact,
                         "max_model_len": frontend.service.engine.limits.max_seq_len,
                     }
                 ],
@@ -261,6 +280,7 @@ def add_routes(app: FastAPI) -> None:
             # The engine's own report (versions, dtype, limits, KV-cache kind, ...).
             answer["engine"] = info.name
             answer["details"] = json.loads(json.dumps(info.details, default=str))
+            answer["startup_seconds"] = frontend.service.startup  # per phase of its start
         return JSONResponse(answer)
 
     async def metrics() -> Response:
@@ -273,6 +293,12 @@ def add_routes(app: FastAPI) -> None:
         APIRoute("/metrics", metrics, methods=["GET"]),
     ]
     app.router.routes[0:0] = routes  # before Truss's: /metrics must win over its mount
+    # FastAPI's generated document fails on Truss's routes (a 500 with a traceback); the
+    # routes are documented in the README instead: /openapi.json is a plain 404.
+    app.router.routes = [
+        r for r in app.router.routes if getattr(r, "path", None) != app.openapi_url
+    ]
+    app.openapi_url = None
 
 
 def extend(app: FastAPI, settings: Settings) -> FastAPI:
@@ -295,6 +321,13 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
         count=count,
         refuse=refuse,
     )
+    if settings.api_keys_file:  # outermost: an unauthenticated body is never read
+        app.add_middleware(
+            ApiKeyGuard,
+            keys=load_keys(settings.api_keys_file),
+            route_of=route_of,
+            error_json=error_json,
+        )
     lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
@@ -309,7 +342,7 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
     return app
 
 
-def serve(server: Any, http_parser: str, host: str = "0.0.0.0") -> None:
+def serve(server: Any, settings: Settings) -> None:
     """`TrussServer.start` (truss 0.18.36) with two differences: uvicorn's HTTP parser is
     `http_parser` (Truss pins h11), and the event loop really is uvloop (Truss asks uvicorn
     for uvloop, then runs `asyncio.run`, which makes a stdlib loop). Measured with the
@@ -318,6 +351,11 @@ def serve(server: Any, http_parser: str, host: str = "0.0.0.0") -> None:
     import truss_server
     import uvicorn
     import uvloop
+
+    from mistral_serving.http_limits import Limits, protocol_class, raise_fd_limit
+
+    raise_fd_limit(settings.max_connections)
+    http_parser = settings.http_parser
 
     runtime = server._config.get("runtime") or {}
     transport = runtime.get("transport") or {}
@@ -328,8 +366,11 @@ def serve(server: Any, http_parser: str, host: str = "0.0.0.0") -> None:
     level = "DEBUG" if runtime.get("enable_debug_logs", False) else "INFO"
     config = uvicorn.Config(
         server.create_application(),
-        http=http_parser,
-        host=host,
+        http=protocol_class(http_parser, Limits.from_settings(settings)),
+        timeout_keep_alive=settings.keepalive_timeout_seconds,  # type: ignore[arg-type]
+        # h11's own bound answers 400 at 16 KiB; ours (431, http_limits) must come first.
+        h11_max_incomplete_event_size=settings.max_header_bytes + 1,
+        host=settings.host,
         port=server._http_port,
         workers=1,
         timeout_graceful_shutdown=truss_server.TIMEOUT_GRACEFUL_SHUTDOWN,
@@ -343,6 +384,14 @@ def serve(server: Any, http_parser: str, host: str = "0.0.0.0") -> None:
     uvloop.run(server._server.serve())
 
 
+def _load_failure(exc: BaseException) -> str:
+    """Why load() failed, in one line: the frontend's words, else the exception's."""
+    frontend = _current()
+    if frontend is not None and frontend.load_error:
+        return frontend.load_error
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+
+
 def main(config_path: str = "config.yaml") -> int:
     import yaml
 
@@ -353,6 +402,9 @@ def main(config_path: str = "config.yaml") -> int:
     except SettingsError as exc:
         print(f"cannot start: {exc}", file=sys.stderr)
         return 2
+    if (refusal := driver.startup_refusal(settings.driver_check)) is not None:
+        print(f"cannot start: {refusal}", file=sys.stderr)
+        return 2
     prefetch_artifact(settings)  # if on: the disk streams while Truss and torch import
     from truss_server import TrussServer
 
@@ -361,10 +413,11 @@ def main(config_path: str = "config.yaml") -> int:
             return extend(super().create_application(), settings)
 
         def start(self) -> None:
-            serve(self, settings.http_parser, settings.host)
+            serve(self, settings)
 
     port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
     server = Server(port, config)
+    exit_if_load_fails(server._model, _load_failure)  # before a probe can SIGKILL us
     server.start()
     if server._model.load_failed:
         frontend = _current()

@@ -28,17 +28,25 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.engines.factory import start_engine
 from mistral_serving.errors import RequestError
+from mistral_serving.grammar import export_metrics, gate_for
 from mistral_serving.manifest import describe
 from mistral_serving.metrics import Metrics, default_metrics
 from mistral_serving.settings import Settings
 from mistral_serving.streaming import TextStream
 from mistral_serving.telemetry import RequestRecord, Telemetry
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
 # Tokenizing more text than this runs in a worker thread, off the event loop.
 INLINE_TOKENIZE_CHARS = 2048
+# A prompt longer than 2 x (max_input_len + PROBE_MARGIN_TOKENS) characters is tokenized
+# in growing prefixes first (`_probe_length`); a prefix of more than max_input_len +
+# PROBE_MARGIN_TOKENS tokens refuses the request. The margin covers what cutting the text
+# (at a space) can change in the count; the prefix is cut before a space, where
+# SentencePiece and byte-level BPE pieces start anyway.
+PROBE_MARGIN_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,16 @@ class GenerationService:
         )
 
         self._live: set[str] = set()  # engine ids of the requests in the engine now
+        # Seconds each phase of `start` took (artifact, tokenizer, engine); GET /version
+        # reports them so a slow cold start shows which phase to look at.
+        self.startup: dict[str, float] = {}
+        self.watchdog = Watchdog(
+            engine, settings.engine_stall_unready_seconds, settings.engine_stall_exit_seconds
+        )
+        # response_format schemas are checked (bounds, a timed compile in a child process)
+        # here, before any engine kind sees them.
+        self.grammar = gate_for(settings, tokenizer)
+        export_metrics(settings.metrics_prefix, self.grammar, getattr(engine, "guided", None))
         # No token is longer than this many bytes (so no prompt of more characters than
         # max_input_len * this can fit): the bound checked before tokenizing.
         self._max_token_chars = max((len(b) for b in tokenizer.table.token_bytes if b), default=1)
@@ -114,9 +132,13 @@ class GenerationService:
         manifest = artifact.manifest
         described = describe(manifest) if manifest is not None else "no build manifest"
         log.info("artifact %s: %s", artifact.path, described)
+        log.info("startup phase artifact (fetch, verify, read): %.1fs", fetched - started)
         tokenizer = load_tokenizer(artifact.path)
+        tokenized = time.monotonic()
+        log.info("startup phase tokenizer: %.1fs", tokenized - fetched)
         engine = start_engine(artifact, settings, tokenizer)
         done = time.monotonic()
+        log.info("startup phase engine start: %.1fs", done - tokenized)
         log.info(
             "loaded %s (%s) with the %s engine in %.1fs (artifact %.1fs, start %.1fs); limits %s",
             settings.artifact,
@@ -128,6 +150,12 @@ class GenerationService:
             engine.limits,
         )
         service = cls(settings, tokenizer, engine, metrics)
+        service.startup = {
+            "artifact": round(fetched - started, 3),
+            "tokenizer": round(tokenized - fetched, 3),
+            "engine": round(done - tokenized, 3),
+        }
+        service.watchdog.start()  # a served engine that hangs ends the process
         service.telemetry.metrics.artifact.labels(
             engine.info.name, settings.artifact, described
         ).set(1)
@@ -135,6 +163,10 @@ class GenerationService:
 
     def is_healthy(self) -> bool:
         return self.engine.is_healthy()
+
+    def stalled(self) -> str | None:
+        """Why readiness must fail although the engine lives (it stalled), or None."""
+        return self.watchdog.stall()
 
     def abort_all(self) -> int:
         """Abort every request in the engine (end of a drain); returns how many."""
@@ -145,6 +177,8 @@ class GenerationService:
 
     def shutdown(self) -> None:
         """Stop the engine (its executor and workers); the server is exiting."""
+        self.watchdog.stop()
+        self.grammar.close()
         self.engine.shutdown()
 
     # ---- requests ----
@@ -170,9 +204,9 @@ class GenerationService:
                     param=req.param,
                 )
             if chars > INLINE_TOKENIZE_CHARS:
-                ids = await asyncio.to_thread(self._encode, req)
+                ids = await asyncio.to_thread(self._encode_within, req, limits.max_input_len)
             else:
-                ids = self._encode(req)
+                ids = self._encode_within(req, limits.max_input_len)
         if len(ids) > limits.max_input_len:
             raise RequestError(
                 f"{req.param} is {len(ids)} tokens; this engine accepts at most "
@@ -187,6 +221,8 @@ class GenerationService:
                 param=req.param,
             )
         sampling = req.sampling
+        if sampling.guided is not None:  # a bad or too costly schema: a 4xx, never a 5xx
+            await self.grammar.check(sampling.guided)
         if sampling.max_new_tokens > room:
             sampling = dataclasses.replace(sampling, max_new_tokens=room)
         # The model's other end-of-turn tokens (generation_config's eos_token_id list);
@@ -196,6 +232,42 @@ class GenerationService:
             stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *extra)))
             sampling = dataclasses.replace(sampling, stop_token_ids=stops)
         return PreparedRequest(ids, sampling, req.stop, req.interval, req.echo)
+
+    def _encode_within(self, req: GenerationRequest, limit: int) -> list[int]:
+        """`_encode`, after `_probe_length` found nothing over `limit` tokens: a prompt
+        far over the limit costs about what tokenizing `limit` tokens costs, not what its
+        whole length (up to the character bound) would."""
+        text = (
+            "\n".join(m.content for m in req.messages)
+            if req.messages is not None
+            else req.prompt or ""
+        )
+        found = self._probe_length(text, limit)
+        if found is not None:
+            cut, count = found
+            raise RequestError(
+                f"{req.param} is more than {limit} tokens (its first {cut} characters are "
+                f"{count} tokens); this engine accepts at most {limit} input tokens",
+                param=req.param,
+            )
+        return self._encode(req)
+
+    def _probe_length(self, text: str, limit: int) -> tuple[int, int] | None:
+        """(characters, tokens) of the first prefix of `text` that shows it holds more
+        than `limit` tokens; None if none does. Prefixes double from 2 x (limit + margin)
+        characters, each cut before a space, so the characters tokenized here are at
+        most about twice those of the prefix that proved it, and a text that fits is
+        tokenized at most about twice over in all. (For chat, the messages' contents:
+        the chat's own tokens are more.)"""
+        bound = limit + PROBE_MARGIN_TOKENS
+        size = 2 * bound
+        while size < len(text):
+            cut = _cut_before_space(text, size)
+            count = len(self.tokenizer.encode(text[:cut]))
+            if count > bound:
+                return cut, count
+            size *= 2
+        return None
 
     def _encode(self, req: GenerationRequest) -> list[int]:
         if req.messages is not None:
@@ -296,3 +368,12 @@ class GenerationService:
         if not task.cancelled():
             task.result()  # re-raise what generation raised
         return logprobs
+
+
+def _cut_before_space(text: str, at: int, reach: int = 64) -> int:
+    """A cut at or below `at` just before a whitespace that follows a non-space (no
+    token spans it), looking back at most `reach` characters; else `at` itself."""
+    for i in range(at, max(0, at - reach), -1):
+        if text[i].isspace() and not text[i - 1].isspace():
+            return i
+    return at

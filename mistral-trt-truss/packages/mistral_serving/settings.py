@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 ENV_PREFIX = "MTT_"
+MAX_TEXT_CHARS = 4096  # any text setting (paths, repo ids, names)
+MAX_MODEL_NAME_CHARS = 256
 
 
 class SettingsError(ValueError):
@@ -22,7 +24,8 @@ class SettingsError(ValueError):
 
 
 class Settings(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No inf/nan for any float: "inf seconds" is a typo, not a setting.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     # What to serve.
     artifact: str = Field(
@@ -53,9 +56,24 @@ class Settings(BaseModel):
     # PyTorch engine.
     device: Literal["auto", "cpu", "cuda"] = "auto"
     torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    max_batch_size: int = Field(64, ge=1, description="Sequences decoded together per step.")
+    max_batch_size: int = Field(
+        64, ge=1, le=4096, description="Sequences decoded together per step."
+    )
     max_num_tokens: int = Field(
-        8192, ge=16, description="Prompt tokens prefilled per engine step (bounds step latency)."
+        8192,
+        ge=16,
+        le=2**21,
+        description="Prompt tokens prefilled per engine step, padding included (rows x "
+        "the longest prompt): bounds step latency and prefill memory.",
+    )
+    prefill_logits_bytes: int = Field(
+        256 * 2**20,
+        ge=1,
+        le=2**36,
+        description="PyTorch engines: the most logits one prefill projection may hold "
+        "(bytes). Prompt logprobs (echo) are computed for the rows that ask, this many "
+        "bytes of logits at a time, and the rows prefilled together are limited so their "
+        "last-position logits fit too.",
     )
     pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
         "auto",
@@ -68,6 +86,7 @@ class Settings(BaseModel):
     load_prefetch_threads: int = Field(
         0,
         ge=0,
+        le=64,
         description="Threads that read the artifact's weight files into the page cache "
         "from the server's first moment, while Python and torch start; 0: off (the loader "
         "streams the files itself; on the H200 VM's disk reading ahead slowed the start).",
@@ -75,6 +94,7 @@ class Settings(BaseModel):
     gil_switch_interval_ms: float = Field(
         0.5,
         gt=0,
+        le=1000,
         description="PyTorch engine on a GPU: the process's GIL switch interval "
         "(sys.setswitchinterval); the engine thread and the event loop share the GIL.",
     )
@@ -92,6 +112,7 @@ class Settings(BaseModel):
     torch_threads: int | None = Field(
         None,
         ge=1,
+        le=1024,
         description="PyTorch engine: torch's intra-op CPU threads. Unset: the CPUs this "
         "process may really use (cgroup CPU quota, CPU affinity) less one, left to the event "
         "loop, so a container on a big node does not run one thread per host core and a busy "
@@ -101,13 +122,18 @@ class Settings(BaseModel):
     replay_step_ms: float = Field(
         10.0,
         gt=0,
+        le=60_000,
         description="engine=replay (benchmarks only): milliseconds per step; "
         "each step emits one token to every live request.",
     )
 
     # Limits (never above what the engine allows).
-    max_input_len: int | None = Field(None, ge=1, description="Lower the engine's input limit.")
-    max_seq_len: int | None = Field(None, ge=2, description="Lower the engine's sequence limit.")
+    max_input_len: int | None = Field(
+        None, ge=1, le=2**21, description="Lower the engine's input limit."
+    )
+    max_seq_len: int | None = Field(
+        None, ge=2, le=2**21, description="Lower the engine's sequence limit."
+    )
 
     # TensorRT-LLM engine.
     kv_cache_free_gpu_memory_fraction: float = Field(
@@ -125,20 +151,53 @@ class Settings(BaseModel):
         " guaranteed_no_evict admits a request only if KV for prompt + max_tokens is free; "
         "max_utilization admits more and pauses requests when the cache runs out.",
     )
+    trtllm_sampler: Literal["trtllm", "torch"] = Field(
+        "trtllm",
+        description="engine=trtllm_pytorch: TensorRT-LLM's sampler. trtllm (TRTLLMSampler) "
+        "applies repetition/presence/frequency penalties but returns only the sampled "
+        "token's logprob (top_logprobs above 0 are refused); torch (TorchSampler) returns "
+        "top-k logprobs but ignores penalties in 1.2 (requests with penalties are refused).",
+    )
+    trtllm_logprobs_abort_safe: bool = Field(
+        False,
+        description="engine=tensorrt_llm: serve logprobs from an engine built with "
+        "gather_generation_logits. Off: logprobs are refused, because aborting a request "
+        "with logprobs (any client disconnect) crashes the executor on TensorRT-LLM 1.1.0 and "
+        "1.2.0rc7. Turn on only after verify-gpu's abort-with-logprobs check passed on the "
+        "release you serve.",
+    )
+    trtllm_cuda_graph_padding: bool = Field(
+        True,
+        description="engine=trtllm_pytorch: pad decode batches up to the next captured CUDA "
+        "graph size (CudaGraphConfig.enable_padding; graphs up to max_batch_size), so every "
+        "decode step replays a graph instead of launching kernels one by one.",
+    )
+    trtllm_kv_block_reuse: bool = Field(
+        True,
+        description="TensorRT-LLM's KV-cache block reuse (KvCacheConfig.enable_block_reuse, on "
+        "upstream by default): requests sharing a prompt prefix reuse its cached blocks. "
+        "verify-gpu turns it off so equal greedy requests run the same kernels.",
+    )
 
     # Requests.
     default_max_tokens: int = Field(
         2048,
         ge=1,
+        le=2**21,
         description="OpenAI chat requests without max_tokens generate at most this many "
         "tokens (clamped to what the engine allows); a smaller default keeps the KV cache "
         "a request reserves small.",
     )
     max_body_bytes: int = Field(
-        8 * 2**20, ge=1024, description="Largest request body; larger ones get 413."
+        8 * 2**20, ge=1024, le=2**30, description="Largest request body; larger ones get 413."
+    )
+    api_keys_file: str = Field(
+        "",
+        description="File of API keys (one a line, e.g. a mounted Secret); when set, the "
+        "generation routes need `Authorization: Bearer <key>` (else 401). Empty: no auth.",
     )
     body_timeout_seconds: float = Field(
-        30.0, gt=0, description="A request body must arrive within this; else 408."
+        30.0, gt=0, le=3600, description="A request body must arrive within this; else 408."
     )
     metrics_names: Literal["mtt", "vllm"] = Field(
         "mtt",
@@ -159,11 +218,134 @@ class Settings(BaseModel):
         "per streamed token).",
     )
 
+    # Structured output (response_format): bounds checked before any grammar compile.
+    grammar_max_schema_bytes: int = Field(
+        65536,
+        ge=1024,
+        le=2**24,
+        description="Largest response_format schema (JSON bytes); larger: 400.",
+    )
+    grammar_max_schema_depth: int = Field(
+        20, ge=2, le=32, description="Deepest JSON nesting of a schema; deeper: 400."
+    )
+    grammar_max_enum_values: int = Field(
+        1000, ge=1, le=10**6, description="enum/const values in one schema, all counted; more: 400."
+    )
+    grammar_max_pattern_repeat: int = Field(
+        1000,
+        ge=1,
+        le=10**9,
+        description="Largest expansion of one schema `pattern` (bounded repetitions multiply "
+        "when nested); 10x this for all of a schema's patterns; more: 400.",
+    )
+    grammar_compile_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="A schema must compile within this (in a child process that is killed "
+        "when it overruns); else 400. The verdict is cached.",
+    )
+    grammar_compile_workers: int = Field(
+        1, ge=1, le=16, description="Child processes compiling new schemas at once."
+    )
+    grammar_cache_bytes: int = Field(
+        64 * 2**20,
+        ge=0,
+        le=2**36,
+        description="PyTorch engines: memory of compiled grammars kept for reuse (LRU); "
+        "0 keeps none.",
+    )
+
+    # HTTP connection limits (enforced by the protocol classes in http_limits.py).
+    max_header_bytes: int = Field(
+        32 * 1024,
+        ge=1024,
+        le=2**24,
+        description="Largest request line + headers of one request; past it 431 and the "
+        "connection is closed (checked before the parser buffers the bytes).",
+    )
+    max_header_count: int = Field(
+        100,
+        ge=8,
+        le=10_000,
+        description="Most header lines in one request; more get 431 and a close.",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="Once a request's first byte arrives, its headers must be complete "
+        "within this; else 408 and the connection is closed (slowloris).",
+    )
+    keepalive_timeout_seconds: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="A connection with no request in progress (new, or between requests) "
+        "is closed after this long.",
+    )
+    max_connections: int = Field(
+        2048,
+        ge=4,
+        le=1_000_000,
+        description="Most open client connections. Past `max_connections` minus "
+        "`probe_reserve_connections` the oldest idle connection is closed to make room, "
+        "and a new one that finds none serves only probes (GET /health, "
+        "/v1/models/{name}, /, /ping, /metrics); past `max_connections` a new one gets 503.",
+    )
+    probe_reserve_connections: int = Field(
+        16,
+        ge=1,
+        le=1_000_000,
+        description="Connections kept for probes and metrics scrapes out of `max_connections`.",
+    )
+    stream_write_timeout_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="A streamed answer whose client has not taken a write for this long is "
+        "aborted (finished_reason slow_reader), and its engine request with it.",
+    )
+    stream_buffer_bytes: int = Field(
+        256 * 2**10,
+        ge=1024,
+        le=2**30,
+        description="Output one connection may hold unsent in each of three places: the "
+        "kernel's send buffer (SO_SNDBUF), the server's transport buffer and the stream's "
+        "own; a client that falls further behind is aborted (finished_reason slow_reader).",
+    )
+
     # Admission control and shutdown.
-    max_inflight: int = Field(256, ge=1, description="Requests generating at once.")
-    max_waiting: int = Field(512, ge=0, description="Requests waiting for a slot; more get 429.")
+    max_inflight: int = Field(256, ge=1, le=65536, description="Requests generating at once.")
+    max_waiting: int = Field(
+        512, ge=0, le=100_000, description="Requests waiting for a slot; more get 429."
+    )
     drain_grace_seconds: float = Field(
-        60.0, ge=0, description="On SIGTERM, how long in-flight streams may finish."
+        60.0, ge=0, le=3600, description="On SIGTERM, how long in-flight streams may finish."
+    )
+
+    # The engine watchdog (mistral_serving/watchdog.py).
+    engine_stall_unready_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Readiness answers 503 while the engine has made no progress (no step, "
+        "no response) for this long with requests pending; it recovers if the engine moves.",
+    )
+    engine_stall_exit_seconds: float = Field(
+        120.0,
+        gt=0,
+        le=86400,
+        description="Past this long without engine progress while requests are pending, the "
+        "server logs why and exits with status 1, so Kubernetes replaces the container.",
+    )
+
+    # Start-up.
+    driver_check: Literal["refuse", "warn"] = Field(
+        "refuse",
+        description="At start, an NVIDIA driver older than the image's CUDA needs (R580 for "
+        "CUDA 13.0): `refuse` (one line, exit 2) or `warn` and start (CUDA forward "
+        "compatibility set up by hand).",
     )
 
     # Logging.
@@ -173,6 +355,45 @@ class Settings(BaseModel):
     def _check_limits(self) -> Settings:
         if self.max_input_len and self.max_seq_len and self.max_input_len >= self.max_seq_len:
             raise ValueError("max_input_len must be below max_seq_len")
+        return self
+
+    @model_validator(mode="after")
+    def _check_stall_limits(self) -> Settings:
+        if self.engine_stall_exit_seconds < self.engine_stall_unready_seconds:
+            raise ValueError(
+                "engine_stall_exit_seconds must be at least engine_stall_unready_seconds"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_text(self) -> Settings:
+        """Every text setting is printable UTF-8 of a sane length (an environment value
+        that is not UTF-8 arrives with lone surrogates); the served model name also has no
+        whitespace: it is echoed on every OpenAI answer."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                continue
+            if len(value) > MAX_TEXT_CHARS:
+                raise ValueError(f"{name}: longer than {MAX_TEXT_CHARS} characters")
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"{name}: not valid UTF-8 ({ascii(value[:60])})") from None
+            if not value.isprintable():
+                raise ValueError(f"{name}: holds control characters ({ascii(value[:60])})")
+        model = self.served_model_name
+        if not model or len(model) > MAX_MODEL_NAME_CHARS or any(c.isspace() for c in model):
+            raise ValueError(
+                f"served_model_name: 1 to {MAX_MODEL_NAME_CHARS} characters without "
+                f"whitespace ({ascii(model[:60])})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_connections(self) -> Settings:
+        if self.probe_reserve_connections >= self.max_connections:
+            raise ValueError("probe_reserve_connections must be below max_connections")
         return self
 
     @model_validator(mode="after")

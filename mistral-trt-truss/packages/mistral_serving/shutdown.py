@@ -1,9 +1,15 @@
-"""Graceful shutdown: on SIGTERM stop admitting, let in-flight requests finish for up to
+"""Graceful shutdown, and the two ways the server ends at once.
+
+On SIGTERM stop admitting, let in-flight requests finish for up to
 `drain_grace_seconds`, then abort what is left so the server can exit.
 
 uvicorn (under the Truss server) handles SIGTERM by closing its listener and waiting for
 open responses (Truss allows 3600 s), so without this a long stream would hold the pod
 until Kubernetes' SIGKILL. We chain in front of uvicorn's handler.
+
+`exit_now` ends the process with a status and one reason as the last log line (the
+watchdog's exit and a failed load use it); `exit_if_load_fails` makes a failed load do so
+before Truss can see it fail (see there).
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import os
 import signal
 import threading
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +44,7 @@ class Drainer:
         loop = asyncio.get_running_loop()
         previous = signal.getsignal(signal.SIGTERM)
 
-        def on_sigterm(signum: int, frame: object) -> None:
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
             loop.call_soon_threadsafe(self.begin)
             if callable(previous):
                 previous(signum, frame)
@@ -67,3 +75,70 @@ class Drainer:
         aborted = self._abort_all()
         if aborted:
             log.warning("drain grace period over: aborted %d unfinished requests", aborted)
+
+
+LOAD_FAILED_STATUS = 1
+
+
+def exit_now(status: int, reason: str) -> None:
+    """Log `reason` as the process's last line and end it with `status`, now: no drain,
+    no lifespan shutdown (what would run them waits on what failed).
+
+    No other thread's line may follow the reason: logging is disabled first, then every
+    handler's lock is taken and kept (a thread already past the level check blocks on it
+    until the process ends), and only then is the reason written."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (reason,), None)
+    logging.disable(logging.CRITICAL)
+    handlers = _all_handlers()
+    for handler in handlers:
+        handler.acquire()  # never released: the process ends below
+    for handler in _handlers_of(log):
+        if record.levelno >= handler.level:
+            handler.emit(record)
+    for handler in handlers:
+        handler.flush()
+    os._exit(status)
+
+
+def _handlers_of(logger: logging.Logger) -> list[logging.Handler]:
+    """The handlers a record on `logger` reaches, as `Logger.callHandlers` walks them."""
+    found: list[logging.Handler] = []
+    current: logging.Logger | None = logger
+    while current is not None:
+        found.extend(current.handlers)
+        current = current.parent if current.propagate else None
+    return found
+
+
+def _all_handlers() -> list[logging.Handler]:
+    """Every handler on the root logger and on any named logger, each once."""
+    loggers = [logging.getLogger()] + [
+        item
+        for item in logging.Logger.manager.loggerDict.values()
+        if isinstance(item, logging.Logger)
+    ]
+    seen: dict[int, logging.Handler] = {}
+    for logger in loggers:
+        for handler in logger.handlers:
+            seen.setdefault(id(handler), handler)
+    return list(seen.values())
+
+
+def exit_if_load_fails(model_wrapper: Any, reason: Callable[[BaseException], str]) -> None:
+    """Truss 0.18.36's `ModelWrapper.load` marks a failed load FAILED, and any readiness or
+    liveness probe that lands then (`BasetenEndpoints.check_healthy`, for
+    `/v1/models/{name}`, `/loaded` and `/ping`) SIGKILLs the process (exit 137, the
+    traceback last) before Truss's own `_shutdown_if_load_fails` poll (every 0.5 s) stops
+    the server. So the load thread exits first: `_load_impl` (Truss's retries included)
+    is wrapped, and on failure the process logs the traceback, then "load failed: <why>",
+    and exits with status 1 while the status still says LOADING (probes get 503)."""
+    load_impl = model_wrapper._load_impl
+
+    def load_or_exit() -> None:
+        try:
+            load_impl()
+        except Exception as exc:  # noqa: BLE001 - every failure ends the process the same way
+            log.exception("Exception while loading model")
+            exit_now(LOAD_FAILED_STATUS, f"load failed: {reason(exc)}")
+
+    model_wrapper._load_impl = load_or_exit

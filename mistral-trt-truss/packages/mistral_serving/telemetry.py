@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import time
@@ -31,22 +32,32 @@ def request_id_from(header: str | None) -> str:
     return fresh
 
 
+_ENGINE_SEQ = itertools.count(1)
+
+
 @dataclass
 class RequestRecord:
     """What happened to one request; filled in as it runs."""
 
     request_id: str  # the client's X-Request-Id, or one we made: logged and returned
     route: str
-    # Unique inside the engine even when clients reuse an X-Request-Id.
-    engine_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # The id the engine knows (and names in its log lines): "<request_id>-<n>", so a
+    # search for the request id finds the engine's lines too; unique in the process even
+    # when clients reuse an X-Request-Id.
+    engine_id: str = ""
     arrived_at: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
     first_token_at: float | None = None
     ended_at: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tokens_counted: int = 0  # of completion_tokens, already in generation_tokens_total
     finish_reason: str | None = None  # stop, length, abort, error; or a refusal's (REFUSED)
     output: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.engine_id:
+            self.engine_id = f"{self.request_id}-{next(_ENGINE_SEQ)}"
 
     @property
     def usage(self) -> dict[str, int]:
@@ -87,7 +98,8 @@ class Telemetry:
         duration = record.ended_at - record.arrived_at
         m.finished.labels(route, record.finish_reason or "error").inc()
         m.prompt_tokens.inc(record.prompt_tokens)
-        m.generation_tokens.inc(record.completion_tokens)
+        m.generation_tokens.inc(record.completion_tokens - record.tokens_counted)
+        record.tokens_counted = record.completion_tokens
         if record.finish_reason not in REFUSED:  # refusals would pull these toward 0
             m.request_prompt_tokens.observe(record.prompt_tokens)
             m.request_generation_tokens.observe(record.completion_tokens)

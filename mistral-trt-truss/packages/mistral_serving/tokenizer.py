@@ -18,10 +18,17 @@ in time linear in the output.
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, cast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+from mistral_serving.file_bounds import check_parsed_files
 
 SPIECE_UNDERLINE = "▁"
 
@@ -89,7 +96,9 @@ class Tokenizer:
         """Token ids of `text`; with `bos`, preceded by BOS where this model's tokenizer
         adds one to a text (see `add_bos`)."""
         ids = self._encode(text)
-        return [self.bos_id, *ids] if bos and self.add_bos else ids
+        if bos and self.add_bos and self.bos_id is not None:  # add_bos implies a BOS id
+            return [self.bos_id, *ids]
+        return ids
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         """Prompt ids from the checkpoint's chat template with the assistant's turn opened
@@ -100,6 +109,9 @@ class Tokenizer:
 
 
 def load_tokenizer(artifact_dir: Path, prefer_sentencepiece: bool = True) -> Tokenizer:
+    # Every tokenizer file within its bound before SentencePiece, tokenizers or
+    # transformers parse one (an ArtifactError naming the file and the bound).
+    check_parsed_files(artifact_dir)
     sp_model = artifact_dir / "tokenizer.model"
     stop_ids = generation_eos_ids(artifact_dir)
     if prefer_sentencepiece and sp_model.is_file():
@@ -203,7 +215,7 @@ def _hf_tokenizer(artifact_dir: Path, stop_ids: tuple[int, ...] = ()) -> Tokeniz
         else:
             token_bytes.append(piece.replace(SPIECE_UNDERLINE, " ").encode())
             is_byte.append(False)
-    kind = "byte_level" if byte_level else "sentencepiece"
+    kind: Literal["sentencepiece", "byte_level"] = "byte_level" if byte_level else "sentencepiece"
     table = TokenTable(kind, tuple(token_bytes), tuple(is_byte), not byte_level)
     eos = tok.eos_token_id
     if eos is None:
@@ -231,10 +243,49 @@ def _hf_tokenizer(artifact_dir: Path, stop_ids: tuple[int, ...] = ()) -> Tokeniz
     )
 
 
-def _render_chat(tok, messages: list[dict[str, str]]) -> list[int]:
-    # tokenize=True tokenizes the rendered text without adding special tokens (the
-    # template writes its own); return_dict=False: a plain list in transformers 4 and 5.
-    ids = tok.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=False
-    )
+class ChatTemplateRefused(ValueError):
+    """The chat template did not place the messages' contents as given (chat.py: a 400)."""
+
+
+def _render_chat(tok: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+    """The template's control tokens, and each message's content encoded as text: content
+    that spells a special token ("<|im_start|>system ...") must not become that token and
+    forge a turn. Content without such text (nearly all) takes transformers' own path,
+    token for token."""
+    special = {t.content for t in tok.added_tokens_decoder.values() if t.special}
+    special.update(tok.all_special_tokens)
+    if not any(s in m["content"] for m in messages for s in special if s):
+        # tokenize=True tokenizes the rendered text without adding special tokens (the
+        # template writes its own); return_dict=False: a plain list in transformers 4 and 5.
+        # cast: transformers types the result as the union over every mode; this mode
+        # (tokenize=True, return_dict=False, one conversation) returns a list of ids.
+        plain = cast(
+            "list[int]",
+            tok.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+            ),
+        )
+        return [int(i) for i in plain]
+    # Render with a fresh placeholder per content, then encode the template's text with
+    # its special tokens and each content with special tokens split into plain text.
+    nonce = secrets.token_hex(8)
+    marks = [f"\x00{nonce}:{i}\x00" for i in range(len(messages))]
+    placed = [m | {"content": mark} for m, mark in zip(messages, marks)]
+    text = tok.apply_chat_template(placed, add_generation_prompt=True, tokenize=False)
+    if not isinstance(text, str):  # tokenize=False renders one conversation to text
+        raise TypeError(f"apply_chat_template(tokenize=False) gave {type(text).__name__}")
+    found = re.findall(f"\x00{nonce}:(\\d+)\x00", text)
+    if sorted(found) != sorted(str(i) for i in range(len(messages))):
+        raise ChatTemplateRefused(
+            "this model's chat template transforms message content, and a message holds a "
+            "special token's text; remove it from the message"
+        )
+    ids: list[int] = []
+    for i, part in enumerate(re.split(f"\x00{nonce}:(\\d+)\x00", text)):
+        if i % 2:  # a placeholder: that message's content, as text
+            content = messages[int(part)]["content"]
+            enc = tok(content, add_special_tokens=False, split_special_tokens=True)
+            ids += enc["input_ids"]
+        elif part:
+            ids += tok.encode(part, add_special_tokens=False)
     return [int(i) for i in ids]

@@ -6,7 +6,7 @@ set -euo pipefail
 python3 /app/tensorrt_llm/examples/quantization/quantize.py \
     --model_dir /scratch/engine-build/hf-checkpoint \
     --output_dir /scratch/engine-build/trtllm-checkpoint \
-    --dtype float16 \
+    --dtype bfloat16 \
     --tp_size 1 \
     --qformat int4_awq \
     --calib_size 64 \
@@ -21,11 +21,12 @@ trtllm-build \
     --remove_input_padding enable \
     --context_fmha enable \
     --use_paged_context_fmha enable \
-    --max_batch_size 64 \
+    --max_batch_size 128 \
     --max_input_len 32256 \
     --max_seq_len 32768 \
     --max_num_tokens 8192 \
     --max_beam_width 1 \
+    --multiple_profiles enable \
     --workers 1 \
     --log_level info
 # finish: tokenizer files + build_manifest.json -> /artifacts/engine

@@ -6,7 +6,7 @@ set -euo pipefail
 python3 /app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py \
     --model_dir /scratch/engine-build/hf-checkpoint \
     --output_dir /scratch/engine-build/trtllm-checkpoint \
-    --dtype float16 \
+    --dtype bfloat16 \
     --tp_size 1 \
     --use_weight_only \
     --weight_only_precision int4
@@ -25,6 +25,7 @@ trtllm-build \
     --max_seq_len 32768 \
     --max_num_tokens 8192 \
     --max_beam_width 1 \
+    --multiple_profiles enable \
     --workers 1 \
     --log_level info
 # finish: tokenizer files + build_manifest.json -> /artifacts/engine

@@ -5,7 +5,7 @@ set -euo pipefail
 python3 /app/tensorrt_llm/examples/models/core/llama/convert_checkpoint.py \
     --model_dir /models/mistral-7b \
     --output_dir /scratch/engine-build/trtllm-checkpoint \
-    --dtype float16 \
+    --dtype bfloat16 \
     --tp_size 1
 # [2/2] build; log: /scratch/engine-build/logs/build.log
 trtllm-build \
@@ -17,11 +17,12 @@ trtllm-build \
     --remove_input_padding enable \
     --context_fmha enable \
     --use_paged_context_fmha enable \
-    --max_batch_size 64 \
+    --max_batch_size 128 \
     --max_input_len 4096 \
     --max_seq_len 8192 \
     --max_num_tokens 4096 \
     --max_beam_width 1 \
+    --multiple_profiles enable \
     --workers 1 \
     --log_level info
 # finish: tokenizer files + build_manifest.json -> /artifacts/engine

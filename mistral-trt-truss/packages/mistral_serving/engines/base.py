@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, TypeAlias, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -133,6 +134,12 @@ class Engine(Protocol):
         """Requests in the running batch now (admitted, not finished)."""
         ...
 
+    def stalled_for(self) -> float:
+        """Seconds (monotonic clock) since the engine last made progress (a step finished,
+        a response or stat arrived) while it had work pending (requests submitted and not
+        finished); 0.0 when idle. The watchdog (`mistral_serving.watchdog`) polls it."""
+        ...
+
     def shutdown(self) -> None:
         """Stop the engine and free what it holds; pending streams end. Idempotent."""
         ...
@@ -144,9 +151,26 @@ def refuse_unsupported(sampling: SamplingOptions) -> None:
         raise EngineRequestError("response_format is not supported by this engine")
 
 
+class Heartbeat:
+    """`stalled_for` for an engine with a step loop: the loop calls `beat()` after every
+    step (and while idle); `stalled_for(busy)` is the time since the last beat when the
+    engine has work pending. Plain float writes: read from any thread without a lock."""
+
+    def __init__(self) -> None:
+        self._last = time.monotonic()
+
+    def beat(self) -> None:
+        self._last = time.monotonic()
+
+    def stalled_for(self, busy: bool) -> float:
+        return max(0.0, time.monotonic() - self._last) if busy else 0.0
+
+
 # ---- delivery from an engine thread to the event loops that wait on its streams ----
 
 Item = TokenDelta | BaseException
+# One request's stream: what the engine delivers, read by `read_stream`.
+StreamQueue: TypeAlias = "asyncio.Queue[Item]"
 
 
 def stop_ids_for(eos_token_id: int, sampling: SamplingOptions) -> frozenset[int]:
@@ -155,7 +179,7 @@ def stop_ids_for(eos_token_id: int, sampling: SamplingOptions) -> frozenset[int]
     return frozenset((*eos, *sampling.stop_token_ids))
 
 
-def merge_ready(first: TokenDelta, queue: asyncio.Queue) -> tuple[TokenDelta, BaseException | None]:
+def merge_ready(first: TokenDelta, queue: StreamQueue) -> tuple[TokenDelta, BaseException | None]:
     """`first` plus the deltas already queued behind it, as one delta: a consumer that
     fell behind the engine catches up in one pass (one chunk, one event) instead of one
     pass per token. Stops at a finish reason, or at an error: that error comes back
@@ -176,16 +200,16 @@ def merge_ready(first: TokenDelta, queue: asyncio.Queue) -> tuple[TokenDelta, Ba
     return TokenDelta(tokens, reason, logprobs, prompt), None
 
 
-def put_all(items: Iterable[tuple[asyncio.Queue, Item]]) -> None:
+def put_all(items: Iterable[tuple[StreamQueue, Item]]) -> None:
     """Runs on the event loop: hand each item to its stream's queue."""
     for queue, item in items:
         queue.put_nowait(item)
 
 
-def deliver(items: Iterable[tuple[asyncio.AbstractEventLoop, asyncio.Queue, Item]]) -> None:
+def deliver(items: Iterable[tuple[asyncio.AbstractEventLoop, StreamQueue, Item]]) -> None:
     """From the engine thread: one thread-safe call per event loop for a whole step,
     not one per stream (each call wakes the loop)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Item]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[StreamQueue, Item]]] = {}
     for loop, queue, item in items:
         by_loop.setdefault(loop, []).append((queue, item))
     for loop, batch in by_loop.items():
@@ -193,7 +217,7 @@ def deliver(items: Iterable[tuple[asyncio.AbstractEventLoop, asyncio.Queue, Item
             loop.call_soon_threadsafe(put_all, batch)
 
 
-async def read_stream(queue: asyncio.Queue, what: str) -> AsyncIterator[TokenDelta]:
+async def read_stream(queue: StreamQueue, what: str) -> AsyncIterator[TokenDelta]:
     """A stream's consumer side: yield its deltas (merged when it fell behind) until a
     finish reason; an exception from the engine ends it, after the tokens delivered
     before it, as `EngineRequestError` (a refusal of its inputs) or `EngineError`."""

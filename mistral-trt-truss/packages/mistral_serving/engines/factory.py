@@ -8,8 +8,22 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+
 from mistral_serving.artifacts import Artifact, ArtifactError, ArtifactKind
 from mistral_serving.engines.base import Engine, EngineError
+from mistral_serving.file_bounds import check_file
+from mistral_serving.manifest import shown
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer
 
@@ -37,9 +51,63 @@ def engine_name_for(kind: ArtifactKind, setting: str) -> str:
     return wanted
 
 
+class ModelConfig(BaseModel):
+    """The config.json fields of a Hugging Face checkpoint the engines use (sequence
+    limits, tensor shapes), each within what a real decoder has; the others are
+    transformers' business. Absent is allowed where transformers has a default (the
+    static path's own checks then apply); present, a field must be sane: an absurd value
+    (`max_position_embeddings` 1e12, `num_hidden_layers` -1) would be served."""
+
+    model_config = ConfigDict(extra="allow")
+
+    max_position_embeddings: StrictInt | None = Field(None, ge=2, le=1 << 24)
+    num_hidden_layers: StrictInt | None = Field(None, ge=1, le=1024)
+    hidden_size: StrictInt | None = Field(None, ge=1, le=1 << 17)
+    num_attention_heads: StrictInt | None = Field(None, ge=1, le=1024)
+    num_key_value_heads: StrictInt | None = Field(None, ge=1, le=1024)
+    head_dim: StrictInt | None = Field(None, ge=1, le=4096)
+    intermediate_size: StrictInt | None = Field(None, ge=1, le=1 << 20)
+    vocab_size: StrictInt | None = Field(None, ge=1, le=1 << 22)
+    rms_norm_eps: StrictFloat | StrictInt | None = Field(None, gt=0, lt=1)
+    rope_theta: StrictFloat | StrictInt | None = Field(None, gt=0, le=1e12)
+    sliding_window: StrictInt | None = Field(None, ge=1, le=1 << 24)
+    tie_word_embeddings: StrictBool | None = None
+    architectures: list[StrictStr] | None = Field(None, max_length=16)
+
+    @model_validator(mode="after")
+    def _shapes_agree(self) -> ModelConfig:
+        heads, kv = self.num_attention_heads, self.num_key_value_heads
+        if heads is not None and kv is not None and heads % kv:
+            raise ValueError(
+                f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}"
+            )
+        hidden = self.hidden_size
+        if self.head_dim is None and heads is not None and hidden is not None and hidden % heads:
+            raise ValueError(
+                f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} "
+                "(and no head_dim is given)"
+            )
+        return self
+
+
+def check_model_config(config: object, where: str) -> ModelConfig:
+    """`config` (a checkpoint's parsed config.json) validated, or ArtifactError with one
+    line naming the field: refused at load, before any engine sizes anything from it."""
+    try:
+        return ModelConfig.model_validate(config)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(shown(p, 60) for p in first["loc"]) or "config"
+        got = f" (got {shown(first['input'], 60)})" if first["loc"] else ""
+        message = shown(first["msg"].removeprefix("Value error, "), 200)
+        raise ArtifactError(f"{where}: {field}: {message}{got}") from None
+
+
 def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -> Engine:
     """The engine for this artifact (read once by `artifacts.load_artifact`)."""
     artifact_dir, kind = artifact.path, artifact.kind
+    if kind == "hf_checkpoint" and settings.engine != "replay":
+        check_model_config(artifact.config, str(artifact_dir / "config.json"))
     # Engines import lazily: each pulls in its own heavy stack (torch, tensorrt_llm).
     if settings.engine == "replay":  # benchmarks only: see engines/replay.py
         from mistral_serving.engines.replay import ReplayEngine
@@ -89,7 +157,7 @@ def start_guided_torch_engine(
     from mistral_serving.guided import GuidedDecoder
 
     engine = start_torch_engine(model_dir, settings, tokenizer.eos_id, config)
-    engine.guided = GuidedDecoder(tokenizer, engine.vocab_size)
+    engine.guided = GuidedDecoder(tokenizer, engine.vocab_size, settings.grammar_cache_bytes)
     return engine
 
 
@@ -103,6 +171,7 @@ def runs_on_cuda(settings: Settings) -> bool:
 def read_model_config(model_dir: Path) -> dict[str, Any]:
     """config.json as a dict, or one EngineError naming the file."""
     path = model_dir / "config.json"
+    check_file(path)  # within its bound before it is parsed (file_bounds.py)
     try:
         config = json.loads(path.read_bytes())
     except (OSError, ValueError) as exc:
@@ -135,6 +204,7 @@ def start_torch_engine(
 
     if config is None:
         config = read_model_config(Path(model_dir))
+    check_model_config(config, str(Path(model_dir) / "config.json"))
     kind, why = kv_cache_choice(settings.pytorch_kv_cache, runs_on_cuda(settings), config)
     if why is not None:  # a GPU without the fast path is worth a warning; a CPU is not
         level = logging.INFO if why == NO_CUDA else logging.WARNING

@@ -75,9 +75,10 @@ class RotaryTables(nn.Module):
         if self.rope_type == "default":
             # transformers' compute_default_rope_parameters.
             dim = head_dim_of(config)
-            base = rope_parameters(config).get("rope_theta") or getattr(config, "rope_theta", 1e4)
+            theta = rope_parameters(config).get("rope_theta")
+            base = float(theta if theta else getattr(config, "rope_theta", 1e4))
             arange = torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float)
-            inv_freq, scaling = 1.0 / (float(base) ** (arange / dim)), 1.0
+            inv_freq, scaling = 1.0 / (base ** (arange / dim)), 1.0
         else:
             from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -162,8 +163,10 @@ def rope_type(config: Any) -> str:
 
 
 def head_dim_of(config: Any) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
 
 
 def kv_heads_of(config: Any) -> int:
-    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)

@@ -17,6 +17,10 @@ in a child process (`worker.py`) and the server keeps only this proxy:
 - A request the child refuses (its prompt, its response_format schema) raises
   `EngineRequestError` from its stream; a request that fails in the engine raises
   `EngineError`; the other requests go on.
+- Heartbeat: the child sends a "beat" (with its engine's own `stalled_for`) every
+  `worker.HEARTBEAT_S`; every message heard counts as a sign of life. `stalled_for` here is
+  the longer of the silence since the last message and the child's own report, while a
+  request is pending: a SIGSTOPped or wedged child that says nothing is noticed too.
 - If the child dies (a crash, an OOM kill, SIGKILL), every live request fails with
   `EngineError` and `is_healthy()` turns False: the frontend then drains and stops the
   server, and Kubernetes restarts the pod.
@@ -41,6 +45,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -57,12 +62,13 @@ from mistral_serving.engines.base import (
     deliver,
     read_stream,
 )
-from mistral_serving.engines.worker import decode, encode
+from mistral_serving.engines.worker import HEARTBEAT_S, decode, encode
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 30.0  # then the child is killed
+SILENT_S = 4 * HEARTBEAT_S  # a child not heard from for this long is stopped or wedged
 _POLL_S = 0.25  # how often a silent socket is checked for the child having exited
 
 
@@ -121,6 +127,10 @@ class ProcessEngine:
         self._closing = False
         self._kv_usage = 0.0
         self._n_running = 0
+        # Heartbeat (reader thread writes, anyone reads): when the child was last heard
+        # from, and the stall its last "beat" reported (0.0 once a step arrives).
+        self._heard_at = time.monotonic()
+        self._child_stall = 0.0
         self._reader = threading.Thread(
             target=self._read, name="engine-process-reader", daemon=True
         )
@@ -219,6 +229,13 @@ class ProcessEngine:
     def num_running(self) -> int:
         return self._n_running
 
+    def stalled_for(self) -> float:
+        if not self._streams or self._closing or self._failure is not None:
+            return 0.0  # idle, or already known dead (is_healthy says so)
+        silence = max(0.0, time.monotonic() - self._heard_at)
+        reported = self._child_stall + silence if self._child_stall > 0 else 0.0
+        return max(silence, reported)
+
     @property
     def vocab_size(self) -> int:
         """Rows of the model's embedding (may exceed the tokenizer's vocabulary)."""
@@ -235,6 +252,10 @@ class ProcessEngine:
             if self._closing:
                 return
             self._closing = True
+        if time.monotonic() - self._heard_at > SILENT_S:
+            # Stopped or wedged (no beat): it cannot read "shutdown"; waiting is pointless.
+            log.warning("the engine process has been silent: killing it")
+            self._proc.kill()
         with contextlib.suppress(EngineError):
             self._send(("shutdown",))
         try:
@@ -267,10 +288,14 @@ class ProcessEngine:
                         break  # exited, yet no EOF: a descendant holds its socket open
                     continue
                 message = decode(self._conn.recv_bytes())
+                self._heard_at = time.monotonic()
                 kind = message[0]
                 if kind == "step":
                     _, events, self._kv_usage, self._n_running = message
+                    self._child_stall = 0.0  # a step finished: progress
                     self._dispatch(events)
+                elif kind == "beat":
+                    self._child_stall = message[1]
                 elif kind == "gauges":
                     _, self._kv_usage, self._n_running = message
                 elif kind == "fatal":

@@ -3,8 +3,9 @@
 Used for the dev model on CPU and as the fallback on GPUs without a TensorRT-LLM engine.
 One background thread owns the model and runs steps; every step it
   1. drops aborted requests,
-  2. admits waiting requests (up to `max_batch_size` sequences and `max_num_tokens`
-     prompt tokens a step) and prefills them together, left-padded,
+  2. admits waiting requests (up to `max_batch_size` sequences, `max_num_tokens` padded
+     positions and `prefill_logits_bytes` of logits a step: `prefill.py`, the rule both
+     PyTorch engines share) and prefills them together, left-padded,
   3. decodes one token for every running sequence in one forward pass,
 so a request joins and leaves the running batch at any step instead of waiting for a
 batch to drain. Sequences of different lengths share one left-padded KV cache; joining
@@ -19,8 +20,9 @@ Request options: `ignore_eos` (EOS is an ordinary token; only `max_new_tokens` a
 stop_token_ids end generation), `min_tokens` (EOS and stop_token_ids are masked until that
 many tokens exist), `logprobs` (each token's log-probability and the top k, from the
 logits after penalties and before temperature, top-k and top-p: see `sampling.py`),
-`prompt_logprobs` (each prompt token's logprob, from the logits of the prefill that runs
-anyway: no second forward pass; with `max_new_tokens` 0 the request ends after it, with
+`prompt_logprobs` (each prompt token's logprob, from the final hidden states of the
+prefill that runs anyway, for the rows that ask only, projected through lm_head in chunks:
+no second forward pass, no logits for other rows' positions; with `max_new_tokens` 0 the request ends after it, with
 finish reason `length`). A request with `prompt_logprobs` that ends on a stop token gets
 that token's logprob on its last delta (with no token id; vLLM's output holds its stop
 token too): echo clients (lm-evaluation-harness) index prompt + output logprobs by position.
@@ -55,6 +57,7 @@ from mistral_serving.engines.base import (
     EngineInfo,
     EngineLimits,
     EngineRequestError,
+    Heartbeat,
     SamplingOptions,
     TokenDelta,
     TokenLogprob,
@@ -64,7 +67,13 @@ from mistral_serving.engines.base import (
     stop_ids_for,
 )
 from mistral_serving.engines.cpus import available_cpus, default_torch_threads
-from mistral_serving.engines.sampling import Sampled, prompt_logprobs, sample_next_tokens
+from mistral_serving.engines.prefill import (
+    PrefillBudget,
+    chunked_prompt_logprobs,
+    is_allocation_failure,
+    take_admissible,
+)
+from mistral_serving.engines.sampling import Sampled, sample_next_tokens
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -161,10 +170,26 @@ def load_model(
 
 
 class TorchEngine:
-    def __init__(self, model, eos_token_id: int, limits: EngineLimits, max_num_tokens: int) -> None:
+    def __init__(
+        self,
+        model,
+        eos_token_id: int,
+        limits: EngineLimits,
+        max_num_tokens: int,
+        prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
+    ) -> None:
         self._model = model
         self._device = next(model.parameters()).device
         self._vocab = model.get_input_embeddings().num_embeddings
+        # lm_head: the static engine's own modules have no get_output_embeddings().
+        head = getattr(model, "lm_head", None)
+        self._head = head if head is not None else model.get_output_embeddings()
+        self._budget = PrefillBudget(
+            max_num_tokens,
+            prefill_logits_bytes,
+            self._head.weight.shape[0],
+            self._head.weight.element_size(),
+        )
         self.eos_token_id = eos_token_id
         self.limits = limits
         self.info = EngineInfo(
@@ -174,10 +199,11 @@ class TorchEngine:
                 "dtype": str(next(model.parameters()).dtype),
                 "max_batch_size": limits.max_batch_size,
                 "max_num_tokens": max_num_tokens,
+                "prefill_logits_chunk": self._budget.chunk,
                 "threads": torch.get_num_threads(),
             },
         )
-        self._max_num_tokens = max_num_tokens
+        self._committed = False  # whether the prefill under way has joined the batch
         # transformers 5.x names the KV cache argument `cache`; 4.57 (the TensorRT-LLM
         # image's pin) calls it `past_key_values`.
         params = inspect.signature(model.forward).parameters
@@ -185,9 +211,12 @@ class TorchEngine:
         self._lock = threading.Lock()
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._aborted: set[str] = set()
+        # Requests whose grammar is compiling (not queued yet): id -> aborted meanwhile.
+        self._compiling: dict[str, bool] = {}
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._fatal: BaseException | None = None
+        self._heartbeat = Heartbeat()  # beats once per step-loop pass (the watchdog reads it)
         # Structured output, when set: `.matcher(GuidedDecoding)` gives a per-request
         # object with `mask(row_logits)` and `accept(token_id)` (`mistral_serving.guided`).
         self.guided = None
@@ -211,7 +240,13 @@ class TorchEngine:
     @classmethod
     def for_model(cls, loaded: LoadedModel, settings: Settings, eos_token_id: int) -> TorchEngine:
         limits = EngineLimits(loaded.max_input_len, loaded.max_seq_len, settings.max_batch_size)
-        return cls(loaded.model, eos_token_id, limits, settings.max_num_tokens)
+        return cls(
+            loaded.model,
+            eos_token_id,
+            limits,
+            settings.max_num_tokens,
+            settings.prefill_logits_bytes,
+        )
 
     # ---- the async interface (event loop side) ----
 
@@ -271,15 +306,40 @@ class TorchEngine:
             stop_ids=stop_ids_for(self.eos_token_id, sampling),
         )
         if sampling.guided is not None and self.guided is not None:
-            matcher = self.guided.matcher(sampling.guided)  # a bad schema: EngineRequestError
-            seq.mask_fn, seq.accept_fn = matcher.mask, matcher.accept
+            # Compiled on the decoder's thread, then queued: neither the caller (the event
+            # loop) nor the step waits for it. A bad schema ends the stream with its error.
+            with self._lock:
+                self._compiling[request_id] = False
+            self.guided.matcher_later(sampling.guided, lambda m: self._guided_ready(seq, m))
+            return
         with self._lock:
             self._waiting.append(seq)
+        self._wake.set()
+
+    def _guided_ready(self, seq: _Sequence, matcher) -> None:
+        """On the grammar thread: queue `seq` with its matcher, or end it (its schema's
+        error, an abort that came during the compile, or an engine that stopped)."""
+        with self._lock:
+            aborted = self._compiling.pop(seq.request_id, False)
+            if isinstance(matcher, BaseException):
+                outcome: TokenDelta | BaseException | None = matcher
+            elif aborted:
+                outcome = TokenDelta([], "abort")
+            elif self._fatal is not None or self._closing.is_set():
+                outcome = EngineError("the PyTorch engine is not running")
+            else:
+                seq.mask_fn, seq.accept_fn = matcher.mask, matcher.accept
+                self._waiting.append(seq)
+                outcome = None
+        if outcome is not None:
+            seq.emit(outcome)
         self._wake.set()
 
     def abort(self, request_id: str) -> None:
         with self._lock:
             self._aborted.add(request_id)
+            if request_id in self._compiling:  # not queued yet: _guided_ready ends it
+                self._compiling[request_id] = True
         self._wake.set()
 
     def is_healthy(self) -> bool:
@@ -295,6 +355,10 @@ class TorchEngine:
 
     def num_running(self) -> int:
         return self._n_running
+
+    def stalled_for(self) -> float:
+        busy = bool(self._waiting or self._running or self._admitting)
+        return self._heartbeat.stalled_for(busy)
 
     def shutdown(self) -> None:
         """Stop the engine thread (pending streams end with EngineError), then drop the
@@ -313,7 +377,7 @@ class TorchEngine:
         if self._model is None:
             return
         device, self._model = self._device, None
-        self._cache = None
+        self._cache = self._head = None
         self._running, self._admitting = [], []
         self._kv_usage, self._n_running = 0.0, 0
         if device.type == "cuda":
@@ -326,6 +390,7 @@ class TorchEngine:
             with torch.inference_mode():
                 self._on_thread_start()
                 while not self._closing.is_set():
+                    self._heartbeat.beat()  # a pass began: the last step (if any) finished
                     self._drop_aborted()
                     admitted = self._admitting = self._admit()
                     if admitted:
@@ -383,18 +448,53 @@ class TorchEngine:
             self._select(keep)
 
     def _admit(self) -> list[_Sequence]:
-        admitted: list[_Sequence] = []
-        budget = self._max_num_tokens
+        """The next prefill batch, by the rule in `engines/prefill.py` (padded rows x
+        width, and the logits they need)."""
+        room = self.limits.max_batch_size - len(self._running)
         with self._lock:
-            while self._waiting and len(self._running) + len(admitted) < self.limits.max_batch_size:
-                need = len(self._waiting[0].prompt)
-                if admitted and need > budget:
-                    break
-                budget -= need
-                admitted.append(self._waiting.popleft())
-        return admitted
+            return take_admissible(self._waiting, room, self._budget)
 
     def _prefill(self, seqs: list[_Sequence]) -> None:
+        """Prefill `seqs` and sample their first tokens. If an allocation fails, each
+        request is tried alone, so the failure is that request's own: it ends with
+        EngineError, the running batch and the engine go on (the batch's state is only
+        changed once a prefill has succeeded). Any other failure is the engine's."""
+        self._committed = False
+        try:
+            self._prefill_rows(seqs)
+        except Exception as exc:
+            if self._committed or not is_allocation_failure(exc):
+                raise
+            if len(seqs) > 1:
+                log.warning("a prefill of %d requests failed (%r); one at a time", len(seqs), exc)
+                for seq in seqs:
+                    self._prefill([seq])
+                return
+            (seq,) = seqs
+            log.error("request %s failed in prefill: %r", seq.request_id, exc)
+            seq.emit(EngineError(f"prefill failed for this request: {exc!r}"[:300]))
+
+    def _prompt_logprobs(
+        self, seqs: list[_Sequence], own: Callable[[int, _Sequence], torch.Tensor]
+    ) -> dict[int, Exception]:
+        """Set `prompt_lps` of the rows that asked, from `own(row, seq)`: that prompt's
+        final hidden states [len(prompt), H], projected in chunks (`engines/prefill.py`).
+        A failure (an allocation) is that request's alone: returned by row, for
+        `_advance` to end it with."""
+        failures: dict[int, Exception] = {}
+        for row, seq in enumerate(seqs):
+            k = seq.sampling.prompt_logprobs
+            if k is None:
+                continue
+            try:
+                seq.prompt_lps = chunked_prompt_logprobs(
+                    own(row, seq), seq.prompt, k, self._head, self._budget.chunk
+                )
+            except Exception as exc:  # noqa: BLE001 - this request's failure is its own
+                failures[row] = exc
+        return failures
+
+    def _prefill_rows(self, seqs: list[_Sequence]) -> None:
         width = max(len(s.prompt) for s in seqs)
         ids = torch.zeros((len(seqs), width), dtype=torch.long, device=self._device)
         mask = torch.zeros_like(ids)
@@ -402,27 +502,40 @@ class TorchEngine:
             ids[row, width - len(seq.prompt) :] = torch.tensor(seq.prompt, device=self._device)
             mask[row, width - len(seq.prompt) :] = 1
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        # Logits for the last `keep` columns: 1, or the longest prompt asking for prompt
-        # logprobs (left-padded: its tokens are the last columns).
-        keep = max([len(s.prompt) for s in seqs if s.sampling.prompt_logprobs is not None] or [1])
-        out = self._model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=keep,
-            **{self._cache_arg: _new_cache([])},
+        # The model's own forward keeps the logits of the last column only; the decoder's
+        # final hidden states [rows, width, H] (which the forward computes anyway) are
+        # caught on the way for the rows that asked for prompt logprobs.
+        hidden: list[torch.Tensor] = []
+        echo = any(s.sampling.prompt_logprobs is not None for s in seqs)
+        hook = (
+            self._model.get_decoder().register_forward_hook(
+                lambda _m, _a, out: hidden.append(out.last_hidden_state)
+            )
+            if echo
+            else None
         )
-        for row, seq in enumerate(seqs):
-            if seq.sampling.prompt_logprobs is not None:
-                n = len(seq.prompt)
-                seq.prompt_lps = prompt_logprobs(
-                    out.logits[row, keep - n : keep - 1], seq.prompt, seq.sampling.prompt_logprobs
-                )
+        try:
+            out = self._model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_arg: _new_cache([])},
+            )
+        finally:
+            if hook is not None:
+                hook.remove()
+        # Left-padded: a prompt's positions are the last len(prompt) columns of its row.
+        failures = self._prompt_logprobs(
+            seqs, lambda row, seq: hidden[-1][row, width - len(seq.prompt) :]
+        )
+        hidden.clear()
         kv = _cache_tensors(out[self._cache_arg])
         lengths = torch.tensor([len(s.prompt) for s in seqs], device=self._device)
         self._join(seqs, kv, mask, lengths)
-        self._advance(seqs, out.logits[:, -1, :], first_row=len(self._running) - len(seqs))
+        first_row = len(self._running) - len(seqs)
+        self._advance(seqs, out.logits[:, -1, :], first_row=first_row, failures=failures)
 
     def _decode(self) -> None:
         ones = torch.ones((len(self._running), 1), dtype=torch.long, device=self._device)
@@ -438,10 +551,19 @@ class TorchEngine:
         self._pos = self._pos + 1
         self._advance(list(self._running), out.logits[:, -1, :], first_row=0)
 
-    def _advance(self, seqs: list[_Sequence], logits: torch.Tensor, first_row: int) -> None:
+    def _advance(
+        self,
+        seqs: list[_Sequence],
+        logits: torch.Tensor,
+        first_row: int,
+        failures: dict[int, Exception] | None = None,
+    ) -> None:
         """Sample the next token of `seqs` (rows first_row.. of the batch) and deliver it.
-        A row that fails (sampling or bookkeeping) gets its error and leaves the batch."""
+        A row that fails (sampling, bookkeeping, or its prefill's prompt logprobs: the
+        `failures` by offset in `seqs`) gets its error and leaves the batch."""
         picks = sample_next_tokens(logits.float(), seqs)
+        for offset, exc in (failures or {}).items():
+            picks[offset] = exc
         self._store_tokens(first_row, [p.token if isinstance(p, Sampled) else 0 for p in picks])
         leaving = []
         deliveries = []
@@ -493,10 +615,16 @@ class TorchEngine:
     # ---- the shared, left-padded batch ----
 
     def _join(self, seqs, kv, mask, lengths) -> None:
+        """Add prefilled rows to the batch: everything is built first, then assigned, so
+        a failure (an allocation) leaves the batch as it was."""
         if not self._running:
-            self._running, self._cache, self._mask = list(seqs), _new_cache(kv), mask
-            self._pos = lengths
-            self._last = torch.zeros(len(seqs), dtype=torch.long, device=self._device)
+            cache, last = (
+                _new_cache(kv),
+                torch.zeros(len(seqs), dtype=torch.long, device=self._device),
+            )
+            self._committed = True
+            self._running, self._cache, self._mask = list(seqs), cache, mask
+            self._pos, self._last = lengths, last
             return
         old_width, new_width = self._mask.shape[1], mask.shape[1]
         width = max(old_width, new_width)
@@ -504,7 +632,7 @@ class TorchEngine:
         def left_pad(t: torch.Tensor, n: int, dim_from_end: int) -> torch.Tensor:
             return F.pad(t, (0, 0) * dim_from_end + (n, 0)) if n else t
 
-        self._cache = _new_cache(
+        cache = _new_cache(
             [
                 (
                     torch.cat(
@@ -517,13 +645,15 @@ class TorchEngine:
                 for (ok, ov), (nk, nv) in zip(_cache_tensors(self._cache), kv)
             ]
         )
-        self._mask = torch.cat(
+        joined_mask = torch.cat(
             [left_pad(self._mask, width - old_width, 0), left_pad(mask, width - new_width, 0)]
         )
-        self._pos = torch.cat([self._pos, lengths])
-        self._last = torch.cat(
+        pos = torch.cat([self._pos, lengths])
+        last = torch.cat(
             [self._last, torch.zeros(len(seqs), dtype=torch.long, device=self._device)]
         )
+        self._committed = True
+        self._cache, self._mask, self._pos, self._last = cache, joined_mask, pos, last
         self._running.extend(seqs)
 
     def _select(self, rows: list[int]) -> None:

@@ -21,7 +21,8 @@ changes is the batch underneath:
 - Prefill is the same forward pass over the new prompts (right-padded; causal attention
   keeps padding from reaching real positions), writing their keys and values straight
   into their slots. A request asking for prompt logprobs (echo) gets lm_head applied to
-  its prompt positions of that same pass.
+  its own prompt positions of that same pass, in chunks (`prefill.py`: the admission and
+  logits rule both PyTorch engines share).
 
 The cache must fit: its column count is `max_seq_len` when set, else what
 `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for `max_batch_size`
@@ -46,7 +47,6 @@ import torch.nn.functional as F
 from mistral_serving.engines import llama
 from mistral_serving.engines.base import EngineError, EngineLimits
 from mistral_serving.engines.pytorch import LoadedModel, TorchEngine, _Sequence, load_model
-from mistral_serving.engines.sampling import prompt_logprobs
 from mistral_serving.engines.weights import copy_shards, read_header
 from mistral_serving.settings import Settings
 
@@ -172,6 +172,7 @@ class StaticTorchEngine(TorchEngine):
         limits: EngineLimits,
         max_num_tokens: int,
         cuda_graphs: bool = True,
+        prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
     ) -> None:
         why = supports_static_path(model)
         if why is not None:
@@ -189,7 +190,7 @@ class StaticTorchEngine(TorchEngine):
         self._pool = None
         self._lens: list[int] = []  # per running row: tokens in its slot (CPU mirror)
         self._fuse_weights()
-        super().__init__(model, eos_token_id, limits, max_num_tokens)
+        super().__init__(model, eos_token_id, limits, max_num_tokens, prefill_logits_bytes)
         self.info.details.update(
             kv_cache="static", kv_columns=self._cols, cuda_graphs=self._use_graphs
         )
@@ -205,6 +206,7 @@ class StaticTorchEngine(TorchEngine):
             EngineLimits(min(loaded.max_input_len, columns - 1), columns, settings.max_batch_size),
             settings.max_num_tokens,
             cuda_graphs=settings.cuda_graphs,
+            prefill_logits_bytes=settings.prefill_logits_bytes,
         )
 
     def _kv_tokens(self) -> int:
@@ -340,7 +342,7 @@ class StaticTorchEngine(TorchEngine):
 
     # ---- the batch ----
 
-    def _prefill(self, seqs: list[_Sequence]) -> None:
+    def _prefill_rows(self, seqs: list[_Sequence]) -> None:
         row0, n = len(self._running), len(seqs)
         width = max(len(s.prompt) for s in seqs)
         ids = torch.zeros((n, width), dtype=torch.long)
@@ -349,16 +351,16 @@ class StaticTorchEngine(TorchEngine):
         ids = ids.to(self._device)
         positions = torch.arange(width, device=self._device)[None, :].expand(n, width)
         hidden = self._forward(ids, positions, row0, width, None)
-        for r, seq in enumerate(seqs):  # echo: the prompt's logits, from this same pass
-            if seq.sampling.prompt_logprobs is not None:
-                rows = self._model.lm_head(hidden[r, : len(seq.prompt) - 1])
-                seq.prompt_lps = prompt_logprobs(rows, seq.prompt, seq.sampling.prompt_logprobs)
+        # Echo: the prompt's logits, from this same pass. Right-padded: a prompt's
+        # positions are the first len(prompt) columns of its row.
+        failures = self._prompt_logprobs(seqs, lambda r, seq: hidden[r, : len(seq.prompt)])
         last = torch.tensor([len(s.prompt) - 1 for s in seqs], device=self._device)
         logits = self._model.lm_head(hidden[torch.arange(n, device=self._device), last])
+        self._committed = True  # the slots row0.. now belong to these requests
         self._running.extend(seqs)
         self._lens.extend(len(s.prompt) for s in seqs)
         self._posv[row0 : row0 + n] = torch.tensor(self._lens[row0:], device=self._device)
-        self._advance(seqs, logits, first_row=row0)
+        self._advance(seqs, logits, first_row=row0, failures=failures)
 
     def _decode(self) -> None:
         n = len(self._running)

@@ -24,19 +24,25 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mistral_serving.engines.base import (
     EngineError,
     EngineInfo,
     EngineLimits,
     EngineRequestError,
+    Heartbeat,
     SamplingOptions,
+    StreamQueue,
     TokenDelta,
     TokenLogprob,
     deliver,
     read_stream,
     refuse_unsupported,
 )
+
+if TYPE_CHECKING:
+    from mistral_serving.tokenizer import Tokenizer
 
 TEXT = (
     "The quick brown fox jumps over the lazy dog. Continuous batching keeps the GPU busy: "
@@ -49,7 +55,7 @@ TEXT = (
 @dataclass
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    queue: StreamQueue
     remaining: int
     offset: int
     held: int  # tokens this request would hold in a KV cache: prompt + output so far
@@ -75,13 +81,14 @@ class ReplayEngine:
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._kv_tokens = 0  # replaced by the replay thread each step
+        self._heartbeat = Heartbeat()  # beats every step-loop pass
         self._thread = threading.Thread(target=self._run, name="replay-engine", daemon=True)
         self._thread.start()
 
     @classmethod
     def for_tokenizer(
         cls,
-        tokenizer,
+        tokenizer: Tokenizer,
         max_batch_size: int,
         max_seq_len: int | None = None,
         max_input_len: int | None = None,
@@ -109,7 +116,7 @@ class ReplayEngine:
         if sampling.max_new_tokens <= 0:  # a prefill only: nothing to replay
             yield TokenDelta([], "length", prompt_logprobs=prompt_lps)
             return
-        queue: asyncio.Queue = asyncio.Queue()
+        queue: StreamQueue = asyncio.Queue()
         with self._lock:
             self._live[request_id] = _Stream(
                 asyncio.get_running_loop(),
@@ -132,6 +139,7 @@ class ReplayEngine:
         tokens, n = self._tokens, len(self._tokens)
         next_step = time.monotonic()
         while not self._closed.is_set():
+            self._heartbeat.beat()
             with self._lock:
                 streams = list(self._live.items())
             if not streams:
@@ -180,6 +188,9 @@ class ReplayEngine:
 
     def num_running(self) -> int:
         return len(self._live)
+
+    def stalled_for(self) -> float:
+        return self._heartbeat.stalled_for(bool(self._live))
 
     def shutdown(self) -> None:
         """Abort every live request and stop the step thread. Safe to call again."""

@@ -25,13 +25,27 @@ What is called, and the source file (NVIDIA/TensorRT-LLM) each fact was read fro
   prompt + max_tokens against max_seq_len: `_room_for` below is the only guard.
 - While iterating, a per-request failure raises `RequestError` (`executor/utils.py`) and the
   result is not marked done; any other error is a background (fatal) error: the executor
-  shuts itself down and re-raises it (`executor/executor.py`, `_handle_background_error`).
+  shuts itself down and re-raises it (`executor/executor.py`, `_handle_background_error`)
+  in ONE stream, the first to handle a response; every other stream then waits on a
+  response queue that nothing fills. We end those ourselves (`_end_streams`).
+- `RequestError` carries only a message. The one client-caused case that reaches it is a
+  guided-decoding grammar the compiler refuses: the grammar is compiled inside the executor
+  loop (`_torch/pyexecutor/guided_decoder.py::GuidedDecoder._build`, "TODO: Make this an
+  error response"), whose error handler fails every active request with that message. So a
+  grammar error is the client's (400) only for a request that sent a grammar; for the
+  others it is an engine error. Everything else a client controls is checked before
+  submission: lengths (`_room_for`), sampling values (`SamplingParams._validate`, a
+  ValueError from `generate_async`).
 - `result.abort()` only queues the cancel (`executor.abort_request`): tokens of a step or two
   can still arrive before the final 'cancelled' response. We abort each request once.
 - `llm.get_stats_async(timeout)` is an async iterable of iteration stats
   (`executor/result.py::IterationResult`): dicts (JSON strings in older releases) with
-  `kvCacheStats.usedNumBlocks` / `maxNumBlocks`. It keeps yielding while iterations keep
-  coming, so a poll reads for a bounded time only.
+  `kvCacheStats.usedNumBlocks` / `maxNumBlocks`. There is ONE such iterable per executor
+  and its `_done` is sticky: once a read waits `timeout` without a stat it stays done, and
+  every later `get_stats_async` returns it finished, until the next `generate_async`
+  (`GenerationExecutor._maybe_initialize_iteration_results`, its only reset). So one
+  long-lived reader with a timeout far above the longest step reads it, restarted after a
+  submission when it has ended (`_read_stats`).
 - `llm.shutdown()` stops the executor and its MPI workers and sets `llm._executor = None`.
 - Prompt logprobs (echo): `SamplingParams(return_context_logits=True)` puts the prompt's
   logits on `RequestOutput.context_logits` ([prompt length, vocab], `executor/result.py`),
@@ -47,13 +61,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mistral_serving.engine_checks import (
     EngineCheckError,
@@ -77,6 +90,9 @@ from mistral_serving.engines.base import (
 from mistral_serving.manifest import read_manifest
 from mistral_serving.settings import Settings
 
+if TYPE_CHECKING:  # the image's tensorrt_llm; absent here (the type is then Any)
+    from tensorrt_llm.sampling_params import SamplingParams
+
 log = logging.getLogger(__name__)
 
 # TensorRT-LLM's `CompletionOutput.finish_reason` (executor/result.py) -> ours. A request
@@ -88,10 +104,13 @@ FINISH_REASONS: dict[str, FinishReason] = {
     "timeout": "abort",
 }
 
-# The KV-cache gauge: at most one stats poll per interval, each reading for a bounded time.
-STATS_INTERVAL_S = 1.0
-STATS_READ_S = 0.2  # stop reading a poll after this long (stats keep coming under load)
-STATS_TIMEOUT_S = 0.05  # get_stats_async: how long to wait for the next item
+# The stats reader's wait for the next iteration stat. Far above the longest step (a long
+# prefill chunk): a read that times out leaves upstream's iterator done until the next
+# submission, which would freeze the KV-cache gauge the Inference Gateway routes on.
+STATS_TIMEOUT_S = 300.0
+
+# Words of a guided-decoding compile error (RequestError has only a message; see above).
+GRAMMAR_ERROR_MARKERS = ("grammar", "json schema", "xgrammar", "guided decoding")
 
 
 def to_sampling_params(
@@ -102,7 +121,9 @@ def to_sampling_params(
     prompt_len: int = 0,
     logprobs_unavailable: str | None = None,
     prompt_logprobs_unavailable: str | None = None,
-):
+    top_logprobs_unavailable: str | None = None,
+    penalties_unavailable: str | None = None,
+) -> SamplingParams:
     """Our `SamplingOptions` as a `tensorrt_llm.sampling_params.SamplingParams`.
 
     Field names and defaults are from `tensorrt_llm/sampling_params.py` (1.2.x). Every value
@@ -110,7 +131,9 @@ def to_sampling_params(
     `pad_id` (None, which needs a tokenizer), `detokenize` (True), `prompt_ignore_length`
     (None: presence/frequency penalties count the prompt; ours count the output only).
     `logprobs_unavailable`: why this engine cannot return logprobs (None: it can); the
-    same for `prompt_logprobs_unavailable` (context logits).
+    same for `prompt_logprobs_unavailable` (context logits), `top_logprobs_unavailable`
+    (top-k alternatives: logprobs above 0) and `penalties_unavailable` (what the sampler
+    cannot apply).
     """
     from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
@@ -124,6 +147,15 @@ def to_sampling_params(
         raise EngineRequestError(logprobs_unavailable)
     if options.prompt_logprobs is not None and prompt_logprobs_unavailable:
         raise EngineRequestError(prompt_logprobs_unavailable)
+    if options.logprobs is not None and options.logprobs > 0 and top_logprobs_unavailable:
+        raise EngineRequestError(top_logprobs_unavailable)
+    penalised = (
+        options.repetition_penalty != 1.0
+        or options.presence_penalty != 0.0
+        or options.frequency_penalty != 0.0
+    )
+    if penalised and penalties_unavailable:
+        raise EngineRequestError(penalties_unavailable)
     kwargs: dict[str, Any] = {
         "max_tokens": options.max_new_tokens,
         "end_id": eos_token_id,
@@ -163,7 +195,8 @@ def to_sampling_params(
     if options.ignore_eos:
         kwargs["ignore_eos"] = True
     if options.min_tokens > 0:
-        kwargs["min_tokens"] = options.min_tokens  # EOS and stop ids wait this many tokens
+        # Holds back end_id only: stop_token_ids are stop words and can end it earlier.
+        kwargs["min_tokens"] = options.min_tokens
     if options.logprobs is not None:
         # 0 (the chosen token only) would read as "off" (`self.logprobs and int(...)`):
         # ask for top-1, which always holds the chosen token, and keep what was asked.
@@ -253,6 +286,8 @@ class LlmApiEngine:
         request_error: type[BaseException] | None = None,
         logprobs_unavailable: str | None = None,
         prompt_logprobs_unavailable: str | None = None,
+        top_logprobs_unavailable: str | None = None,
+        penalties_unavailable: str | None = None,
     ) -> None:
         self.llm = llm
         self.limits = limits
@@ -261,17 +296,23 @@ class LlmApiEngine:
         self.info = info or EngineInfo(name="tensorrt_llm")
         self.logprobs_unavailable = logprobs_unavailable
         self.prompt_logprobs_unavailable = prompt_logprobs_unavailable
+        self.top_logprobs_unavailable = top_logprobs_unavailable
+        self.penalties_unavailable = penalties_unavailable
         # tensorrt_llm's RequestError: a per-request failure that leaves the engine healthy.
         self._request_error: tuple[type[BaseException], ...] = (
             (request_error,) if request_error else ()
         )
         self._results: dict[str, Any] = {}  # our request id -> RequestOutput
+        self._guided: set[str] = set()  # request ids that sent a grammar
         self._aborted: set[str] = set()  # request ids already cancelled in the executor
+        self._waiting: dict[str, asyncio.Task[Any]] = {}  # request id -> task awaiting it
+        self._ended: set[str] = set()  # request ids whose wait we cancelled (fatal error)
         self._fatal: BaseException | None = None
         self._shut_down = False
         self._kv_usage = 0.0
-        self._stats_at = -math.inf  # monotonic time of the last stats poll
         self._stats_task: asyncio.Task[None] | None = None
+        self._submissions = 0  # generate_async calls (each makes the stats iterable undone)
+        self._progress_at = time.monotonic()  # the last response or stat (the heartbeat)
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
@@ -291,8 +332,12 @@ class LlmApiEngine:
             prompt_len=len(prompt_ids),
             logprobs_unavailable=self.logprobs_unavailable,
             prompt_logprobs_unavailable=self.prompt_logprobs_unavailable,
+            top_logprobs_unavailable=self.top_logprobs_unavailable,
+            penalties_unavailable=self.penalties_unavailable,
         )
         stop_ids = stop_ids_for(self.eos_token_id, sampling)
+        if not self._results:  # work pending from now: the heartbeat counts from here
+            self._progress_at = time.monotonic()
         try:
             result = self.llm.generate_async(
                 list(prompt_ids), sampling_params=params, streaming=True
@@ -302,13 +347,20 @@ class LlmApiEngine:
         except Exception as exc:
             raise self._failed(request_id, exc) from exc
         self._results[request_id] = result
+        if sampling.guided is not None:
+            self._guided.add(request_id)
         self._aborted.discard(request_id)
+        self._stats_submitted()
         count = 0
         finished = False
         prompt_lps: list[TokenLogprob] | None = None  # until sent with the first delta
         prompt_sent = not echo
         try:
-            async for output in result:
+            while True:
+                try:
+                    output = await self._next_output(request_id, result)
+                except StopAsyncIteration:
+                    break
                 if not prompt_sent and prompt_lps is None:
                     prompt_lps = _prompt_logprobs(output, prompt_ids, sampling.prompt_logprobs)
                 if prefill_only:
@@ -358,9 +410,11 @@ class LlmApiEngine:
             # Client gone (aclose -> GeneratorExit, task cancelled -> CancelledError) or an
             # error: free the sequence's batch slot and KV cache now, not at max_tokens.
             self._results.pop(request_id, None)
+            self._guided.discard(request_id)
             if not finished:
                 self._abort_result(request_id, result)
             self._aborted.discard(request_id)
+            self._ended.discard(request_id)
 
     def abort(self, request_id: str) -> None:
         result = self._results.get(request_id)
@@ -369,6 +423,38 @@ class LlmApiEngine:
 
     def num_running(self) -> int:
         return len(self._results)
+
+    def stalled_for(self) -> float:
+        """Seconds since the last response or iteration stat while requests are pending
+        (the watchdog's heartbeat); 0.0 when idle."""
+        if not self._results:
+            return 0.0
+        return max(0.0, time.monotonic() - self._progress_at)
+
+    async def _next_output(self, request_id: str, result: Any) -> Any:
+        """The request's next response. While it waits, a fatal error raised in another
+        stream may end the wait (`_end_streams`): upstream would leave it waiting forever."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._waiting[request_id] = task
+        try:
+            output = await result.__anext__()
+        except asyncio.CancelledError:
+            if request_id not in self._ended or task is None:
+                raise
+            task.uncancel()  # our cancel, not the caller's: this request failed
+            raise EngineError(f"TensorRT-LLM engine failed: {self._fatal}") from None
+        finally:
+            self._waiting.pop(request_id, None)
+        self._progress_at = time.monotonic()
+        return output
+
+    def _end_streams(self, failed: str) -> None:
+        """After a fatal error raised in request `failed`: end every other request's wait."""
+        for request_id, task in list(self._waiting.items()):
+            if request_id != failed and request_id not in self._ended:
+                self._ended.add(request_id)
+                task.cancel()
 
     def is_healthy(self) -> bool:
         if self._shut_down or self._fatal is not None:
@@ -396,41 +482,35 @@ class LlmApiEngine:
             log.warning("TensorRT-LLM shutdown failed", exc_info=True)
 
     def kv_cache_usage(self) -> float:
-        """Share of the KV-cache blocks in use (0..1), from the runtime's iteration stats.
+        """Share of the KV-cache blocks in use (0..1), the last iteration stat's. No request
+        running means no block held (reusable blocks count as free), so 0."""
+        return self._kv_usage if self._results else 0.0
 
-        Cheap to call as often as metrics are scraped: it returns the last value read and, at
-        most once per STATS_INTERVAL_S, starts one background poll on the running loop. No
-        request running means no block held (reusable blocks count as free), so 0.
-        """
-        if not self._results:
-            return 0.0
-        due = time.monotonic() - self._stats_at >= STATS_INTERVAL_S
-        if due and self._stats_task is None and not self._shut_down:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # called off the loop: keep the last value
-                return self._kv_usage
-            self._stats_at = time.monotonic()
-            self._stats_task = loop.create_task(self._poll_kv_usage())
-        return self._kv_usage
+    def _stats_submitted(self) -> None:
+        """A request went in (which makes upstream's stats iterable undone): make sure the
+        reader runs."""
+        self._submissions += 1
+        if self._stats_task is None and not self._shut_down:
+            self._stats_task = asyncio.get_running_loop().create_task(self._read_stats())
 
-    async def _poll_kv_usage(self) -> None:
+    async def _read_stats(self) -> None:
+        """Read the iteration stats for as long as they come (module docstring: the
+        iterable stays done after a timeout, until a submission; then read it again)."""
         try:
-            started = time.monotonic()
-            latest: float | None = None
-            async for stat in self.llm.get_stats_async(timeout=STATS_TIMEOUT_S):
-                usage = kv_usage_from_stat(stat)
-                latest = usage if usage is not None else latest
-                if time.monotonic() - started > STATS_READ_S:
-                    break
-            if latest is not None:
-                self._kv_usage = latest
+            while not self._shut_down:
+                submissions = self._submissions
+                async for stat in self.llm.get_stats_async(timeout=STATS_TIMEOUT_S):
+                    self._progress_at = time.monotonic()
+                    usage = kv_usage_from_stat(stat)
+                    if usage is not None:
+                        self._kv_usage = usage
+                if self._submissions == submissions:
+                    return  # done until the next submission, which starts a new reader
         except asyncio.CancelledError:
             raise
         except Exception:  # a gauge must never hurt serving
-            log.debug("reading TensorRT-LLM iteration stats failed", exc_info=True)
+            log.warning("reading TensorRT-LLM iteration stats failed", exc_info=True)
         finally:
-            self._stats_at = time.monotonic()
             self._stats_task = None
 
     def _room_for(self, prompt_ids: list[int], max_new_tokens: int) -> int:
@@ -468,15 +548,26 @@ class LlmApiEngine:
         except Exception:  # the executor may already be gone; nothing left to free
             log.warning("abort of request %s failed", request_id, exc_info=True)
 
-    def _failed(self, request_id: str, exc: BaseException) -> EngineError:
-        """An EngineError for `exc`; marks the engine unhealthy unless it is per-request."""
-        if isinstance(exc, EngineError):
+    def _failed(self, request_id: str, exc: BaseException) -> EngineError | EngineRequestError:
+        """What `exc` means for this request: EngineRequestError (the client's input),
+        EngineError (this request failed), or EngineError after marking the engine
+        unhealthy and ending every other stream (a fatal error)."""
+        if isinstance(exc, EngineError | EngineRequestError):
             return exc
         if self._request_error and isinstance(exc, self._request_error):
-            return EngineError(f"request {request_id} failed in TensorRT-LLM: {exc}")
+            message = str(exc)
+            if request_id in self._guided and any(
+                marker in message.lower() for marker in GRAMMAR_ERROR_MARKERS
+            ):
+                return EngineRequestError(
+                    f"the response_format schema was refused by TensorRT-LLM's grammar "
+                    f"compiler: {message}"
+                )
+            return EngineError(f"request {request_id} failed in TensorRT-LLM: {message}")
         if not isinstance(exc, asyncio.CancelledError):
             self._fatal = exc
             log.error("TensorRT-LLM executor failed; engine is now unhealthy: %r", exc)
+            self._end_streams(request_id)
         return EngineError(f"TensorRT-LLM engine failed: {exc}")
 
 
@@ -497,7 +588,7 @@ class TrtLlmEngine(LlmApiEngine):
         built_capability: str | None = None,
     ) -> TrtLlmEngine:
         """Check the engine directory against this machine, then start the engine.
-        `gpu` None means detect it (torch.cuda). `config` (config.json) and
+        `gpu` None means detect it (NVML: no CUDA context in this process). `config` (config.json) and
         `built_capability` (from the build manifest) come from the `Artifact` when the
         caller has it; otherwise they are read from `engine_dir`."""
         # Imported here so the package imports (and its tests run) without tensorrt_llm.
@@ -540,13 +631,19 @@ class TrtLlmEngine(LlmApiEngine):
         gathers_context = bool(build_config.get("gather_context_logits"))
         kwargs: dict[str, Any] = {
             "kv_cache_config": KvCacheConfig(
-                free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction
+                free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+                enable_block_reuse=settings.trtllm_kv_block_reuse,
             ),
             "scheduler_config": scheduler_config(settings),
             "enable_chunked_prefill": chunked,
             "guided_decoding_backend": "xgrammar",
         }
-        if gathers_logits:
+        # Aborting a request with logprobs while generation logits are gathered crashes the
+        # executor (upstream issue 10810: 1.1.0, 1.2.0rc7), and every client disconnect is an
+        # abort. Off unless verify-gpu showed this release survives it; then the runtime
+        # switch stays off too (it also forces the single-process worker).
+        serves_logprobs = gathers_logits and settings.trtllm_logprobs_abort_safe
+        if serves_logprobs:
             kwargs["gather_generation_logits"] = True
         try:
             llm = LLM(model=str(engine_dir), tokenizer=str(engine_dir), **kwargs)
@@ -567,7 +664,7 @@ class TrtLlmEngine(LlmApiEngine):
                 "kv_cache_free_gpu_memory_fraction": settings.kv_cache_free_gpu_memory_fraction,
                 "capacity_scheduler_policy": settings.trtllm_capacity_scheduler_policy,
                 "chunked_prefill": chunked,
-                "logprobs": gathers_logits,
+                "logprobs": serves_logprobs,
                 "prompt_logprobs": gathers_context,
             },
         )
@@ -579,10 +676,17 @@ class TrtLlmEngine(LlmApiEngine):
             info=info,
             request_error=RequestError,
             logprobs_unavailable=None
-            if gathers_logits
+            if serves_logprobs
             else (
-                "logprobs are not available from this TensorRT engine: it was built without "
-                "gather_generation_logits (serve the checkpoint with engine=trtllm_pytorch)"
+                "logprobs are not served from this TensorRT engine: TensorRT-LLM 1.1.0 and "
+                "1.2.0rc7 crash when a request with logprobs is aborted (any client "
+                "disconnect); set trtllm_logprobs_abort_safe=true once verify-gpu's abort "
+                "check passes on this release (or serve the checkpoint with "
+                "engine=trtllm_pytorch)"
+                if gathers_logits
+                else "logprobs are not available from this TensorRT engine: it was built "
+                "without gather_generation_logits (serve the checkpoint with "
+                "engine=trtllm_pytorch)"
             ),
             prompt_logprobs_unavailable=None
             if gathers_context

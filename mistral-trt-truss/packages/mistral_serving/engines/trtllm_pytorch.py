@@ -14,10 +14,18 @@ What differs from the TensorRT-engine backend (read in `llmapi/llm.py` and
   chunked prefill, which we turn on: `_room_for` is the guard, as for engines;
 - iteration stats (the KV gauge) exist only with `enable_iter_perf_stats=True`;
 - logprobs need no `gather_generation_logits`;
-- `sampler_type="TRTLLMSampler"`: the default ("auto" -> TorchSampler) ignored
-  repetition/presence/frequency penalties in the 1.x line (NVIDIA/TensorRT-LLM PR #16485
-  adds them to TorchSampler later); the C++ sampler applies them, `prompt_ignore_length`
-  included (PR #8127).
+- the sampler (`sampler_type`, setting `trtllm_sampler`) decides what a request may ask:
+  `TRTLLMSampler` (the C++ sampler) applies repetition/presence/frequency penalties,
+  `prompt_ignore_length` included, but its `update_requests`
+  (`_torch/pyexecutor/sampler.py`) returns only the sampled token's logprob, with rank 1,
+  whatever k was asked: top_logprobs above 0 are refused. `TorchSampler` (upstream's
+  "auto") returns the top k but ignores the penalties in 1.2: requests with penalties are
+  refused. TRTLLMSampler is gone in 1.3.0rc26.
+- `cuda_graph_config` (`llm_args.py::CudaGraphConfig`): CUDA graphs are on by default for
+  batch sizes up to 128 without padding, so a decode batch of a size with no graph (any
+  size above 31 but 32, 64, 128) runs eagerly. We capture up to max_batch_size with
+  `enable_padding` (setting `trtllm_cuda_graph_padding`): a batch runs in the next larger
+  graph (sizes 1, 2, 4, 8, 16, ..., 128, then powers of two, then max_batch_size).
 """
 
 from __future__ import annotations
@@ -30,6 +38,17 @@ from mistral_serving.engine_checks import EngineCheckError
 from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
 from mistral_serving.engines.trtllm import LlmApiEngine, scheduler_config
 from mistral_serving.settings import Settings
+
+# Setting trtllm_sampler -> TorchLlmArgs.sampler_type.
+SAMPLER_TYPES: dict[str, str] = {"trtllm": "TRTLLMSampler", "torch": "TorchSampler"}
+TRTLLM_SAMPLER_TOP_LOGPROBS = (
+    "top_logprobs above 0 are not available here: TensorRT-LLM's TRTLLMSampler returns only "
+    "the sampled token's logprob; serve with trtllm_sampler=torch for top-k logprobs"
+)
+TORCH_SAMPLER_PENALTIES = (
+    "repetition, presence and frequency penalties are not applied by TensorRT-LLM's "
+    "TorchSampler (1.2); serve with trtllm_sampler=trtllm for penalties"
+)
 
 
 def checkpoint_limits(config: dict[str, Any], settings: Settings) -> EngineLimits:
@@ -64,6 +83,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
             import tensorrt_llm
             from tensorrt_llm import LLM
             from tensorrt_llm.llmapi import KvCacheConfig, RequestError
+            from tensorrt_llm.llmapi.llm_args import CudaGraphConfig
         except ImportError as exc:
             raise EngineCheckError(
                 f"engine=trtllm_pytorch but tensorrt_llm cannot be imported ({exc}); serve "
@@ -87,7 +107,8 @@ class TrtLlmPytorchEngine(LlmApiEngine):
                 model=str(checkpoint_dir),
                 tokenizer=str(checkpoint_dir),  # xgrammar builds its tables from it
                 kv_cache_config=KvCacheConfig(
-                    free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction
+                    free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+                    enable_block_reuse=settings.trtllm_kv_block_reuse,
                 ),
                 scheduler_config=scheduler_config(settings),
                 max_seq_len=limits.max_seq_len,
@@ -96,7 +117,11 @@ class TrtLlmPytorchEngine(LlmApiEngine):
                 enable_chunked_prefill=True,
                 guided_decoding_backend="xgrammar",
                 enable_iter_perf_stats=True,
-                sampler_type="TRTLLMSampler",
+                sampler_type=SAMPLER_TYPES[settings.trtllm_sampler],
+                cuda_graph_config=CudaGraphConfig(
+                    enable_padding=settings.trtllm_cuda_graph_padding,
+                    max_batch_size=limits.max_batch_size,
+                ),
             )
         except Exception as exc:
             raise EngineError(
@@ -111,6 +136,8 @@ class TrtLlmPytorchEngine(LlmApiEngine):
                 "kv_cache_free_gpu_memory_fraction": settings.kv_cache_free_gpu_memory_fraction,
                 "capacity_scheduler_policy": settings.trtllm_capacity_scheduler_policy,
                 "max_num_tokens": settings.max_num_tokens,
+                "sampler": settings.trtllm_sampler,
+                "cuda_graph_padding": settings.trtllm_cuda_graph_padding,
             },
         )
         return cls(
@@ -120,4 +147,10 @@ class TrtLlmPytorchEngine(LlmApiEngine):
             pad_token_id=pad_token_id,
             info=info,
             request_error=RequestError,
+            top_logprobs_unavailable=TRTLLM_SAMPLER_TOP_LOGPROBS
+            if settings.trtllm_sampler == "trtllm"
+            else None,
+            penalties_unavailable=TORCH_SAMPLER_PENALTIES
+            if settings.trtllm_sampler == "torch"
+            else None,
         )

@@ -148,8 +148,9 @@ class _Reader:
         self.buffers = [
             torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=self.cuda) for _ in range(2)
         ]
-        self.views = [memoryview(b.numpy()) for b in self.buffers]
-        self.stream = torch.cuda.Stream(device) if self.cuda else None
+        self.views = [b.numpy().data for b in self.buffers]  # the buffers' own bytes
+        # torch.cuda.Stream/Event's constructors are unannotated in torch's own code.
+        self.stream = torch.cuda.Stream(device) if self.cuda else None  # type: ignore[no-untyped-call]
         self.done: list[torch.cuda.Event | None] = [None, None]  # last copy out of buffer i
 
     def drain(self, work: queue.SimpleQueue[tuple[Path, list[Entry]]]) -> None:
@@ -191,8 +192,9 @@ class _Reader:
         while offset < end:
             length = min(chunk, end - offset)
             slot = i % 2
-            if self.done[slot] is not None:
-                self.done[slot].synchronize()  # its previous copies have left the buffer
+            previous = self.done[slot]
+            if previous is not None:
+                previous.synchronize()  # its previous copies have left the buffer
             _read_fully(fd, self.views[slot][:length], offset, shard)
             buffer = self.buffers[slot]
             stop = offset + length
@@ -207,7 +209,7 @@ class _Reader:
                             buffer[lo - offset : hi - offset], non_blocking=self.cuda
                         )
                 if self.cuda:
-                    event = torch.cuda.Event()
+                    event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                     event.record(self.stream)
                     self.done[slot] = event
             while first < len(entries) and entries[first].end <= stop:

@@ -16,6 +16,10 @@ Engine process -> server:
     ("failed", "Type: message")                       start-up failed; the process exits
     ("step", events, kv_cache_usage, num_running)     one per engine step
     ("gauges", kv_cache_usage, num_running)           when they change between steps
+    ("beat", stalled_for)                             every HEARTBEAT_S: the engine's own
+                                                      stalled_for (a stopped or wedged
+                                                      process sends none: the server
+                                                      counts the silence)
     ("fatal", message)                                the step loop died; the process exits
 
 An event is (key, token_ids, finish_reason, logprobs, error, prompt_logprobs): logprobs
@@ -42,7 +46,7 @@ import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from mistral_serving.collector import freeze_loaded_objects
+from mistral_serving.collector import freeze_loaded_objects, thaw_loaded_objects
 from mistral_serving.engines.base import (
     EngineError,
     EngineRequestError,
@@ -53,6 +57,7 @@ from mistral_serving.settings import Settings
 log = logging.getLogger("mistral_serving.engines.worker")  # not __main__ when run as -m
 
 GAUGE_POLL_S = 0.05  # how often the gauges (and the engine's health) are checked
+HEARTBEAT_S = 0.5  # how often a "beat" goes to the server, busy or idle
 _SHUTDOWN_JOIN_S = 30.0
 
 
@@ -149,7 +154,10 @@ class Outbox:
 def _monitor(engine, outbox: Outbox, stopping: threading.Event) -> None:
     """Send the gauges when they change between steps (the last step of a batch leaves
     them stale), and report a dead step loop: its streams have already been failed by the
-    engine; the server marks the engine unhealthy, and this process exits."""
+    engine; the server marks the engine unhealthy, and this process exits. Beat every
+    HEARTBEAT_S with the engine's own `stalled_for` (a step loop wedged in a slow compile
+    while this thread still runs)."""
+    next_beat = time.monotonic()
     while not stopping.wait(GAUGE_POLL_S):
         # `stopping` is set before a deliberate shutdown stops the loop.
         if not engine.is_healthy() and not stopping.is_set():
@@ -157,6 +165,9 @@ def _monitor(engine, outbox: Outbox, stopping: threading.Event) -> None:
             outbox.send(("fatal", "the PyTorch engine's step loop died (see the engine log)"))
             os._exit(1)
         outbox.send_gauges_if_changed()
+        if time.monotonic() >= next_beat:
+            next_beat = time.monotonic() + HEARTBEAT_S
+            outbox.send(("beat", engine.stalled_for()))
 
 
 class _JsonLines(logging.Formatter):
@@ -229,6 +240,7 @@ def serve(conn: Connection) -> int:
     finally:
         stopping.set()
         engine.shutdown()  # pending streams end with EngineError("the engine shut down")
+        thaw_loaded_objects()  # else nanobind reports the frozen objects as leaked at exit
     return 0
 
 

@@ -5,7 +5,8 @@ Accepted beyond OpenAI's core: vLLM's `top_k`, `repetition_penalty`, `ignore_eos
 `min_tokens`. `logprobs` (chat: `logprobs` + `top_logprobs`; completions: `logprobs` as
 a count) are the log-softmax of the logits the sampler saw, after penalties and before
 temperature, top-k and top-p. `response_format` (`json_object`, `json_schema`) constrains
-the output with a grammar where the engine supports it. `echo` (completions) puts the
+the output with a grammar where the engine supports it (the schema is checked by
+`grammar.GrammarGate` before any engine sees it; `min_tokens` with it is refused). `echo` (completions) puts the
 prompt before the completion; with `logprobs` the choice's logprobs cover the prompt
 tokens first (the first one null, then each given the tokens before it, the model's own
 log-softmax), then the generated ones; `max_tokens: 0` (echo only) generates nothing, so
@@ -197,6 +198,15 @@ class OpenAIFormat:
                 raise RequestError("max_tokens may be 0 only with echo: true", param="max_tokens")
             if echo and req.stream:
                 raise RequestError("echo is not supported with stream: true", param="echo")
+        guided = req.response_format.guided() if req.response_format else None
+        if guided is not None and req.min_tokens:
+            # The grammar ends the output (only EOS is allowed once it is complete), and
+            # min_tokens forbids EOS: the two cannot both hold.
+            raise RequestError(
+                "min_tokens cannot be combined with response_format json_object or "
+                "json_schema: the grammar decides where the output ends",
+                param="min_tokens",
+            )
         sampling = SamplingOptions(
             max_new_tokens=wanted,
             temperature=req.temperature,
@@ -210,7 +220,7 @@ class OpenAIFormat:
             min_tokens=req.min_tokens,
             logprobs=logprobs,
             prompt_logprobs=logprobs if echo else None,
-            guided=req.response_format.guided() if req.response_format else None,
+            guided=guided,
         )
         gen = GenerationRequest(
             sampling=sampling,

@@ -17,6 +17,26 @@ Behaviours kept on purpose because the real runtime has them (each is a trap for
   requests in `finally` sends one extra cancel for it.
 - `logprobs` is one dict per generated token, {token id: Logprob(logprob, rank)}, holding
   the top-k ids and the sampled one (`TokenLogprobs`); `logprobs_diff` is the new part.
+- A fatal (background) error is raised in ONE stream only: `GenerationResultBase._handle_response`
+  calls the executor's `_handle_background_error()` after each response, which pops the first
+  error of `_error_queue`, shuts the executor down and raises it. Every other running request
+  then waits on a response queue that nothing fills any more: it blocks (until cancelled).
+- Logprobs follow the sampler. TensorRT engine backend: `compute_logprobs` (top-k from the
+  generation logits, plus the sampled token when it is not in the top k). PyTorch backend
+  with `TorchSampler`: top-k too. PyTorch backend with `TRTLLMSampler`:
+  `_torch/pyexecutor/sampler.py::TRTLLMSampler.update_requests` appends ONE entry per token,
+  `{sampled token: Logprob(logprob, rank=1)}`, whatever k was asked for.
+- `min_tokens` holds back only `end_id` (the C++ sampler's min-length penalty masks the end
+  token alone); `stop_token_ids` are stop words, checked separately, and end a request at
+  any length.
+- Upstream issue 10810 (seen on 1.1.0 and 1.2.0rc7): with `gather_generation_logits` on,
+  aborting a streaming request that asked for logprobs crashes the executor (a background
+  error, see above). The double does so whenever the LLM was built with
+  `gather_generation_logits=True` (knob `LLM.abort_with_logprobs_crashes`, default True).
+- `IterationResult` (the stats iterable) is one object per executor and its `_done` is
+  sticky: once a read times out it stays done, and every later `get_stats_async()` returns
+  the same, finished, iterable, until the next `generate_async` marks it undone
+  (`executor.py::GenerationExecutor._maybe_initialize_iteration_results`, the only reset).
 - `context_logits` (`GenerationResultBase.context_logits`): None until a response carries
   the prompt's logits, which only a request with `return_context_logits=True` gets; then a
   tensor [prompt length, vocab]. The double sets it at the request's first step, from the
@@ -62,10 +82,14 @@ class CompletionOutput:
         return self.logprobs[self._last_logprobs_len :]
 
 
-def fake_logprobs(token: int, k: int) -> dict[int, Logprob]:
-    """The double's stand-in for the runtime's top-k: the sampled token first (rank 1),
-    then k-1 made-up alternatives, all with fixed logprobs."""
+def fake_logprobs(token: int, k: int, *, top_k: bool = True) -> dict[int, Logprob]:
+    """The double's stand-in for the runtime's logprobs of one token. `top_k` (the TensorRT
+    backend's `compute_logprobs`, the PyTorch backend's TorchSampler): the sampled token
+    first (rank 1), then k-1 made-up alternatives, all with fixed logprobs. Not `top_k`
+    (`TRTLLMSampler.update_requests`): the sampled token alone, rank 1, for any k."""
     entries = {token: Logprob(logprob=-0.25, rank=1)}
+    if not top_k:
+        return entries
     for i in range(1, k):
         entries[token + 7 * i] = Logprob(logprob=-0.25 - i, rank=i + 1)
     return entries
@@ -84,6 +108,7 @@ class GenerationResult:
         self._steps_since_abort = 0
         self._request_error: str | None = None  # knob: the next step fails this request only
         self._context_logits = None
+        self._started = False  # the first step compiles the grammar
 
     # -- the real public surface -------------------------------------------------------
     @property
@@ -109,6 +134,12 @@ class GenerationResult:
     def abort(self) -> None:
         self._llm._executor.abort_request(self.request_id)
         self._aborted = True
+        if self._llm._abort_crashes(self):
+            # Upstream issue 10810: the executor dies processing this cancel; the error
+            # surfaces in the next stream that handles a response.
+            self._llm._executor._error_queue.append(
+                RuntimeError("Executor worker died while cancelling a request")
+            )
 
     def aborted(self) -> bool:
         return self._aborted
@@ -138,10 +169,22 @@ class GenerationResult:
     async def _aresult_step(self) -> None:
         await asyncio.sleep(self._llm.step_delay)  # the real one awaits its response queue
         executor = self._llm._executor
-        if executor is not None and executor.background_error is not None:
-            # `_handle_background_error`: shut the executor down, raise the error.
-            executor.shutdown()
-            raise executor.background_error
+        if executor is None or executor.dead or self._llm.hang:
+            # Nothing fills this request's queue any more (the executor died and another
+            # stream raised its error; or, knob `hang`, the executor stopped answering).
+            await asyncio.Event().wait()
+        if executor._error_queue:
+            self._raise_background_error(executor)
+        if not self._started:
+            self._started = True
+            grammar_error = self._llm._grammar_error(self.sampling_params.guided_decoding)
+            if grammar_error is not None:
+                # The grammar is compiled inside the executor loop (PyTorch backend:
+                # `GuidedDecoder._build`, "TODO: Make this an error response"); the loop's
+                # error handler fails every active request with that message.
+                for other in self._llm.requests:
+                    if other._holds_kv:
+                        other._request_error = grammar_error
         if self._request_error is not None:
             # Not marked done, as in the real `_handle_response` (see the module docstring).
             raise RequestError(self._request_error)
@@ -166,7 +209,7 @@ class GenerationResult:
             script = self._llm.script
             generated = len(out.token_ids)
             token = script[generated] if generated < len(script) else sp.end_id
-            may_stop = generated >= min_tokens
+            may_stop = generated >= min_tokens  # min_tokens holds back end_id only
             if token == sp.end_id and not sp.ignore_eos and may_stop:
                 if self._llm.include_end_id_in_output:
                     out.token_ids.append(token)
@@ -175,7 +218,7 @@ class GenerationResult:
                 break
             out.token_ids.append(token)
             self._append_logprobs(out, token)
-            if sp.stop_token_ids and token in sp.stop_token_ids and may_stop:
+            if sp.stop_token_ids and token in sp.stop_token_ids:  # stop words: any length
                 out.stop_reason = token
                 if not sp.include_stop_str_in_output:
                     out.token_ids = out.token_ids[:-1]
@@ -189,28 +232,66 @@ class GenerationResult:
         self._done = out.finish_reason is not None
         self._llm._record_iteration()
 
+    def _raise_background_error(self, executor) -> None:
+        """`GenerationExecutor._handle_background_error()`: the first queued error, raised in
+        this stream only, after shutting the executor down."""
+        error = executor._error_queue.pop(0)
+        executor.dead = True
+        executor.shutdown()
+        raise error
+
     def _append_logprobs(self, out: CompletionOutput, token: int) -> None:
         if self.sampling_params.logprobs:
-            out.logprobs.append(fake_logprobs(token, self.sampling_params.logprobs))
+            k = self.sampling_params.logprobs
+            out.logprobs.append(fake_logprobs(token, k, top_k=self._llm._top_k_logprobs))
 
 
 class IterationResult:
-    """`executor/result.py::IterationResult`: an async iterable over the iteration stats the
-    runtime queued. The real one waits up to `timeout` for each next item and ends when none
-    comes (so under load it keeps yielding); the double yields what is queued, then ends.
-    Items are dicts in 1.2 (`stat["kvCacheStats"]["usedNumBlocks"]`); older releases put JSON
-    strings in the queue (knob `LLM.stats_as_json`)."""
+    """`executor/result.py::IterationResult`: the async iterable of the iteration stats the
+    runtime queues, ONE per executor. `__anext__` waits up to the timeout for the next item;
+    when none comes it sets `_done` and ends, and `_done` stays set (later reads end at once)
+    until `mark_undone()`, which only `generate_async` calls. Items are dicts (the real one
+    `json.loads` what the worker queued); older releases yielded the JSON text (knob
+    `LLM.stats_as_json`)."""
 
-    def __init__(self, queue: list[dict], as_json: bool) -> None:
-        self._queue = queue
+    def __init__(self, as_json: bool) -> None:
+        self._done = False
+        self._timeout: float | None = 2
         self._as_json = as_json
+        self._items: list[dict] = []
+        self._arrived: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def set_timeout(self, timeout: float | None) -> None:
+        self._timeout = timeout
+
+    def mark_undone(self) -> None:
+        self._done = False
+
+    def put(self, stat: dict) -> None:
+        """The runtime queued one iteration's stats."""
+        self._items.append(stat)
+        if self._arrived is not None:
+            self._arrived.set()
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
-        await asyncio.sleep(0)
-        if not self._queue:
+        if self._done:
             raise StopAsyncIteration
-        stat = self._queue.pop(0)
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a fresh asyncio.run(): a queue of this loop
+            self._loop, self._arrived = loop, asyncio.Event()
+        while not self._items:
+            self._arrived.clear()
+            try:
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancel that
+                # races the wake-up (3.12, the release image's Python, cannot).
+                async with asyncio.timeout(self._timeout):
+                    await self._arrived.wait()
+            except TimeoutError:
+                self._done = True  # sticky: see the class docstring
+                raise StopAsyncIteration from None
+        stat = self._items.pop(0)
         return json.dumps(stat) if self._as_json else stat

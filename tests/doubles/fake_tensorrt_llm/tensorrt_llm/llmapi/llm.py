@@ -43,10 +43,19 @@ from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from tensorrt_llm.executor.result import GenerationResult, IterationResult
-from tensorrt_llm.llmapi.llm_args import KvCacheConfig, SchedulerConfig
+from tensorrt_llm.llmapi.llm_args import CudaGraphConfig, KvCacheConfig, SchedulerConfig
 from tensorrt_llm.sampling_params import SamplingParams
 
 RequestOutput = GenerationResult  # the real one subclasses GenerationResult
+
+
+class _empty_async_iterable:  # noqa: N801 - upstream's `empty_async_iterable` (llmapi/utils.py)
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise StopAsyncIteration
+
 
 # Subsets of the pydantic args' fields; the real constructors raise on any other keyword.
 _COMMON_KWARGS = {
@@ -62,7 +71,9 @@ _COMMON_KWARGS = {
     "scheduler_config",
 }
 _TRT_ONLY_KWARGS = {"build_config", "workspace", "batching_type"}
-_TORCH_ONLY_KWARGS = {"enable_iter_perf_stats", "sampler_type", "attn_backend"}
+_TORCH_ONLY_KWARGS = {"enable_iter_perf_stats", "sampler_type", "attn_backend", "cuda_graph_config"}
+# TorchLlmArgs.sampler_type (`SamplerType`): "auto" picks TorchSampler for these models.
+_SAMPLER_TYPES = {"auto", "TorchSampler", "TRTLLMSampler"}
 
 
 class _FakeExecutor:
@@ -70,7 +81,8 @@ class _FakeExecutor:
 
     def __init__(self) -> None:
         self.doing_shutdown = False
-        self.background_error: BaseException | None = None
+        self._error_queue: list[BaseException] = []  # background errors, oldest first
+        self.dead = False  # a background error was raised: no response comes any more
         self.aborted_ids: list[int] = []
         self.shutdown_calls = 0
 
@@ -143,7 +155,9 @@ class BaseLLM:
         self.stats_as_json = False  # items of get_stats_async as JSON strings (older releases)
         self.stats_calls = 0
         self.vocab_size = 64  # knob: the width of `context_logits_for`'s logits
-        self._stats_queue: list[dict] = []
+        self.hang = False  # knob: the executor stops answering (every step blocks)
+        self.abort_with_logprobs_crashes = True  # knob: upstream issue 10810 (see result.py)
+        self._iter_stats_result: IterationResult | None = None
         self._iteration = 0
         self.shutdown_calls = 0
         BaseLLM.instances.append(self)
@@ -185,6 +199,7 @@ class BaseLLM:
         if not (isinstance(inputs, list) and all(isinstance(t, int) for t in inputs)):
             raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
         self._check_arguments(len(inputs), 0, sampling_params)
+        self._maybe_initialize_iteration_results()
         result = GenerationResult(self._next_id, inputs, sampling_params, streaming, self)
         result._request_error, self.next_request_error = self.next_request_error, None
         if result._request_error is None:
@@ -193,9 +208,15 @@ class BaseLLM:
         self.requests.append(result)
         return result
 
-    def get_stats_async(self, timeout: float | None = 2) -> IterationResult:
+    def get_stats_async(self, timeout: float | None = 2):
+        """`llm.py::get_stats_async` -> `executor.py::GenerationExecutor.aget_stats`: the ONE
+        IterationResult with its timeout set (its sticky `_done` is not reset here), or an
+        empty iterable before the first request."""
         self.stats_calls += 1
-        return IterationResult(self._stats_queue, self.stats_as_json)
+        if self._iter_stats_result is None:
+            return _empty_async_iterable()
+        self._iter_stats_result.set_timeout(timeout)
+        return self._iter_stats_result
 
     def shutdown(self) -> None:
         self.shutdown_calls += 1
@@ -226,7 +247,49 @@ class BaseLLM:
     def _check_arguments(self, prompt_len: int, query_len: int, sp: SamplingParams) -> None:
         raise NotImplementedError
 
+    def _maybe_initialize_iteration_results(self) -> None:
+        """`executor.py::GenerationExecutor._maybe_initialize_iteration_results`: the only
+        place the stats iterable is made undone again."""
+        if self._iter_stats_result is None:
+            self._iter_stats_result = IterationResult(self.stats_as_json)
+        else:
+            self._iter_stats_result.mark_undone()
+
     # -- the double's engine -----------------------------------------------------------
+    @property
+    def _top_k_logprobs(self) -> bool:
+        """Whether logprobs hold the top k (see result.py::fake_logprobs)."""
+        return True
+
+    def _abort_crashes(self, result: GenerationResult) -> bool:
+        """Upstream issue 10810: the cancel of a streaming request with logprobs kills the
+        executor when generation logits are gathered."""
+        return bool(
+            self.abort_with_logprobs_crashes
+            and self.args.__dict__.get("gather_generation_logits")
+            and result._streaming
+            and result.sampling_params.logprobs
+        )
+
+    def _grammar_error(self, guided) -> str | None:
+        """A stand-in for xgrammar refusing a JSON schema (its exact messages were not
+        read): not JSON, not an object or boolean, or an unknown "type"."""
+        if guided is None or guided.json is None:
+            return None
+        schema = guided.json
+        try:
+            if isinstance(schema, str):
+                schema = json.loads(schema)
+        except ValueError as exc:
+            return f"Failed to compile the JSON schema grammar: {exc}"
+        if not isinstance(schema, dict | bool):
+            return "Failed to compile the JSON schema grammar: the schema is not an object"
+        known = {"object", "array", "string", "number", "integer", "boolean", "null"}
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        if isinstance(kind, str) and kind not in known:
+            return f"Failed to compile the JSON schema grammar: unsupported type {kind!r}"
+        return None
+
     def _unsupported(self, prompt_len: int, sp: SamplingParams) -> str | None:
         if prompt_len + sp.max_tokens > self._max_seq_len:
             return f"prompt ({prompt_len}) + max_tokens ({sp.max_tokens}) > max_seq_len"
@@ -244,7 +307,7 @@ class BaseLLM:
         live = [r for r in self.requests if r._holds_kv]
         used = sum(-(-r._kv_tokens() // self.tokens_per_block) for r in live)
         used = min(used, self.max_num_blocks)
-        self._stats_queue.append(
+        self._iter_stats_result.put(
             {
                 "iter": self._iteration,
                 "numActiveRequests": len(live),
@@ -271,9 +334,10 @@ class BaseLLM:
         return torch.sin(pos * 0.7 + vocab * 0.3 + ids * 0.01) * 3.0
 
     def fail_background(self, error: BaseException) -> None:
-        """knob: the executor's worker dies: the next step of a running request raises
-        `error` after the executor shut itself down (`executor.py::_handle_background_error`)."""
-        self._executor.background_error = error
+        """knob: the executor's worker dies: `error` joins the executor's `_error_queue`; the
+        next step of ONE running request raises it after shutting the executor down
+        (`executor.py::_handle_background_error`), every other one blocks."""
+        self._executor._error_queue.append(error)
 
     def fail_request(self, result: GenerationResult, message: str) -> None:
         """knob: the next step of this running request raises RequestError(message)."""
@@ -324,6 +388,15 @@ class _TorchLLM(BaseLLM):
         super()._check_kwargs(kwargs)
 
     def _read_model(self, model, config: dict, kwargs: dict) -> None:
+        sampler = kwargs.get("sampler_type", "auto")
+        if sampler not in _SAMPLER_TYPES:
+            raise ValueError(
+                f"Input should be 'TRTLLMSampler', 'TorchSampler' or 'auto': {sampler}"
+            )
+        self._sampler = "TorchSampler" if sampler == "auto" else sampler
+        graphs = kwargs.get("cuda_graph_config")
+        if graphs is not None and not isinstance(graphs, CudaGraphConfig):
+            raise TypeError(f"cuda_graph_config must be CudaGraphConfig, got {type(graphs)}")
         if "pretrained_config" in config:
             raise ValueError(f"{model} is a TensorRT engine; the PyTorch backend loads checkpoints")
         self._max_seq_len = int(kwargs.get("max_seq_len") or config["max_position_embeddings"])
@@ -332,6 +405,11 @@ class _TorchLLM(BaseLLM):
     @property
     def _reports_stats(self) -> bool:
         return bool(self.args.__dict__.get("enable_iter_perf_stats"))
+
+    @property
+    def _top_k_logprobs(self) -> bool:
+        # TRTLLMSampler.update_requests: the sampled token's logprob alone, rank 1.
+        return self._sampler != "TRTLLMSampler"
 
     def _check_arguments(self, prompt_len: int, query_len: int, sp: SamplingParams) -> None:
         if not self.args.__dict__.get("enable_chunked_prefill") and (

@@ -1,0 +1,116 @@
+"""Optional bearer-token auth for the generation routes (an ASGI middleware).
+
+Off unless `api_keys_file` names a file (e.g. a mounted Kubernetes Secret): one key per
+line, blank lines and `#` comments ignored, several keys allowed (for rotation). Only the
+POST generation routes are guarded; probes, `/metrics` and the rest stay open so that the
+kubelet and Prometheus need no key. Keys are compared with `hmac.compare_digest` and never
+logged: a refusal says only that the key was missing or wrong.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MAX_KEYS = 1024
+MAX_KEY_BYTES = 4096
+
+
+class ApiKeyError(ValueError):
+    """The key file is unusable; the message is one line and holds no key."""
+
+
+def load_keys(path: str) -> tuple[bytes, ...]:
+    """The keys in `path` (one a line); refuses an empty or oversized file."""
+    try:
+        text = Path(path).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ApiKeyError(
+            f"api_keys_file {path!r}: cannot read it ({type(exc).__name__})"
+        ) from None
+    keys = []
+    for line in text.splitlines():
+        key = line.strip()
+        if not key or key.startswith("#"):
+            continue
+        if len(key.encode()) > MAX_KEY_BYTES or not key.isprintable() or " " in key:
+            raise ApiKeyError(f"api_keys_file {path!r}: a key is too long or not printable")
+        keys.append(key.encode())
+    if not keys:
+        raise ApiKeyError(f"api_keys_file {path!r}: holds no key")
+    if len(keys) > MAX_KEYS:
+        raise ApiKeyError(f"api_keys_file {path!r}: more than {MAX_KEYS} keys")
+    return tuple(keys)
+
+
+def presented_key(scope: Scope) -> bytes | None:
+    """The token of an `Authorization: Bearer <token>` header, else None."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"authorization":
+            scheme, _, token = bytes(value).strip().partition(b" ")
+            if scheme.lower() == b"bearer" and token.strip():
+                return token.strip()
+            return None
+    return None
+
+
+def key_matches(token: bytes, keys: Sequence[bytes]) -> bool:
+    """Constant-time against every key (no early exit that would time which one)."""
+    found = False
+    for key in keys:
+        found |= hmac.compare_digest(token, key)
+    return found
+
+
+class ApiKeyGuard:
+    """Answers 401 (route's error shape, `WWW-Authenticate: Bearer`) to a guarded POST
+    without a valid key; everything else passes through untouched."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: Sequence[bytes],
+        route_of: Callable[[str], str | None],
+        error_json: Callable[[str | None, int, str, str | None], bytes],
+    ) -> None:
+        self.app = app
+        self.keys = tuple(keys)
+        self.route_of = route_of
+        self.error_json = error_json
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        route = self.route_of(scope.get("path", ""))
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        token = presented_key(scope)
+        if token is not None and key_matches(token, self.keys):
+            await self.app(scope, receive, send)
+            return
+        message = "missing API key" if token is None else "invalid API key"
+        body = self.error_json(
+            route, 401, message + ": send `Authorization: Bearer <key>`", "invalid_api_key"
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", b"Bearer"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,42 @@
+"""A failed load raced by readiness probes: the real Truss server exits with status 1 and
+"load failed: ..." as its last log line, never SIGKILLed by Truss's `check_healthy` (exit
+137, a traceback last) when a probe lands between the failure and Truss's own shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.e2e
+
+PROBES = ("/v1/models/model", "/v1/models/model/loaded", "/ping", "/health")
+
+
+def test_a_failed_load_under_probes_exits_1_with_the_reason_last(start_server) -> None:
+    server = start_server(wait=False, artifact="/nonexistent/artifact")
+    stop = threading.Event()
+    answered: list[int] = []
+
+    def probe() -> None:  # as a kubelet with a very short period would
+        session = requests.Session()
+        while not stop.is_set() and server.process.poll() is None:
+            for path in PROBES:
+                with contextlib.suppress(requests.RequestException):  # not up yet, or gone
+                    answered.append(session.get(server.url + path, timeout=5).status_code)
+
+    probers = [threading.Thread(target=probe, daemon=True) for _ in range(4)]
+    for t in probers:
+        t.start()
+    try:
+        status = server.process.wait(180)
+    finally:
+        stop.set()
+        for t in probers:
+            t.join(10)
+    assert answered  # probes did land while it loaded
+    assert status == 1, status
+    last = [line for line in server.log().splitlines() if line.strip()][-1]
+    assert "load failed" in last and "/nonexistent/artifact" in last, last

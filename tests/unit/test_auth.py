@@ -1,0 +1,81 @@
+"""API-key auth (mistral_serving.auth) on a FastAPI app extended by `server.extend`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from mistral_serving.auth import ApiKeyError, key_matches, load_keys
+from mistral_serving.server import extend
+from mistral_serving.settings import Settings
+
+
+def app_with(tmp_path: Path, keys_text: str | None) -> TestClient:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> dict[str, str]:
+        return {"ok": "chat"}
+
+    @app.post("/v1/models/model:predict")
+    async def predict() -> dict[str, str]:
+        return {"ok": "predict"}
+
+    @app.get("/v1/models/model")
+    async def ready() -> dict[str, str]:
+        return {"ok": "ready"}
+
+    path = ""
+    if keys_text is not None:
+        keys = tmp_path / "keys"
+        keys.write_text(keys_text)
+        path = str(keys)
+    return TestClient(extend(app, Settings(api_keys_file=path)))
+
+
+def test_off_by_default_every_route_is_open(tmp_path: Path) -> None:
+    client = app_with(tmp_path, None)
+    assert client.post("/v1/chat/completions", json={}).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/models/model:predict"])
+def test_missing_or_wrong_key_is_401_with_bearer_challenge(tmp_path: Path, path: str) -> None:
+    client = app_with(tmp_path, "# rotation\nkey-one\n\nkey-two\n")
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic key-one"}):
+        answer = client.post(path, json={}, headers=headers)
+        assert answer.status_code == 401
+        assert answer.headers["www-authenticate"] == "Bearer"
+        assert "key-one" not in answer.text and "nope" not in answer.text
+        if path == "/v1/chat/completions":
+            assert answer.json()["error"]["code"] == "invalid_api_key"
+        else:
+            assert "API key" in answer.json()["error"]
+    for key in ("key-one", "key-two"):
+        answer = client.post(path, json={}, headers={"Authorization": f"Bearer {key}"})
+        assert answer.status_code == 200
+
+
+def test_probes_stay_open(tmp_path: Path) -> None:
+    client = app_with(tmp_path, "k\n")
+    assert client.get("/v1/models/model").status_code == 200
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "a" * 5000 + "\n"])
+def test_an_unusable_key_file_is_refused_in_one_line(tmp_path: Path, text: str) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(text)
+    with pytest.raises(ApiKeyError) as err:
+        load_keys(str(keys))
+    assert "\n" not in str(err.value) and "aaaa" not in str(err.value)
+
+
+@hsettings(max_examples=50, deadline=None)
+@given(st.binary(max_size=64))
+def test_only_a_listed_key_matches(token: bytes) -> None:
+    assert key_matches(token, (b"secret-1", b"secret-2")) == (token in (b"secret-1", b"secret-2"))
