@@ -1,15 +1,20 @@
-"""The suite's own guard against a hang: pyproject's pytest settings give every test a
+"""The suite on a busy 2-core CI machine: pyproject's pytest settings give every test a
 time limit (pytest-timeout) past which that test fails with a traceback, its teardown
-runs (the servers it started are killed) and the run goes on to the next test."""
+runs (the servers it started are killed) and the run goes on to the next test; property
+tests have no per-example deadline (tests/conftest.py's hypothesis profile)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import settings as hyp_settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,3 +60,14 @@ def test_a_hung_test_fails_its_teardown_runs_and_the_run_goes_on(tmp_path: Path)
     assert "1 failed, 1 passed" in out, out
     assert "Timeout" in out and "test_hangs" in out  # the traceback says where it hung
     assert marker.read_text() == "torn down"
+
+
+@given(st.integers())
+@hyp_settings(max_examples=3)
+def test_a_slow_example_is_not_a_deadline_failure(n: int) -> None:
+    # Slower than hypothesis' default 200 ms deadline, as a descheduled test can be.
+    time.sleep(0.3)
+
+
+def test_property_tests_write_no_example_database() -> None:
+    assert hyp_settings.default.database is None  # nothing written into the checkout
