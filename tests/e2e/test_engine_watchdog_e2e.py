@@ -63,4 +63,4 @@ def test_a_stopped_engine_process_past_the_exit_limit_ends_the_server(start_serv
     last = server.log().strip().splitlines()[-1]
     assert "engine stalled: no progress for" in last, last
     assert "exiting with status 1" in last
-    wait_for(lambda: not alive(child), 30, "the stopped engine process to be killed")
+    wait_for(lambda: not alive(child), what="the stopped engine process to be killed")
