@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from mistral_build.local_server import raw_post
-from tests.e2e.util import refuses_connections, scrape, value, wait_for
+from tests.e2e.util import refuses_connections, scrape, value, wait_for, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +35,7 @@ METRIC_NAMES = [
 
 
 def test_metrics_count_tokens_and_requests(server_url):
+    wait_idle(server_url)
     before = scrape(server_url)
     r = requests.post(
         server_url + PREDICT, json={"prompt": "count me", "max_new_tokens": 5}, timeout=60

@@ -12,7 +12,7 @@ import requests
 
 from mistral_build.local_server import raw_post
 from mistral_serving.tokenizer import load_tokenizer
-from tests.e2e.util import aborted, value, wait_for
+from tests.e2e.util import aborted, value, wait_for, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -243,6 +243,7 @@ def _open_streams(url: str, n: int, max_new_tokens: int):
 def test_sixteen_streams_are_generated_together(server_url):
     # Each of 16 streams has produced text while all 16 are still open: the engine is
     # running them at once (not one after another).
+    wait_idle(server_url)
     before = aborted(server_url)
     responses, _readers, firsts = _open_streams(server_url, 16, 2048)
     try:
@@ -278,6 +279,7 @@ def test_concurrent_greedy_answers_equal_sequential_ones(server_url):
 
 
 def test_client_disconnect_mid_stream_aborts_the_engine_request(server_url):
+    wait_idle(server_url)
     before = aborted(server_url)
     r = requests.post(
         f"{server_url}/v1/models/model:predict",
@@ -293,6 +295,7 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(server_url):
 
 
 def test_client_disconnect_during_a_non_streaming_request_aborts_it(server_url):
+    wait_idle(server_url)
     before = aborted(server_url)
     body = {"prompt": "long", "max_new_tokens": 4000}
     with raw_post(server_url, "/v1/models/model:predict", body):

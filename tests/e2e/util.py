@@ -41,6 +41,19 @@ def wait_for(
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def wait_idle(url: str) -> None:
+    """Nothing running or waiting on a shared server: a request an earlier test left (a
+    client that went away is aborted only when the server notices) is over, so counters
+    and gauges read from here on move for this test's requests alone."""
+    wait_for(
+        lambda: (
+            value(url, "mtt:num_requests_running") == 0
+            and value(url, "mtt:num_requests_waiting") == 0
+        ),
+        what="the shared server to be idle",
+    )
+
+
 def unready(url: str) -> bool:
     """The readiness probe fails: no listener, a probe that times out, or not 200 (a
     kubelet counts all three as a failure)."""
