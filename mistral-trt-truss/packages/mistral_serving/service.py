@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -334,7 +334,8 @@ class GenerationService:
         finally:
             if not engine_done:
                 self.engine.abort(record.engine_id)  # sync first: nothing may await past a cancel
-            await tokens.aclose()
+            if isinstance(tokens, AsyncGenerator):  # what every engine returns: close it now
+                await tokens.aclose()
             self._live.discard(record.engine_id)
             self.telemetry.finished(record, prompt_text)
 
