@@ -178,7 +178,6 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
             "artifacts and engines",
             (
                 "mistral_serving.artifacts",
-                "mistral_serving.prefetch",
                 "mistral_serving.engines.*",
                 "mistral_serving.watchdog",
             ),

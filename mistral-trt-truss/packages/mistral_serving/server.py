@@ -12,9 +12,6 @@ settings, and adds, before it starts:
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
   ready; 503 while loading, draining, or with a dead or stalled engine),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
-- With read-ahead on (`load_prefetch_threads` > 0; off by default) the artifact's weight
-  files start streaming into the page cache before Truss and torch are imported
-  (`prefetch.py`).
 - uvicorn runs on uvloop with the `http_parser` setting's parser (httptools by default;
   Truss's own start runs h11 on a stdlib asyncio loop), through `http_limits.py`'s
   protocol class: header size/count (431), header and idle timeouts, a connection cap
@@ -42,7 +39,7 @@ from mistral_serving import __version__, driver
 from mistral_serving.auth import ApiKeyGuard, load_keys
 from mistral_serving.errors import RequestError, openai_error_body
 from mistral_serving.frontend import FRONTEND_CONFIG_KEY, Frontend
-from mistral_serving.prefetch import prefetch_artifact
+from mistral_serving.protocols.predict import predict_error_body
 from mistral_serving.scope_keys import HANDLED
 from mistral_serving.settings import Settings, SettingsError
 from mistral_serving.shutdown import exit_if_load_fails
@@ -83,11 +80,10 @@ def route_of(path: str) -> str | None:
 def error_json(route: str | None, status: int, message: str, code: str | None = None) -> bytes:
     """An error body in the route's shape (OpenAI's for its routes, else predict's: what
     `protocols/` answers for the same refusal)."""
+    err = RequestError(message, status, code=code)
     if route in ("chat_completions", "completions") or route is None:
-        body = openai_error_body(RequestError(message, status, code=code))
-    else:
-        body = {"error": message}
-    return json.dumps(body).encode()
+        return json.dumps(openai_error_body(err)).encode()
+    return json.dumps(predict_error_body(err)).encode()
 
 
 class BodyGuard:
@@ -390,7 +386,6 @@ def main(config_path: str = "config.yaml") -> int:
     if (refusal := driver.startup_refusal(settings.driver_check)) is not None:
         print(f"cannot start: {refusal}", file=sys.stderr)
         return 2
-    prefetch_artifact(settings)  # if on: the disk streams while Truss and torch import
     # The process's one frontend: Truss hands `config` to the model's constructor as it
     # is, so the model serves this object (model.py, `frontend_for`) and so do our routes.
     frontend = Frontend(settings)

@@ -83,14 +83,6 @@ class Settings(BaseModel):
         "`auto`: static on a CUDA GPU for the checkpoints it supports (Llama/Mistral "
         "without sliding window or biases), else dynamic, logging why.",
     )
-    load_prefetch_threads: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="Threads that read the artifact's weight files into the page cache "
-        "from the server's first moment, while Python and torch start; 0: off (the loader "
-        "streams the files itself; on the H200 VM's disk reading ahead slowed the start).",
-    )
     gil_switch_interval_ms: float = Field(
         0.5,
         gt=0,
