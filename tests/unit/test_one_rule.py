@@ -183,3 +183,25 @@ def test_fit_clamps_within_the_limits_or_refuses(prompt_len: int, max_new: int) 
         assert not 1 <= prompt_len <= 16 or max_new < 0
         return
     assert allowed == min(max_new, 24 - prompt_len) and prompt_len + allowed <= 24
+
+
+# ---- wire conventions only in protocols/ ----
+
+
+def compares_top_p_with_zero(node: ast.AST) -> bool:
+    """`x.top_p == 0`, `0 < top_p`, ...: knowing that some route spells "off" as 0."""
+    if not isinstance(node, ast.Compare):
+        return False
+    operands = [node.left, *node.comparators]
+    return any(names(o, "top_p") for o in operands) and any(
+        isinstance(o, ast.Constant) and o.value == 0 for o in operands
+    )
+
+
+def test_top_p_zero_is_known_only_to_the_wire_formats() -> None:
+    assert {m for m in where(compares_top_p_with_zero) if not m.startswith("protocols/")} == set()
+    assert where(lambda n: names(n, "top_p_or_off")) <= {
+        "protocols/fields.py",
+        "protocols/predict.py",
+        "protocols/openai.py",
+    }

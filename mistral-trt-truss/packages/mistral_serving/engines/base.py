@@ -61,7 +61,7 @@ class SamplingOptions:
     max_new_tokens: int
     temperature: float = 1.0
     top_k: int = 0  # 0: off; 1: greedy
-    top_p: float = 1.0  # 1.0: off
+    top_p: float = 1.0  # in (0, 1]; 1.0: off (how a route spells "off" is its own affair)
     seed: int | None = None
     repetition_penalty: float = 1.0  # multiplicative, over prompt and output (HF semantics)
     presence_penalty: float = 0.0  # additive, over output tokens (OpenAI semantics)

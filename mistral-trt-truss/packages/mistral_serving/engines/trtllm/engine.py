@@ -173,9 +173,9 @@ def to_sampling_params(
         # Set explicitly: top_k=0 means all logits; an unset top_p means the C++ default
         # (0.0 in older releases, which with top_k=0 silently turns sampling greedy).
         kwargs["top_k"] = max(options.top_k, 0)
-        # top_p=0 would mean greedy, which the backend refuses; our HTTP contract uses 0
-        # for "off". Out-of-range values go through for SamplingParams to reject.
-        kwargs["top_p"] = 1.0 if options.top_p == 0.0 else options.top_p
+        # 1.0 is off (the wire formats map their own spellings of "off" to it); an
+        # out-of-range value goes through for SamplingParams to reject.
+        kwargs["top_p"] = options.top_p
         # seed=None means the C++ default seed 0 for every request: identical prompts would
         # sample identical text. Draw one per request unless the client fixed it.
         kwargs["seed"] = options.seed if options.seed is not None else random.getrandbits(31)
