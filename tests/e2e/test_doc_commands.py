@@ -97,7 +97,10 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
         r"^python -m client bench --one-at-a-time --num-prompts 20",
         NotHere("20 x 128 tokens one after another: minutes on a CPU; the mode is unit-tested"),
     ),  # fmt: skip
-    (r"^python -m client bench plot bench/results/ours", NotHere("plots results of two earlier runs")),
+    (
+        r"^python -m client bench plot bench/results/ours",
+        NotHere("plots results of two earlier runs"),
+    ),
     (
         r"^python -m client bench --url http://127\.0\.0\.1:8931",
         Covered("tests/e2e/test_bench_e2e.py"),

@@ -106,7 +106,7 @@ def test_the_truss_adapter_is_thin_and_only_forwards() -> None:
         if isinstance(node, ast.ImportFrom) and node.module
     }
     ours = {m for m in imported if m.startswith("mistral_serving")}
-    assert ours == {"mistral_serving.frontend", "mistral_serving.settings"}, ours
+    assert ours == {"mistral_serving.frontend"}, ours  # settings come with its frontend
 
 
 def test_build_tooling_is_not_in_the_serving_packages() -> None:
@@ -179,7 +179,6 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
             "artifacts and engine families",
             (
                 "mistral_serving.artifacts",
-                "mistral_serving.prefetch",
                 "mistral_serving.engines.*",
                 "mistral_serving.engines.process.ipc",
                 "mistral_serving.watchdog",

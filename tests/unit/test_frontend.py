@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from fastapi import HTTPException
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -27,7 +28,14 @@ from mistral_serving.engines.base import (
     SamplingOptions,
     TokenDelta,
 )
-from mistral_serving.frontend import REQUEST_ID_HEADER, Frontend, one_line, request_id_from
+from mistral_serving.frontend import (
+    FRONTEND_CONFIG_KEY,
+    REQUEST_ID_HEADER,
+    Frontend,
+    frontend_for,
+    one_line,
+    request_id_from,
+)
 from mistral_serving.metrics import Metrics
 from mistral_serving.scope_keys import CUT_EXTENSION
 from mistral_serving.service import GenerationService
@@ -808,3 +816,19 @@ def test_the_load_failure_line_keeps_the_whole_cause() -> None:
     assert (
         line == "RuntimeError: cannot load the engine: config.json | caused by: OSError: disk full"
     )
+
+
+def test_frontend_for_serves_the_launchers_frontend_else_makes_one() -> None:
+    made = Frontend(Settings(served_model_name="launched"), Metrics(CollectorRegistry()))
+    config: dict[str, Any] = {"model_metadata": {"served_model_name": "other"}}
+    assert frontend_for(config | {FRONTEND_CONFIG_KEY: made}) is made
+    alone = frontend_for(config)  # Truss's own main.py: no launcher, the config's settings
+    assert alone is not made and alone.settings.served_model_name == "other"
+
+
+def test_a_request_before_load_is_a_503_not_a_crash() -> None:
+    frontend = Frontend(Settings(), Metrics(CollectorRegistry()))  # nothing attached
+    client = Client(json.dumps({"prompt": "hi"}).encode())
+    with pytest.raises(HTTPException) as refused:
+        asyncio.run(frontend.handle("predict", client.request()))
+    assert refused.value.status_code == 503 and "loading" in refused.value.detail

@@ -46,7 +46,7 @@ from mistral_serving.manifest import (
     scan_files,
     shown,
 )
-from mistral_serving.settings import Settings, SettingsError
+from mistral_serving.settings import ArtifactSettings, SettingsError
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactKind", "load_artifact", "resolve_artifact"]
 
@@ -68,7 +68,7 @@ class Artifact:
     config: dict[str, Any]  # config.json, parsed (engine or checkpoint config); do not mutate
 
 
-def load_artifact(settings: Settings, hf_token: str | None) -> Artifact:
+def load_artifact(settings: ArtifactSettings, hf_token: str | None) -> Artifact:
     """Resolve, confine, read and verify the artifact the settings name."""
     return open_artifact(resolve_artifact(settings, hf_token), settings)
 
@@ -76,7 +76,7 @@ def load_artifact(settings: Settings, hf_token: str | None) -> Artifact:
 # ---- resolve -------------------------------------------------------------------------
 
 
-def resolve_artifact(settings: Settings, hf_token: str | None) -> Path:
+def resolve_artifact(settings: ArtifactSettings, hf_token: str | None) -> Path:
     """The local directory holding the artifact (downloaded first if it is a repo id)."""
     if not settings.artifact:
         raise SettingsError(
@@ -222,7 +222,7 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 # ---- confine, read, verify ---------------------------------------------------------------
 
 
-def open_artifact(path: Path, settings: Settings) -> Artifact:
+def open_artifact(path: Path, settings: ArtifactSettings) -> Artifact:
     """Read an artifact directory into an `Artifact`: every file confined, config.json and
     the manifest parsed once, sizes checked, hashes checked unless a marker vouches."""
     path = Path(path)

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -207,24 +207,15 @@ class GenerationService:
                 ids = await asyncio.to_thread(self._encode_within, req, limits.max_input_len)
             else:
                 ids = self._encode_within(req, limits.max_input_len)
-        if len(ids) > limits.max_input_len:
-            raise RequestError(
-                f"{req.param} is {len(ids)} tokens; this engine accepts at most "
-                f"{limits.max_input_len} input tokens",
-                param=req.param,
-            )
-        room = limits.max_seq_len - len(ids)
-        if room < 1:
-            raise RequestError(
-                f"{req.param} is {len(ids)} tokens, which leaves no room to generate within "
-                f"the engine's {limits.max_seq_len}-token sequence limit",
-                param=req.param,
-            )
+        try:
+            max_new = limits.fit(len(ids), req.sampling.max_new_tokens, what=req.param)
+        except EngineRequestError as exc:
+            raise RequestError(str(exc), param=req.param) from None
         sampling = req.sampling
         if sampling.guided is not None:  # a bad or too costly schema: a 4xx, never a 5xx
             await self.grammar.check(sampling.guided)
-        if sampling.max_new_tokens > room:
-            sampling = dataclasses.replace(sampling, max_new_tokens=room)
+        if sampling.max_new_tokens != max_new:
+            sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
         # The model's other end-of-turn tokens (generation_config's eos_token_id list);
         # EOS itself always ends generation unless ignore_eos.
         extra = tuple(t for t in self.tokenizer.stop_token_ids if t != self.engine.eos_token_id)
@@ -334,7 +325,8 @@ class GenerationService:
         finally:
             if not engine_done:
                 self.engine.abort(record.engine_id)  # sync first: nothing may await past a cancel
-            await tokens.aclose()
+            if isinstance(tokens, AsyncGenerator):  # what every engine returns: close it now
+                await tokens.aclose()
             self._live.discard(record.engine_id)
             self.telemetry.finished(record, prompt_text)
 
