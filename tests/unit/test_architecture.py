@@ -168,6 +168,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.admission",
                 "mistral_serving.guided",
                 "mistral_serving.engine_checks",
+                "mistral_serving.artifact_sources",
                 "mistral_serving.grammar_pool",
                 "mistral_serving.grammar",
                 "mistral_serving.tool_calls",
@@ -178,6 +179,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
             "artifacts and engines",
             (
                 "mistral_serving.artifacts",
+                "mistral_serving.artifact_fill",
                 "mistral_serving.prefetch",
                 "mistral_serving.engines.*",
                 "mistral_serving.watchdog",
