@@ -241,6 +241,8 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_build.truss_config",
                 "mistral_build.k8s",
                 "mistral_build.gateway",
+                "mistral_build.k8s_weights",
+                "mistral_build.k8s_bucket",
                 "mistral_build.diagrams",
             ),
         ),
