@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from mistral_serving.artifact_sources import check_source
-from mistral_serving.engine_checks import CONFIG_NAME, is_engine_config
 from mistral_serving.file_bounds import check_parsed_files
 from mistral_serving.manifest import (
+    CONFIG_NAME,
     MANIFEST_NAME,
     ArtifactError,
     ArtifactKind,
@@ -40,6 +40,7 @@ from mistral_serving.manifest import (
     ManifestError,
     check_hashes,
     check_sizes,
+    is_engine_config,
     parse_json_object,
     parse_manifest,
     read_json_file,
