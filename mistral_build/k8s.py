@@ -436,6 +436,15 @@ class _Dumper(yaml.SafeDumper):
         return True
 
 
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    """A multi-line string (a config file in a ConfigMap) as a literal block, readable."""
+    style = "|" if "\n" in data and not data.startswith(" ") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def dump(s: DeploySettings, obj: dict[str, Any], filename: str, values_file: Path | None) -> str:
     text = header(values_file)
     if filename == SECRET_TEMPLATE_FILE:
