@@ -150,6 +150,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.tokenizer",
                 "mistral_serving.shutdown",
                 "mistral_serving.driver",
+                "mistral_serving.startup",
                 "mistral_serving.scope_keys",
                 "mistral_serving.engines",
                 "mistral_serving.engines.base",
