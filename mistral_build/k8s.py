@@ -117,6 +117,7 @@ def _resources(s: DeploySettings) -> dict[str, Any]:
 # multi-GPU pod.
 MULTI_GPU_ENV = {"NCCL_CUMEM_ENABLE": "0"}
 GKE_DRIVER_LABEL = "cloud.google.com/gke-gpu-driver-version"
+PIN_ENV = ENV_PREFIX + "ARTIFACT_MANIFEST_SHA256"
 VERIFY_JOB_FILE = "verify/job.yaml"  # in a subfolder: `kubectl apply -f k8s/` skips it
 
 
@@ -272,7 +273,10 @@ def verify_job(s: DeploySettings) -> dict[str, Any]:
         # raises it, and said (what the container gave, what the server gets).
         "command": [TINI, "--", "/bin/sh", "-c", VERIFY_SHELL, "verify-gpu"],
         "args": ["--kind", "all", "--out", VERIFY_OUT],
-        **{k: server[k] for k in ("env", "resources", "securityContext", "volumeMounts")},
+        # The pin names the deployment's artifact, not the tiny engines verify-gpu builds
+        # and serves (its server inherits the environment).
+        "env": [e for e in server["env"] if e["name"] != PIN_ENV],
+        **{k: server[k] for k in ("resources", "securityContext", "volumeMounts")},
     }
     spec = pod_spec(s, container)
     spec["restartPolicy"] = "Never"

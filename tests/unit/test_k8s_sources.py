@@ -112,7 +112,7 @@ def test_the_hub_source_is_unchanged_and_reads_the_hub() -> None:
     assert not any(n.startswith("weights/") for n in objs) and "serviceaccount.yaml" not in objs
 
 
-@pytest.mark.parametrize("variant", ["gcsfuse", "volume"])
+@pytest.mark.parametrize("variant", ["gcsfuse", "volume", "volume-pinned"])
 def test_a_mounted_artifact_is_read_only_at_the_served_path_with_no_hub(variant: str) -> None:
     s = variants()[variant]
     objs = k8s.render_manifests(s)
@@ -132,6 +132,11 @@ def test_a_mounted_artifact_is_read_only_at_the_served_path_with_no_hub(variant:
     # The verify Job reads no artifact: no bucket volume without the sidecar's annotation.
     job_pod = objs[k8s.VERIFY_JOB_FILE]["spec"]["template"]["spec"]
     assert "artifact" not in {v["name"] for v in job_pod["volumes"]}
+    # Nor the pin: its server serves the tiny engines it builds, which the pin would refuse.
+    (job,) = job_pod["containers"]
+    assert "MTT_ARTIFACT_MANIFEST_SHA256" not in {x["name"] for x in job["env"]}
+    if s.artifact_manifest_sha256:
+        assert e["MTT_ARTIFACT_MANIFEST_SHA256"]["value"] == s.artifact_manifest_sha256
 
 
 def test_the_bucket_is_a_read_only_gcs_fuse_volume_with_the_drivers_keys() -> None:
