@@ -13,9 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mistral_build.cli import main as build_main
-from mistral_build.k8s_bucket import copy_commands, parse_destination
+from mistral_build.k8s_bucket import CopyError, copy_commands, parse_destination
 
 DEST = "gs://example-llm-artifacts/mistral/a100-tp1"
 
@@ -126,3 +128,19 @@ def test_the_flags_exist_in_the_installed_gcloud() -> None:
     ).stdout
     plain = re.sub(r"\x1b\[[0-9;]*m", "", help_text)
     assert "--recursive" in plain and "--exclude=[REGEX,...]" in plain
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        st.text(max_size=120),
+        st.from_regex(r"gs://[a-z0-9._-]{1,30}(/[A-Za-z0-9._-]{0,20}){0,4}/?"),
+    )
+)
+def test_any_destination_parses_or_is_refused_in_one_line(value: str) -> None:
+    try:
+        bucket, path = parse_destination(value)
+    except CopyError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert value.startswith(f"gs://{bucket}/{path}") and ".." not in path.split("/")

@@ -15,6 +15,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mistral_build import k8s, k8s_weights
 from mistral_build.cli import main as build_main
@@ -260,3 +262,42 @@ def test_a_bucket_needs_a_pin_and_the_hub_its_commit(tmp_path: Path) -> None:
     # The bucket source needs no repo: it is pinned by its manifest, not a revision.
     s = load_deploy_settings(GCSFUSE_VALUES)
     assert s.artifact is None and s.missing_for_deploy() == []
+
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(10**12), 10**12), st.text(max_size=80),
+    st.sampled_from(["b-1", "a/b", "../x", "60Gi", "-1", "memory", "disk", "hyperdisk-ml"]),
+)  # fmt: skip
+_blocks = st.dictionaries(
+    st.sampled_from(
+        ["bucket", "path", "service_account", "file_cache_size", "file_cache_medium",
+         "parallel_downloads_per_file", "download_chunk_size_mb", "claim", "size",
+         "storage_class", "throughput_mib_per_s", "other"]
+    ),
+    _scalars,
+    max_size=6,
+)  # fmt: skip
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    source=st.one_of(st.sampled_from(["hub", "gcsfuse", "volume"]), _scalars),
+    gcsfuse=st.one_of(st.none(), _blocks, _scalars),
+    volume=st.one_of(st.none(), _blocks, _scalars),
+    pin=st.one_of(st.none(), st.just(PIN), st.text(max_size=70)),
+)
+def test_any_source_values_render_or_refuse_in_one_line(
+    source: Any, gcsfuse: Any, volume: Any, pin: Any
+) -> None:
+    values: dict[str, Any] = {"artifact_source": source, "artifact_manifest_sha256": pin}
+    values |= {k: v for k, v in (("gcsfuse", gcsfuse), ("volume", volume)) if v is not None}
+    try:
+        s = load_deploy_settings(k8s.EXAMPLE_VALUES_FILE, values)
+        objs = k8s.render_manifests(s)
+    except DeploySettingsError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    for name, obj in objs.items():
+        custom = (obj["apiVersion"], obj["kind"]) in crd_schemas()
+        if not (custom or name.startswith("gateway/") or name == k8s.PODMONITORING_FILE):
+            kubernetes_validate.validate(obj, K8S_VERSIONS[-1], strict=True)
