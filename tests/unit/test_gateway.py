@@ -303,3 +303,43 @@ def test_gateway_is_off_unless_asked() -> None:
     plain = DeploySettings(**{**EXAMPLE.model_dump(), "gateway": False})
     assert not any(n.startswith("gateway/") for n in k8s.render_manifests(plain))
     assert EXAMPLE.gateway and any(n.startswith("gateway/") for n in k8s.render_manifests(EXAMPLE))
+
+
+# The router decodes its configuration strictly (DisallowUnknownFields: a misspelt key is a
+# start-up failure). The field names at ROUTER_VERSION, from its source:
+# apix/config/v1alpha1/endpointpickerconfig_types.go (the config, plugins, profiles),
+# pkg/epp/framework/plugins/datalayer/source/metrics/datasource.go (metricsDatasourceParams),
+# .../extractor/metrics/factories.go (modelServerExtractorParams, engineConfigParams).
+ROUTER_FIELDS: dict[str, set[str]] = {
+    "config": {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles",
+               "dataLayer", "flowControl", "requestHandler", "saturationDetector", "parser"},
+    "plugin": {"name", "type", "parameters"},
+    "profile": {"name", "plugins"},
+    "profile plugin": {"pluginRef", "weight"},
+    "metrics-data-source": {"scheme", "path", "port", "insecureSkipVerify", "caCertPath",
+                            "clientCertPath", "clientKeyPath"},
+    "core-metrics-extractor": {"engineLabelKey", "defaultEngine", "engineConfigs"},
+    "engine config": {"name", "queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec",
+                      "loraSpec", "cacheInfoSpec", "cacheBlockSizeLabelName",
+                      "cacheNumBlocksLabelName", "cacheBlockSizeSpec", "cacheNumBlocksSpec",
+                      "customMetrics"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("names", NAME_MODES)
+def test_the_picker_config_uses_only_the_routers_field_names(names: str) -> None:
+    s = DeploySettings(**{**EXAMPLE.model_dump(), "serving": {"metrics_names": names}})
+    config = picker_config(s)
+    assert set(config) <= ROUTER_FIELDS["config"]
+    for p in config["plugins"]:
+        assert set(p) <= ROUTER_FIELDS["plugin"]
+        if p["type"] in ROUTER_FIELDS:
+            assert set(p.get("parameters", {})) <= ROUTER_FIELDS[p["type"]], p["type"]
+    for ec in plugin(config, "core-metrics-extractor").get("engineConfigs", []):
+        assert set(ec) <= ROUTER_FIELDS["engine config"]
+    for profile in config["schedulingProfiles"]:
+        assert set(profile) <= ROUTER_FIELDS["profile"]
+        assert all(set(r) <= ROUTER_FIELDS["profile plugin"] for r in profile["plugins"])
+        # Every profile refers to a declared plugin (the router refuses a dangling ref).
+        declared = {p.get("name", p["type"]) for p in config["plugins"]}
+        assert {r["pluginRef"] for r in profile["plugins"]} <= declared
