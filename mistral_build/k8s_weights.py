@@ -266,7 +266,7 @@ def fill_env(s: DeploySettings) -> list[dict[str, Any]]:
 def fill_job(s: DeploySettings, pod: dict[str, Any]) -> dict[str, Any]:
     """The serving image downloads artifact@revision into the writable claim, verifies it
     as a pod would, and prints the manifest's sha256 (the pods' pin). `pod` is the
-    Deployment's pod spec (user, security context, env, token), on any node: no GPU."""
+    Deployment's pod spec: the same user, security context and nodes, but no GPU."""
     (server,) = pod["containers"]
     into = f"{FILL_MOUNT}/{s.volume_path}"
     container = {
@@ -289,6 +289,10 @@ def fill_job(s: DeploySettings, pod: dict[str, Any]) -> dict[str, Any]:
     }
     spec = {
         "restartPolicy": "OnFailure",  # a retry resumes the download
+        # On the serving node pool (no GPU asked): its machine type is the one that must
+        # attach Hyperdisk ML, and the volume is made in that pool's zone.
+        "nodeSelector": pod["nodeSelector"],
+        "tolerations": pod["tolerations"],
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": {

@@ -203,6 +203,10 @@ def test_the_volume_is_a_read_only_claim_that_k8s_weights_fills_once() -> None:
     assert ref["name"] == s.hf_token_secret
     job_spec = weights["fill-job.yaml"]["spec"]["template"]["spec"]
     assert job_spec["restartPolicy"] == "OnFailure"  # a retry resumes the download
+    # On the serving nodes (they must attach Hyperdisk ML, in the volume's zone), no GPU.
+    assert job_spec["nodeSelector"] == pod(objs)["nodeSelector"]
+    assert job_spec["tolerations"] == pod(objs)["tolerations"]
+    assert "nvidia.com/gpu" not in fill["resources"]["requests"]
     # Cluster-scoped objects carry no namespace, namespaced ones the deployment's.
     pinned = k8s.render_manifests(variants()["volume-pinned"])
     assert "namespace" not in pinned["weights/storageclass.yaml"]["metadata"]
