@@ -113,6 +113,14 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     (r"^python build\.py serve --artifact", WEIGHTS),
     (r"^python build\.py truss-config --check$", Run(120, r"", 0)),
     (r"^cp k8s/values\.yaml\.example my\.yaml$", Covered("tests/unit/test_k8s.py")),
+    (
+        r"^cp k8s/values-(gcsfuse|volume)\.yaml\.example my\.yaml$",
+        Covered("tests/unit/test_k8s_sources.py"),
+    ),
+    (
+        r"^python build\.py copy-to-bucket --artifact-dir ENGINE_DIR ",
+        Covered("tests/unit/test_k8s_bucket.py"),
+    ),
     (r"^python build\.py (--values|image|manifests)", Covered("tests/unit/test_k8s.py")),
     (r"^kubernetes-validate --strict k8s/\*\.yaml$", Run(300, r"")),
     (r"^kubectl ", CLUSTER),
