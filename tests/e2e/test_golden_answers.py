@@ -208,3 +208,8 @@ def test_model_list_matches_its_snapshot(server_url: str) -> None:
     response = requests.get(f"{server_url}/v1/models", timeout=30)
     assert response.status_code == 200
     check("models.json", snapshot("models.json", response))
+
+
+def test_every_snapshot_belongs_to_a_case() -> None:
+    """A case renamed or dropped leaves no stale snapshot behind."""
+    assert {p.name for p in GOLDEN.iterdir()} == set(CASES) | {"models.json"}
