@@ -115,19 +115,27 @@ def cached_snapshot(repo_id: str, revision: str, cache_dir: Path) -> Path:
     return cache_dir / HUB_DIR / f"models--{owner}--{name}" / "snapshots" / revision
 
 
-def download(repo_id: str, revision: str, cache_dir: Path, token: str | None) -> Path:
+def download(
+    repo_id: str, revision: str, cache_dir: Path, token: str | None, into: Path | None = None
+) -> Path:
+    """repo@revision from the Hub into huggingface_hub's cache under `cache_dir` (a pod),
+    or as plain files into `into` (the fill of a shared volume); resumable either way."""
     from huggingface_hub import snapshot_download
 
-    hub_cache = cache_dir / HUB_DIR
+    where = cache_dir / HUB_DIR if into is None else into
     try:
         return Path(
             snapshot_download(
-                repo_id=repo_id, revision=revision, cache_dir=str(hub_cache), token=token or False
+                repo_id=repo_id,
+                revision=revision,
+                token=token or False,
+                cache_dir=None if into is not None else str(where),
+                local_dir=None if into is None else str(into),
             )
         )
     except Exception as exc:  # every way the client fails becomes one line for the log
         log.debug("snapshot_download failed", exc_info=exc)
-        raise ArtifactError(hub_failure(exc, repo_id, revision, token, hub_cache)) from None
+        raise ArtifactError(hub_failure(exc, repo_id, revision, token, where)) from None
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
