@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from mistral_serving.engines.base import (
     EngineError,
@@ -137,9 +138,17 @@ class ProcessEngine:
         self._reader.start()
 
     @classmethod
-    def start(cls, model_dir: Path, settings: Settings, eos_token_id: int) -> ProcessEngine:
+    def start(
+        cls,
+        model_dir: Path,
+        settings: Settings,
+        eos_token_id: int,
+        config: dict[str, Any] | None = None,
+    ) -> ProcessEngine:
         """Start the child, have it load the engine, and wait until it is ready. A failure
-        to load (a bad checkpoint, out of memory) raises one `EngineError` naming it."""
+        to load (a bad checkpoint, out of memory) raises one `EngineError` naming it.
+        `config` is the checkpoint's config.json (the Artifact's): the child then reads
+        none (without it, a bare directory, the child reads it)."""
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen(
@@ -160,6 +169,7 @@ class ProcessEngine:
             spec = {
                 "model_dir": str(Path(model_dir).resolve()),
                 "settings": settings.model_dump(),
+                "config": config,
                 "eos_token_id": eos_token_id,
                 "log_level": logging.getLogger().getEffectiveLevel(),
                 "log_json": _logs_json(),

@@ -212,7 +212,7 @@ def serve(conn: Connection) -> int:
                 f"the tokenizer in {model_dir} has EOS {tokenizer.eos_id}, "
                 f"the server's has {spec['eos_token_id']}"
             )
-        engine = start_guided_torch_engine(model_dir, settings, tokenizer)
+        engine = start_guided_torch_engine(model_dir, settings, tokenizer, spec["config"])
     except BaseException as exc:  # noqa: BLE001 - any start-up failure goes to the server
         log.exception("the engine could not start")
         message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

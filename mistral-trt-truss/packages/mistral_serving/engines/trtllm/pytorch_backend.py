@@ -30,10 +30,10 @@ What differs from the TensorRT-engine backend (read in `llmapi/llm.py` and
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from mistral_serving.artifacts import read_config
 from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
 from mistral_serving.engines.trtllm.checks import EngineCheckError
 from mistral_serving.engines.trtllm.engine import LlmApiEngine, scheduler_config
@@ -78,6 +78,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
         *,
         eos_token_id: int,
         pad_token_id: int | None = None,
+        config: dict[str, Any] | None = None,
     ) -> TrtLlmPytorchEngine:
         try:
             import tensorrt_llm
@@ -90,13 +91,9 @@ class TrtLlmPytorchEngine(LlmApiEngine):
                 "from the TensorRT-LLM release image, or set engine=pytorch"
             ) from exc
         checkpoint_dir = Path(checkpoint_dir)
-        try:
-            config = json.loads((checkpoint_dir / "config.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise EngineCheckError(
-                f"{checkpoint_dir}/config.json: not a readable Hugging Face config ({exc})"
-            ) from None
-        if not isinstance(config, dict) or "pretrained_config" in config:
+        if config is None:  # a bare directory; a load hands over the Artifact's
+            config = read_config(checkpoint_dir)
+        if "pretrained_config" in config:
             raise EngineCheckError(
                 f"{checkpoint_dir} is not a Hugging Face checkpoint (a TensorRT engine? "
                 "serve it with engine=tensorrt_llm or auto)"
