@@ -22,7 +22,7 @@ from pydantic import (
 from mistral_serving.artifacts import Artifact, ArtifactError, ArtifactKind, read_config
 from mistral_serving.engines.base import Engine
 from mistral_serving.manifest import shown
-from mistral_serving.settings import Settings
+from mistral_serving.settings import Settings, TorchEngineSettings
 from mistral_serving.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -152,7 +152,10 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
 
 
 def start_guided_torch_engine(
-    model_dir: Path, settings: Settings, tokenizer: Tokenizer, config: dict[str, Any] | None = None
+    model_dir: Path,
+    settings: TorchEngineSettings,
+    tokenizer: Tokenizer,
+    config: dict[str, Any] | None = None,
 ) -> TorchEngine:
     """The PyTorch engine in this process, with structured output (response_format,
     xgrammar). The engine process (`worker.py`) starts its engine with this too."""
@@ -163,7 +166,7 @@ def start_guided_torch_engine(
     return engine
 
 
-def runs_on_cuda(settings: Settings) -> bool:
+def runs_on_cuda(settings: TorchEngineSettings) -> bool:
     """Whether the PyTorch engine will run on a CUDA GPU (`device`, else what torch sees)."""
     from mistral_serving.engines.pytorch.dynamic import pick_device
 
@@ -185,7 +188,10 @@ def kv_cache_choice(setting: str, on_cuda: bool, config: dict[str, Any]) -> tupl
 
 
 def start_torch_engine(
-    model_dir: Path, settings: Settings, eos_token_id: int, config: dict[str, Any] | None = None
+    model_dir: Path,
+    settings: TorchEngineSettings,
+    eos_token_id: int,
+    config: dict[str, Any] | None = None,
 ) -> TorchEngine:
     """The PyTorch engine for a checkpoint: `pytorch_kv_cache` picks static or dynamic.
     `config` is the checkpoint's config.json when the caller has read it (the Artifact)."""

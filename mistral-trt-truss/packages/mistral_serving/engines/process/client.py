@@ -64,7 +64,7 @@ from mistral_serving.engines.base import (
     read_stream,
 )
 from mistral_serving.engines.process.worker import HEARTBEAT_S, decode, encode
-from mistral_serving.settings import Settings
+from mistral_serving.settings import TorchEngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ SILENT_S = 4 * HEARTBEAT_S  # a child not heard from for this long is stopped or
 _POLL_S = 0.25  # how often a silent socket is checked for the child having exited
 
 
-def wants_own_process(settings: Settings) -> bool:
+def wants_own_process(settings: TorchEngineSettings) -> bool:
     """`engine_process: on` runs a PyTorch engine in a process of its own. Off by default:
     on the H200 it served the same throughput as in-process and a later first token
     (docs/performance.md), so it is there for isolation, not speed."""
@@ -141,7 +141,7 @@ class ProcessEngine:
     def start(
         cls,
         model_dir: Path,
-        settings: Settings,
+        settings: TorchEngineSettings,
         eos_token_id: int,
         config: dict[str, Any] | None = None,
     ) -> ProcessEngine:

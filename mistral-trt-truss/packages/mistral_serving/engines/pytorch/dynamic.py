@@ -74,7 +74,7 @@ from mistral_serving.engines.pytorch.prefill import (
     take_admissible,
 )
 from mistral_serving.engines.sampling import Sampled, sample_next_tokens
-from mistral_serving.settings import Settings
+from mistral_serving.settings import TorchEngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class LoadedModel:
 
 def load_model(
     model_dir: Path,
-    settings: Settings,
+    settings: TorchEngineSettings,
     loader: Callable[[Path, object, torch.dtype, torch.device], torch.nn.Module | None]
     | None = None,
 ) -> LoadedModel:
@@ -176,7 +176,9 @@ class TorchEngine:
         eos_token_id: int,
         limits: EngineLimits,
         max_num_tokens: int,
-        prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
+        prefill_logits_bytes: int = TorchEngineSettings.model_fields[
+            "prefill_logits_bytes"
+        ].default,
     ) -> None:
         self._model = model
         self._device = next(model.parameters()).device
@@ -234,11 +236,15 @@ class TorchEngine:
         self._thread.start()
 
     @classmethod
-    def from_pretrained(cls, model_dir: Path, settings: Settings, eos_token_id: int) -> TorchEngine:
+    def from_pretrained(
+        cls, model_dir: Path, settings: TorchEngineSettings, eos_token_id: int
+    ) -> TorchEngine:
         return cls.for_model(load_model(model_dir, settings), settings, eos_token_id)
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, settings: Settings, eos_token_id: int) -> TorchEngine:
+    def for_model(
+        cls, loaded: LoadedModel, settings: TorchEngineSettings, eos_token_id: int
+    ) -> TorchEngine:
         limits = EngineLimits(loaded.max_input_len, loaded.max_seq_len, settings.max_batch_size)
         return cls(
             loaded.model,

@@ -48,7 +48,7 @@ from mistral_serving.engines.base import EngineError, EngineLimits
 from mistral_serving.engines.pytorch import llama
 from mistral_serving.engines.pytorch.dynamic import LoadedModel, TorchEngine, _Sequence, load_model
 from mistral_serving.engines.pytorch.weights import copy_shards, read_header
-from mistral_serving.settings import Settings
+from mistral_serving.settings import TorchEngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.devi
     return model
 
 
-def load_static_model(model_dir: Path, settings: Settings) -> LoadedModel:
+def load_static_model(model_dir: Path, settings: TorchEngineSettings) -> LoadedModel:
     """The checkpoint for the fast path: `load_model` with the direct safetensors loader."""
     return load_model(model_dir, settings, loader=load_safetensors_direct)
 
@@ -172,7 +172,9 @@ class StaticTorchEngine(TorchEngine):
         limits: EngineLimits,
         max_num_tokens: int,
         cuda_graphs: bool = True,
-        prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
+        prefill_logits_bytes: int = TorchEngineSettings.model_fields[
+            "prefill_logits_bytes"
+        ].default,
     ) -> None:
         why = supports_static_path(model)
         if why is not None:
@@ -197,7 +199,7 @@ class StaticTorchEngine(TorchEngine):
 
     @classmethod
     def for_model(
-        cls, loaded: LoadedModel, settings: Settings, eos_token_id: int
+        cls, loaded: LoadedModel, settings: TorchEngineSettings, eos_token_id: int
     ) -> StaticTorchEngine:
         columns = static_kv_columns(loaded.model, settings, loaded.max_seq_len)
         return cls(
@@ -433,7 +435,7 @@ class StaticTorchEngine(TorchEngine):
         del self._running[m:], self._lens[m:]
 
 
-def static_kv_columns(model, settings: Settings, max_seq: int) -> int:
+def static_kv_columns(model, settings: TorchEngineSettings, max_seq: int) -> int:
     """Columns (tokens per sequence) of the static KV cache: `max_seq_len` when set, else
     what `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for
     `max_batch_size` slots (8 GiB on the CPU), never above the model's positions."""

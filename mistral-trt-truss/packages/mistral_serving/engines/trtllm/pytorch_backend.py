@@ -37,7 +37,7 @@ from mistral_serving.artifacts import read_config
 from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
 from mistral_serving.engines.trtllm.checks import EngineCheckError
 from mistral_serving.engines.trtllm.engine import LlmApiEngine, scheduler_config
-from mistral_serving.settings import Settings
+from mistral_serving.settings import TrtllmSettings
 
 # Setting trtllm_sampler -> TorchLlmArgs.sampler_type.
 SAMPLER_TYPES: dict[str, str] = {"trtllm": "TRTLLMSampler", "torch": "TorchSampler"}
@@ -51,7 +51,7 @@ TORCH_SAMPLER_PENALTIES = (
 )
 
 
-def checkpoint_limits(config: dict[str, Any], settings: Settings) -> EngineLimits:
+def checkpoint_limits(config: dict[str, Any], settings: TrtllmSettings) -> EngineLimits:
     """Limits from the checkpoint's config.json, lowered by the settings."""
     positions = config.get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 2:
@@ -74,7 +74,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
     def load(
         cls,
         checkpoint_dir: Path,
-        settings: Settings,
+        settings: TrtllmSettings,
         *,
         eos_token_id: int,
         pad_token_id: int | None = None,
