@@ -56,13 +56,12 @@ def builds_an_error_body(node: ast.AST) -> bool:
 
 
 def test_error_bodies_are_shaped_only_in_their_formats() -> None:
-    # errors.py: OpenAI's `{"error": {...}}`; protocols/predict.py: predict's. The grammar
-    # pool's child process reports to its parent over a pipe, not to a client.
-    assert where(builds_an_error_body) == {
-        "errors.py",
-        "protocols/predict.py",
-        "grammar_pool.py",
-    }
+    # protocols/predict.py: predict's `{"error": message}`; OpenAI's is a typed model
+    # (protocols/openai_types.py, `ErrorResponse`). The grammar pool's child process
+    # reports to its parent over a pipe, not to a client.
+    assert where(builds_an_error_body) == {"protocols/predict.py", "grammar_pool.py"}
+    builders = where(lambda n: isinstance(n, ast.ClassDef) and n.name == "ErrorResponse")
+    assert builders == {"protocols/openai_types.py"}
 
 
 @given(st.text(max_size=80), st.sampled_from([400, 408, 413, 429, 503]))
@@ -79,7 +78,13 @@ def test_the_body_guard_answers_predicts_refusals_in_the_formats_shape(
 
 
 def test_only_artifacts_decides_local_directory_or_hub_snapshot() -> None:
-    assert where(lambda n: names(n, "snapshot_download", "cached_snapshot")) == {"artifacts.py"}
+    # The read-ahead decided it too (via cached_snapshot) before it was removed.
+    assert where(lambda n: names(n, "cached_snapshot", "_REPO_ID")) == {"artifacts.py"}
+    defined = where(lambda n: isinstance(n, ast.FunctionDef) and n.name == "resolve_artifact")
+    assert defined == {"artifacts.py"}
+    # The volume fill (artifact_fill.py) downloads a named revision into the directory it
+    # is given; it decides nothing about what a server serves.
+    assert where(lambda n: names(n, "snapshot_download")) == {"artifacts.py", "artifact_fill.py"}
 
 
 def test_the_read_ahead_is_gone_with_its_setting() -> None:

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mistral_serving.artifact_sources import check_source
 from mistral_serving.file_bounds import check_file, check_parsed_files
 from mistral_serving.manifest import (
     CONFIG_NAME,
@@ -228,6 +229,7 @@ def open_artifact(path: Path, settings: ArtifactSettings) -> Artifact:
     path = Path(path)
     files = scan_files(path)
     check_parsed_files(path)  # before any parser sees a file (file_bounds.py)
+    check_source(path, files, settings)  # the pin; no marker inside a read-only mount
     config = _read_config(path, files)
     kind = _kind(path, files, config)
     manifest = None

@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any
 
 from mistral_serving import __version__, driver
 from mistral_serving.auth import ApiKeyGuard, load_keys
-from mistral_serving.errors import RequestError, openai_error_body
+from mistral_serving.errors import RequestError
 from mistral_serving.frontend import FRONTEND_CONFIG_KEY, Frontend
+from mistral_serving.protocols.openai_types import ModelCard, ModelList, openai_error_body
 from mistral_serving.protocols.predict import predict_error_body
 from mistral_serving.scope_keys import HANDLED
 from mistral_serving.settings import Settings, SettingsError
@@ -239,20 +240,13 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
         service = frontend.service
         if service is None:
             return unavailable("the model is loading")
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": frontend.settings.served_model_name,
-                        "object": "model",
-                        "created": _started,
-                        "owned_by": "mistral-trt-truss",
-                        "max_model_len": service.engine.limits.max_seq_len,
-                    }
-                ],
-            }
+        card = ModelCard(
+            id=frontend.settings.served_model_name,
+            created=_started,
+            owned_by="mistral-trt-truss",
+            max_model_len=service.engine.limits.max_seq_len,
         )
+        return JSONResponse(ModelList(data=[card]).wire())
 
     async def health() -> Response:
         if not await frontend.is_healthy():

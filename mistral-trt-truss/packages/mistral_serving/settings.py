@@ -47,6 +47,12 @@ class ArtifactSettings(_Concern):
     artifact_revision: str | None = Field(
         None, description="Pinned revision (commit sha or tag) when `artifact` is a repo id."
     )
+    artifact_manifest_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the build manifest the artifact must have (a mounted bucket "
+        "or volume is pinned by it, as a repo id is by its revision); another refuses to load.",
+    )
     cache_dir: str = Field(
         "~/.cache/mistral-trt-truss", description="Where downloaded artifacts are cached."
     )
