@@ -311,3 +311,17 @@ def test_config_json_has_one_reader_and_one_error_type(tmp_path: Path) -> None:
 
     parsers = where(builds_config_path) & where(parses_json)
     assert parsers == set(), parsers
+
+
+@given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+def test_read_config_answers_any_bytes_with_a_dict_or_one_artifact_error(data: bytes) -> None:
+    import tempfile
+
+    from mistral_serving.artifacts import ArtifactError, read_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_bytes(data)
+        try:
+            assert isinstance(read_config(Path(folder)), dict)
+        except ArtifactError as exc:
+            assert "\n" not in str(exc) and "config.json" in str(exc)
