@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mistral_serving.artifact_sources import check_source
-from mistral_serving.file_bounds import check_parsed_files
+from mistral_serving.file_bounds import check_file, check_parsed_files
 from mistral_serving.manifest import (
     CONFIG_NAME,
     MANIFEST_NAME,
@@ -272,9 +272,18 @@ def open_artifact(path: Path, settings: ArtifactSettings) -> Artifact:
 def _read_config(path: Path, files: Mapping[str, FileStat]) -> dict[str, Any]:
     if CONFIG_NAME not in files:
         raise ArtifactError(f"{path}: {_NEITHER} (no {CONFIG_NAME})")
-    return parse_json_object(
-        read_json_file(path / CONFIG_NAME, CONFIG_NAME), str(path / CONFIG_NAME)
-    )
+    return read_config(path)
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """The directory's config.json, parsed: the one reader of it. A load reads it once,
+    into the `Artifact`, and hands that to the engine; an engine started from a bare
+    directory (tests, tools) reads it here. Every failure is an ArtifactError."""
+    path = Path(directory) / CONFIG_NAME
+    check_file(path)  # within its bound before it is parsed (file_bounds.py)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: no such file")
+    return parse_json_object(read_json_file(path, CONFIG_NAME), str(path))
 
 
 _NEITHER = (

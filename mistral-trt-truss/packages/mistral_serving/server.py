@@ -18,6 +18,9 @@ settings, and adds, before it starts:
   with room for probes, bounded send buffers; the open-file limit is raised to fit.
 - Requests Truss answers 499 itself (client gone after sending) are counted
   `client_gone`; `/openapi.json` is a 404; `/v1/models` does not show the artifact path.
+- The settings are loaded once, here, and the process's one `Frontend` is made here: our
+  routes and guards are handed it, and so is the Truss model (through the config dict
+  Truss passes to its constructor as it is; `frontend.frontend_for`).
 - A failed `load()` ends the process with status 1 and the reason as its last log line
   (Truss alone exits 0), and the engine is shut down when the server stops.
 """

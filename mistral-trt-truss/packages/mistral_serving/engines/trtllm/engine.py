@@ -88,7 +88,7 @@ from mistral_serving.engines.trtllm.checks import (
     world_size,
 )
 from mistral_serving.manifest import read_manifest
-from mistral_serving.settings import Settings
+from mistral_serving.settings import TrtllmSettings
 
 if TYPE_CHECKING:  # the image's tensorrt_llm; absent here (the type is then Any)
     from tensorrt_llm.sampling_params import SamplingParams
@@ -262,7 +262,7 @@ def kv_usage_from_stat(stat: Any) -> float | None:
     return min(max(float(used) / float(total), 0.0), 1.0)
 
 
-def scheduler_config(settings: Settings) -> Any:
+def scheduler_config(settings: TrtllmSettings) -> Any:
     """`SchedulerConfig(capacity_scheduler_policy=...)` (llmapi/llm_args.py) from settings."""
     from tensorrt_llm.llmapi import CapacitySchedulerPolicy, SchedulerConfig
 
@@ -270,7 +270,7 @@ def scheduler_config(settings: Settings) -> Any:
     return SchedulerConfig(capacity_scheduler_policy=policy)
 
 
-def kv_cache_config(settings: Settings) -> Any:
+def kv_cache_config(settings: TrtllmSettings) -> Any:
     """`KvCacheConfig(free_gpu_memory_fraction=..., enable_block_reuse=...)`
     (llmapi/llm_args.py) from settings: the same for both engine kinds."""
     from tensorrt_llm.llmapi import KvCacheConfig
@@ -566,7 +566,7 @@ class TrtLlmEngine(LlmApiEngine):
     def load(
         cls,
         engine_dir: Path,
-        settings: Settings,
+        settings: TrtllmSettings,
         *,
         eos_token_id: int,
         pad_token_id: int | None = None,
@@ -683,7 +683,7 @@ class TrtLlmEngine(LlmApiEngine):
         )
 
 
-def effective_limits(built: EngineLimits, settings: Settings) -> EngineLimits:
+def effective_limits(built: EngineLimits, settings: TrtllmSettings) -> EngineLimits:
     """The engine's built limits, lowered by the max_input_len / max_seq_len settings."""
     max_seq_len = min(built.max_seq_len, settings.max_seq_len or built.max_seq_len)
     max_input_len = min(built.max_input_len, settings.max_input_len or built.max_input_len)
