@@ -199,7 +199,7 @@ class Frontend:
         }
         self.service = service
         engine = service.engine
-        self.metrics.kv_cache_usage.set_function(engine.kv_cache_usage)
+        self.metrics.bind_engine(engine)
 
     @property
     def ready(self) -> bool:

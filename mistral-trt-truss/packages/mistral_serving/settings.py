@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from mistral_serving.metrics import prefix_for
+
 ENV_PREFIX = "MTT_"
 MAX_TEXT_CHARS = 4096  # any text setting (paths, repo ids, names)
 MAX_MODEL_NAME_CHARS = 256
@@ -199,10 +201,11 @@ class Settings(BaseModel):
     body_timeout_seconds: float = Field(
         30.0, gt=0, le=3600, description="A request body must arrive within this; else 408."
     )
-    metrics_names: Literal["mtt", "vllm"] = Field(
+    metrics_names: Literal["mtt", "vllm", "trtllm"] = Field(
         "mtt",
-        description="Prefix of the Prometheus metrics: `mtt:` (ours) or `vllm:` (so vLLM "
-        "dashboards and the Inference Gateway's endpoint picker work unchanged).",
+        description="Names of the Prometheus metrics: `mtt:` (ours), `vllm:` (so vLLM "
+        "dashboards and the Inference Gateway's endpoint picker work unchanged) or "
+        "`trtllm_` with trtllm-serve's names (the picker's trtllm-serve model-server type).",
     )
 
     host: str = Field(
@@ -408,8 +411,8 @@ class Settings(BaseModel):
 
     @property
     def metrics_prefix(self) -> str:
-        """What every exported metric name starts with: `mtt:` or `vllm:`."""
-        return self.metrics_names + ":"
+        """What every exported metric name starts with: `mtt:`, `vllm:` or `trtllm_`."""
+        return prefix_for(self.metrics_names)
 
     @property
     def cache_path(self) -> Path:
