@@ -326,6 +326,22 @@ class Settings(BaseModel):
     drain_grace_seconds: float = Field(
         60.0, ge=0, le=3600, description="On SIGTERM, how long in-flight streams may finish."
     )
+    request_timeout_seconds: float = Field(
+        0.0,
+        ge=0,
+        le=86_400,
+        description="Default deadline of a request from its arrival (0: none); the "
+        "`X-Request-Timeout` header (seconds) or a gateway's `x-envoy-expected-rq-timeout-ms` "
+        "may lower it. Past it: 504 before the answer began, else the engine request is "
+        "aborted and the answer ends with finish_reason `timeout`.",
+    )
+    otlp_traces_endpoint: str = Field(
+        "",
+        max_length=2048,
+        pattern=r"^(https?://[^\s]+)?$",
+        description="OTLP/HTTP endpoint to export request traces to (e.g. "
+        "`http://otel-collector:4318/v1/traces`); empty: no tracing.",
+    )
 
     # The engine watchdog (mistral_serving/watchdog.py).
     engine_stall_unready_seconds: float = Field(
