@@ -103,6 +103,10 @@ async def bounded(stream: AsyncIterator[T], deadline: float) -> AsyncIterator[T]
     the waits on `stream`, never the consumer's work between items."""
     try:
         while True:
+            # An item already waiting would be taken without a pause in which the timer
+            # could fire: past the deadline, nothing more is taken.
+            if time.monotonic() >= deadline:
+                raise DeadlineExceeded
             try:
                 async with asyncio.timeout_at(deadline):
                     item = await anext(stream)
