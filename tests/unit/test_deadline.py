@@ -170,7 +170,7 @@ def test_a_deadline_that_passes_while_generating_aborts_the_engine_request(
 
     asyncio.run(main())
     assert record.finish_reason == "timeout"
-    assert 1 <= len(chunks) and record.completion_tokens < LONG.max_new_tokens
+    assert len(chunks) >= 1 and record.completion_tokens < LONG.max_new_tokens
     assert record.output == "".join(chunks)
     if hasattr(any_engine, "llm"):  # the double saw the cancel (upstream: result.abort())
         assert any_engine.llm.requests[-1].aborted()
