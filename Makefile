@@ -140,7 +140,8 @@ $(TOOLS_STAMP): tests/tools/requirements.txt
 	touch $(TOOLS_STAMP)
 
 test-tools: $(TOOLS_STAMP) $(DEV_MODEL)
-	GUIDELLM=$(CURDIR)/$(TOOLS_VENV)/bin/guidellm $(PY) -m pytest -p no:cacheprovider tests/tools
+	GUIDELLM=$(CURDIR)/$(TOOLS_VENV)/bin/guidellm AIPERF=$(CURDIR)/$(TOOLS_VENV)/bin/aiperf \
+		LM_EVAL=$(CURDIR)/$(TOOLS_VENV)/bin/lm-eval $(PY) -m pytest -p no:cacheprovider tests/tools
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from mistral_serving import __version__, driver
-from mistral_serving.auth import ApiKeyGuard, load_keys
+from mistral_serving.auth import ApiKeyGuard, configured_keys
 from mistral_serving.errors import RequestError
 from mistral_serving.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.protocols.openai_types import ModelCard, ModelList, openai_error_body
@@ -302,10 +302,11 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
         count=count,
         refuse=frontend.early_refusal,
     )
-    if settings.api_keys_file:  # outermost: an unauthenticated body is never read
+    keys = configured_keys(settings.api_keys_file)  # the file's and the Truss secret's
+    if keys:  # outermost: an unauthenticated body is never read
         app.add_middleware(
             ApiKeyGuard,
-            keys=load_keys(settings.api_keys_file),
+            keys=keys,
             route_of=route_of,
             error_json=error_json,
         )
