@@ -58,6 +58,7 @@ import torch.nn.functional as F
 
 from mistral_serving.engines import llama
 from mistral_serving.engines.base import EngineError, EngineLimits, TokenDelta, TokenLogprob
+from mistral_serving.engines.guided_batch import BatchMasker
 from mistral_serving.engines.prefill import chunked_prompt_logprobs, is_allocation_failure
 from mistral_serving.engines.pytorch import LoadedModel, TorchEngine, _Sequence, load_model
 from mistral_serving.engines.weights import copy_shards, read_header
@@ -205,6 +206,10 @@ class StaticTorchEngine(TorchEngine):
         self._lens: list[int] = []  # per running row: tokens in its slot (CPU mirror)
         self._chunk = prefill_chunk_tokens  # 0: whole prompts (TorchEngine's loop)
         self._prefilling: list[_Prefilling] = []  # chunked prefills under way, oldest first
+        # Structured output: one bitmask per step for all constrained rows
+        # (`guided_batch.py`); False: each row masks itself (`guided.GuidedMatcher.mask`).
+        self.batch_masks = True
+        self._masker: BatchMasker | None = None
         self._fuse_weights()
         super().__init__(model, eos_token_id, limits, max_num_tokens, prefill_logits_bytes)
         self.info.details.update(
@@ -444,6 +449,54 @@ class StaticTorchEngine(TorchEngine):
         entry = self._graphs[(bucket, width)] = (graph, out)
         log.info("captured a CUDA graph for %d rows x %d columns", bucket, width)
         return entry
+
+    # ---- structured output, batched ----
+
+    def _advance(
+        self,
+        seqs: list[_Sequence],
+        logits: torch.Tensor,
+        first_row: int,
+        failures: dict[int, Exception] | None = None,
+    ) -> None:
+        """TorchEngine's `_advance`, with the constrained rows masked together first
+        (`guided_batch.py`). Called right after the step's forward pass was launched, so
+        on a GPU the bitmask fill overlaps it."""
+        rows = [i for i, s in enumerate(seqs) if self._batchable(s)] if self.batch_masks else []
+        if not rows:
+            super()._advance(seqs, logits, first_row, failures)
+            return
+        logits = logits.float()  # what sampling works on (a copy unless float32 already)
+        try:
+            if self._masker is None:
+                self._masker = BatchMasker(self._device)
+            matchers = [seqs[i].mask_fn.__self__ for i in rows]
+            self._masker.mask(logits, rows, matchers)
+        except Exception:  # noqa: BLE001 - each row then masks itself, as before
+            log.exception("batched structured-output mask failed; masking row by row")
+            super()._advance(seqs, logits, first_row, failures)
+            return
+        # These rows are masked now: the sampler sees them without a per-row mask (so a
+        # greedy one takes the batched argmax); their matchers still accept the tokens.
+        held = [(seqs[i], seqs[i].mask_fn) for i in rows]
+        for seq, _ in held:
+            seq.mask_fn = None
+        try:
+            super()._advance(seqs, logits, first_row, failures)
+        finally:
+            for seq, fn in held:
+                seq.mask_fn = fn
+
+    @staticmethod
+    def _batchable(seq: _Sequence) -> bool:
+        """A constrained row the batched mask serves exactly as its own mask would."""
+        fn = seq.mask_fn
+        return (
+            fn is not None
+            and hasattr(getattr(fn, "__self__", None), "xgrammar_matcher")
+            and seq.sampling.logprobs is None
+            and not (len(seq.generated) < seq.sampling.min_tokens and seq.stop_ids)
+        )
 
     # ---- chunked prefill (prefill_chunk_tokens > 0) ----
 
