@@ -3,9 +3,11 @@
 #   in-process engine 128/128 at c = 1/16/64/256 with chunked prefill off, 512 and 2048
 #   -> the real server (chunked prefill off, then 2048): the project's client (raw, 4
 #   processes) and guidellm 0.8.1 (an independent load generator) at the same levels.
-# PART=b (~8 min): the same engine/server runs again (the second run of each figure), 64
-#   constrained chat streams (nested-object json_schema) vs 64 plain ones, twice, and
-#   start -> ready phases (cold_start.py) with the whole page cache dropped, twice.
+#   Between engines and servers: start -> ready phases (cold_start.py) with the whole page
+#   cache dropped, twice.
+# PART=b (~8 min): 64 constrained chat streams (nested-object json_schema) vs 64 plain ones,
+#   twice, with the batched masks and then row by row (guided_batch_mask=false); then the
+#   engine (off, 2048) and server runs again (the second run of each figure).
 # Prepared as in docs/performance.md ("Round 5: commands"): .whl/ (server + xgrammar +
 # guidellm wheels), .benchcarry/ctx/app, .benchcarry/tok.
 # Usage (device tool, carry [".whl", ".benchcarry"]): PART=a bash bench/run_gpu_round5.sh
@@ -34,13 +36,17 @@ servers() {  # $1: the last percent of the budget
   done
 }
 if [ "${PART:-a}" = a ]; then
-  engines 40; servers 100
+  engines 32
+  for I in 1 2; do timeout $(left 45) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} --out "$R"; done
+  servers 100
 else
-  timeout $(left 22) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} --concurrency 1 \
-    ${XSET:-} --guided ${GUIDED:-64} --guided-rounds 2 --deadline $(( $(at 22) - 3 )) --log "$L/server-guided.log" \
-    --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
-  snap
-  for I in 1 2; do timeout $(left 38) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} --out "$R"; done
-  CHUNKS=$SRV_CHUNK engines 60; servers 100
+  for M in true false; do  # batched masks (this round) vs row by row (before)
+    timeout $(left $([ $M = true ] && echo 16 || echo 32)) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} \
+      --concurrency 1 --set guided_batch_mask=$M ${XSET:-} --guided ${GUIDED:-64} --guided-rounds 2 \
+      --deadline $(( $(at $([ $M = true ] && echo 16 || echo 32)) - 3 )) --log "$L/server-guided-$M.log" \
+      --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+    snap
+  done
+  CHUNKS=$SRV_CHUNK engines 52; servers 100
 fi
 snap; cp "$R" "$OUT/results-${PART:-a}.jsonl" 2>/dev/null; echo "total $(( $(date +%s) - START )) s"

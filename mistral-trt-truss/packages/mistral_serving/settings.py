@@ -257,6 +257,12 @@ class Settings(BaseModel):
     grammar_compile_workers: int = Field(
         1, ge=1, le=16, description="Child processes compiling new schemas at once."
     )
+    guided_batch_mask: bool = Field(
+        True,
+        description="Static PyTorch engine: structured output's token masks for all "
+        "constrained rows filled as one batched bitmask per step and applied in one pass "
+        "on the device; false: each row masks itself.",
+    )
     grammar_cache_bytes: int = Field(
         64 * 2**20,
         ge=0,

@@ -188,6 +188,7 @@ class StaticTorchEngine(TorchEngine):
         cuda_graphs: bool = True,
         prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
         prefill_chunk_tokens: int = 0,
+        batch_masks: bool = True,
     ) -> None:
         why = supports_static_path(model)
         if why is not None:
@@ -208,7 +209,7 @@ class StaticTorchEngine(TorchEngine):
         self._prefilling: list[_Prefilling] = []  # chunked prefills under way, oldest first
         # Structured output: one bitmask per step for all constrained rows
         # (`guided_batch.py`); False: each row masks itself (`guided.GuidedMatcher.mask`).
-        self.batch_masks = True
+        self.batch_masks = batch_masks
         self._masker: BatchMasker | None = None
         self._fuse_weights()
         super().__init__(model, eos_token_id, limits, max_num_tokens, prefill_logits_bytes)
@@ -232,6 +233,7 @@ class StaticTorchEngine(TorchEngine):
             cuda_graphs=settings.cuda_graphs,
             prefill_logits_bytes=settings.prefill_logits_bytes,
             prefill_chunk_tokens=settings.prefill_chunk_tokens,
+            batch_masks=settings.guided_batch_mask,
         )
 
     def _kv_tokens(self) -> int:
