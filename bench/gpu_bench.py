@@ -729,7 +729,7 @@ def guidellm_level(url: str, args, concurrency: int, in_len: int = 128, out_len:
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     t = time.perf_counter()
     done = subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=max(30, time_left())
+        command, capture_output=True, text=True, env=env, timeout=min(600, max(30, time_left()))
     )
     wall = time.perf_counter() - t
     if done.returncode != 0 or not report.exists():
@@ -755,14 +755,15 @@ def guidellm_figures(report: dict) -> dict:
     totals = bench.get("scheduler_metrics", {}).get("requests_made", {}) or {}
     return {
         "output_tok_s": stat("output_tokens_per_second", "mean"),
-        "output_tok_s_total": stat("output_tokens_per_second", "total"),
+        "output_tokens": stat("output_token_count", "total_sum"),
+        "prompt_tokens_p50": stat("prompt_token_count", "median"),
         "ttft_ms_p50": stat("time_to_first_token_ms", "median"),
         "ttft_ms_p99": stat("time_to_first_token_ms", "percentiles", "p99"),
         "itl_ms_p50": stat("inter_token_latency_ms", "median"),
         "itl_ms_p99": stat("inter_token_latency_ms", "percentiles", "p99"),
         "tpot_ms_p50": stat("time_per_output_token_ms", "median"),
         "requests": totals,
-        "duration_s": bench.get("duration"),
+        "duration_s": round(bench.get("duration") or 0, 2),
     }
 
 

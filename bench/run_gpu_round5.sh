@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Round 5's device calls (H200). PART=a (~7 min): artifact (7B-shaped, random bf16) ->
-#   in-process engine 128/128 at c = 1/16/64/256 with chunked prefill off, 512 and 2048
+# Round 5's device calls (H200). PART=a (~8 min): artifact (7B-shaped, random bf16) ->
+#   in-process engine 128/128 at c = 1/16/64/256 with chunked prefill off and 2048 (each
+#   sweep twice)
 #   -> the real server (chunked prefill off, then 2048): the project's client (raw, 4
 #   processes) and guidellm 0.8.1 (an independent load generator) at the same levels.
-#   Between engines and servers: start -> ready phases (cold_start.py) with the whole page
-#   cache dropped, twice.
 # PART=b (~8 min): 64 constrained chat streams (nested-object json_schema) vs 64 plain ones,
-#   twice, with the batched masks and then row by row (guided_batch_mask=false); then the
-#   engine (off, 2048) and server runs again (the second run of each figure).
+#   twice, with the batched masks and then row by row (guided_batch_mask=false); start ->
+#   ready phases (cold_start.py) with the whole page cache dropped, twice; the server runs
+#   again (the second run of each server figure).
 # Prepared as in docs/performance.md ("Round 5: commands"): .whl/ (server + xgrammar +
 # guidellm wheels), .benchcarry/ctx/app, .benchcarry/tok.
 # Usage (device tool, carry [".whl", ".benchcarry"]): PART=a bash bench/run_gpu_round5.sh
 set -u -o pipefail
 BUDGET=${BUDGET:-540}
 source bench/gpu_env.sh
-CHUNKS=${CHUNKS:-512 2048}
+CHUNKS=${CHUNKS:-2048}
 SRV_CHUNK=${SRV_CHUNK:-2048}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
   $PY -c 'import torch, xgrammar, guidellm; print("torch", torch.__version__, "xgrammar", xgrammar.__version__)'
@@ -24,7 +24,7 @@ $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "
 engines() {  # $1: the last percent of the budget the engine runs may use
   for C in 0 $CHUNKS; do
     timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${LEVELS:+--concurrency $LEVELS} \
-      --set prefill_chunk_tokens=$C ${XSET:-} --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+      --set prefill_chunk_tokens=$C ${XSET:-} --repeat 2 --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
   done
 }
 servers() {  # $1: the last percent of the budget
@@ -36,9 +36,7 @@ servers() {  # $1: the last percent of the budget
   done
 }
 if [ "${PART:-a}" = a ]; then
-  engines 32
-  for I in 1 2; do timeout $(left 45) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} --out "$R"; done
-  servers 100
+  engines 40; servers 100
 else
   for M in true false; do  # batched masks (this round) vs row by row (before)
     timeout $(left $([ $M = true ] && echo 16 || echo 32)) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} \
@@ -47,6 +45,7 @@ else
       --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
     snap
   done
-  CHUNKS=$SRV_CHUNK engines 52; servers 100
+  for I in 1 2; do timeout $(left 45) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} --out "$R"; done
+  servers 100
 fi
 snap; cp "$R" "$OUT/results-${PART:-a}.jsonl" 2>/dev/null; echo "total $(( $(date +%s) - START )) s"
