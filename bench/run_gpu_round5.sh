@@ -17,7 +17,7 @@ source bench/gpu_env.sh
 CHUNKS=${CHUNKS:-2048}
 SRV_CHUNK=${SRV_CHUNK:-2048}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
-  $PY -c 'import torch, xgrammar, guidellm; print("torch", torch.__version__, "xgrammar", xgrammar.__version__)'
+  $PY -c 'import torch, xgrammar, guidellm, importlib.metadata as m; print("torch", torch.__version__, "xgrammar", m.version("xgrammar"), "guidellm", m.version("guidellm"))'
 } 2>&1 | tee "$OUT/env.txt"
 $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tail -3
 
