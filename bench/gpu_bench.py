@@ -713,9 +713,10 @@ def guidellm_level(url: str, args, concurrency: int, in_len: int = 128, out_len:
     """One level through `guidellm run` (streamed /v1/completions, synthetic text of exactly
     `in_len` tokens by the served tokenizer, `ignore_eos` with `out_len` tokens, as guidellm
     itself sends them); its JSON report is kept under $OUT and its figures emitted."""
-    report = (
-        OUT.parent if OUT else Path("/tmp")
-    ) / f"guidellm-c{concurrency}-{int(time.time())}.json"
+    # Beside the logs (tarred into $OUT by the scripts): $OUT brings back 8 files at most.
+    logs = Path(os.environ.get("LOGS", "/tmp/bench-logs"))
+    logs.mkdir(parents=True, exist_ok=True)
+    report = logs / f"guidellm-c{concurrency}-{int(time.time())}.json"
     command = [
         os.environ.get("GUIDELLM_PY", sys.executable), "-m", "guidellm", "run",
         "--backend", f"kind=openai_http,target={url},request_format=/v1/completions,model=model",

@@ -39,13 +39,13 @@ if [ "${PART:-a}" = a ]; then
   engines 40; servers 100
 else
   for M in true false; do  # batched masks (this round) vs row by row (before)
-    timeout $(left $([ $M = true ] && echo 16 || echo 32)) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} \
+    timeout $(left $([ $M = true ] && echo 30 || echo 50)) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} \
       --concurrency 1 --set guided_batch_mask=$M ${XSET:-} --guided ${GUIDED:-64} --guided-rounds 2 \
-      --deadline $(( $(at $([ $M = true ] && echo 16 || echo 32)) - 3 )) --log "$L/server-guided-$M.log" \
+      --deadline $(( $(at $([ $M = true ] && echo 30 || echo 50)) - 3 )) --log "$L/server-guided-$M.log" \
       --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
     snap
   done
-  for I in 1 2; do timeout $(left 45) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} --out "$R"; done
-  servers 100
+  for I in 1 2; do timeout $(left 60) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} --out "$R"; done
+  SRV_CHUNK= servers 100  # the second run of the default server's figures
 fi
-snap; cp "$R" "$OUT/results-${PART:-a}.jsonl" 2>/dev/null; echo "total $(( $(date +%s) - START )) s"
+snap; echo "total $(( $(date +%s) - START )) s"
