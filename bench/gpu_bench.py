@@ -342,8 +342,8 @@ def engine_settings(artifact: Path, args):
 def compare_loaders(artifact: Path, args) -> None:
     """Cold load with transformers' `from_pretrained` (the previous loader), for the
     side-by-side with the direct loader that follows."""
-    from mistral_serving.engines.pytorch import load_model
-    from mistral_serving.engines.pytorch_static import StaticTorchEngine
+    from mistral_serving.engines.pytorch.dynamic import load_model
+    from mistral_serving.engines.pytorch.static import StaticTorchEngine
 
     settings = engine_settings(artifact, args)
     cold = drop_page_cache()
@@ -367,8 +367,8 @@ def compare_loaders(artifact: Path, args) -> None:
 def engine_bench(args) -> None:
     from mistral_serving.engines.base import EngineLimits
     from mistral_serving.engines.factory import start_torch_engine
-    from mistral_serving.engines.pytorch import TorchEngine
-    from mistral_serving.engines.pytorch_static import StaticTorchEngine
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine, TorchOptions
+    from mistral_serving.engines.pytorch.static import StaticTorchEngine
 
     artifact = Path(args.dir)
     if args.disk_test:
@@ -426,12 +426,12 @@ def engine_bench(args) -> None:
     if args.skip_variants:
         return
     if time_left() > 60:
-        eager = StaticTorchEngine(model, 2, limits, 8192, cuda_graphs=False)
+        eager = StaticTorchEngine(model, 2, limits, TorchOptions(8192, cuda_graphs=False))
         sweep(eager, "static eager", [1, 256][: 1 if args.quick else 2], 128, 128, 1, 40)
         release(eager)
         del eager
     if time_left() > 60:
-        dynamic = TorchEngine(hf_copy(model), 2, limits, 8192)
+        dynamic = TorchEngine(hf_copy(model), 2, limits, TorchOptions(8192))
         sweep(dynamic, "dynamic (before)", [1, 64, 256][: 1 if args.quick else 3], 128, 128, 1, 40)
         release(dynamic)
         del dynamic

@@ -1,4 +1,4 @@
-"""Structured output at batch speed (engines/guided_batch.py): one bitmask for all the
+"""Structured output at batch speed (engines/pytorch/guided_batch.py): one bitmask for all the
 constrained rows of a step, applied in one pass, gives the static engine the same tokens
 as each row masking itself (dev model, CPU, real xgrammar); the torch kernel equals
 xgrammar's own."""
@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from mistral_serving.engines.base import GuidedDecoding, SamplingOptions
 from mistral_serving.engines.factory import start_guided_torch_engine
-from mistral_serving.engines.guided_batch import BatchMasker, apply_bitmask
-from mistral_serving.engines.pytorch_static import StaticTorchEngine
+from mistral_serving.engines.pytorch.guided_batch import BatchMasker, apply_bitmask
+from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import load_tokenizer
 

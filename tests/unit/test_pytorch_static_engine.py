@@ -14,18 +14,11 @@ import torch
 
 from mistral_serving.engines.base import SamplingOptions
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.pytorch_static import StaticTorchEngine
+from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from mistral_serving.settings import Settings
 
 EOS = 2
 PROMPTS = [[1] + list(range(100 + 37 * i, 100 + 37 * i + 2 + 5 * i)) for i in range(6)]
-
-
-@pytest.fixture(scope="module")
-def hf_model(dev_model: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(dev_model)).eval()
 
 
 def make_engine(dev_model: Path, **settings) -> StaticTorchEngine:
@@ -72,7 +65,7 @@ def test_static_batched_greedy_equals_hf_generate(dev_model, hf_model, max_batch
         for (tokens, reasons), ref in zip(asyncio.run(main()), refs):
             assert tokens == ref
             assert reasons[-1] == "length"
-        for _ in range(100):  # the engine thread drops finished rows after delivering
+        for _ in range(6000):  # the engine thread drops finished rows after delivering
             if not eng._running:
                 break
             time.sleep(0.01)

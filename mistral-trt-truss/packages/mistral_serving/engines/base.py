@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -61,7 +61,7 @@ class SamplingOptions:
     max_new_tokens: int
     temperature: float = 1.0
     top_k: int = 0  # 0: off; 1: greedy
-    top_p: float = 1.0  # 1.0: off
+    top_p: float = 1.0  # in (0, 1]; 1.0: off (how a route spells "off" is its own affair)
     seed: int | None = None
     repetition_penalty: float = 1.0  # multiplicative, over prompt and output (HF semantics)
     presence_penalty: float = 0.0  # additive, over output tokens (OpenAI semantics)
@@ -95,6 +95,26 @@ class EngineLimits:
     max_input_len: int  # longest prompt, in tokens
     max_seq_len: int  # prompt + output, in tokens
     max_batch_size: int  # sequences decoded together
+
+    def fit(self, prompt_len: int, max_new: int, what: str = "prompt") -> int:
+        """The output tokens a prompt of `prompt_len` tokens may have: `max_new`, clamped
+        to the room left within max_seq_len. The one place these limits are checked (the
+        service before admission, every engine again on its own input); a prompt that
+        does not fit is refused with EngineRequestError naming `what`."""
+        if not 1 <= prompt_len <= self.max_input_len:
+            raise EngineRequestError(
+                f"{what} is {prompt_len} tokens; this engine accepts 1 to "
+                f"{self.max_input_len} input tokens"
+            )
+        room = self.max_seq_len - prompt_len
+        if room < 1:
+            raise EngineRequestError(
+                f"{what} is {prompt_len} tokens, which leaves no room to generate within "
+                f"the engine's {self.max_seq_len}-token sequence limit"
+            )
+        if max_new < 0:
+            raise EngineRequestError(f"max_new_tokens must be at least 0, got {max_new}")
+        return min(max_new, room)
 
 
 @dataclass
@@ -173,6 +193,19 @@ Item = TokenDelta | BaseException
 StreamQueue: TypeAlias = "asyncio.Queue[Item]"
 
 
+class Loop(Protocol):
+    """Where an engine thread hands a step over: the event loop a stream is read on (or
+    the engine process's outbox, which sends the step to the server instead)."""
+
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> object: ...
+
+
+class Sink(Protocol):
+    """One request's stream as an engine thread sees it: a `StreamQueue`, or a stand-in."""
+
+    def put_nowait(self, item: Item) -> None: ...
+
+
 def stop_ids_for(eos_token_id: int, sampling: SamplingOptions) -> frozenset[int]:
     """Tokens that end generation: EOS (unless ignore_eos) and the request's stop ids."""
     eos = () if sampling.ignore_eos else (eos_token_id,)
@@ -200,16 +233,16 @@ def merge_ready(first: TokenDelta, queue: StreamQueue) -> tuple[TokenDelta, Base
     return TokenDelta(tokens, reason, logprobs, prompt), None
 
 
-def put_all(items: Iterable[tuple[StreamQueue, Item]]) -> None:
+def put_all(items: Iterable[tuple[Sink, Item]]) -> None:
     """Runs on the event loop: hand each item to its stream's queue."""
     for queue, item in items:
         queue.put_nowait(item)
 
 
-def deliver(items: Iterable[tuple[asyncio.AbstractEventLoop, StreamQueue, Item]]) -> None:
+def deliver(items: Iterable[tuple[Loop, Sink, Item]]) -> None:
     """From the engine thread: one thread-safe call per event loop for a whole step,
     not one per stream (each call wakes the loop)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[StreamQueue, Item]]] = {}
+    by_loop: dict[Loop, list[tuple[Sink, Item]]] = {}
     for loop, queue, item in items:
         by_loop.setdefault(loop, []).append((queue, item))
     for loop, batch in by_loop.items():

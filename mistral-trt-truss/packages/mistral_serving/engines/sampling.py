@@ -50,12 +50,18 @@ NO_LOGPROB = -9999.0  # what a -inf log-probability is reported as (JSON has no 
 class Row(Protocol):
     """What the sampler reads of a sequence (the engines' `_Sequence`)."""
 
-    prompt: list[int]
-    generated: list[int]
-    sampling: SamplingOptions
-    generator: torch.Generator
-    stop_ids: Collection[int]
-    mask_fn: Callable[[torch.Tensor], None] | None
+    @property
+    def prompt(self) -> list[int]: ...
+    @property
+    def generated(self) -> list[int]: ...
+    @property
+    def sampling(self) -> SamplingOptions: ...
+    @property
+    def generator(self) -> torch.Generator: ...
+    @property
+    def stop_ids(self) -> Collection[int]: ...
+    @property
+    def mask_fn(self) -> Callable[[torch.Tensor], None] | None: ...
 
 
 @dataclass(frozen=True)
@@ -210,7 +216,7 @@ def _pick(row: torch.Tensor, opts: SamplingOptions, generator: torch.Generator) 
     if 0 < opts.top_k < row.numel():
         kth = torch.topk(row, opts.top_k).values[-1]
         row = row.masked_fill(row < kth, -math.inf)
-    if 0.0 < opts.top_p < 1.0:
+    if opts.top_p < 1.0:
         sorted_logits, order = torch.sort(row, descending=True)
         probs = sorted_logits.softmax(-1)
         # Keep the smallest prefix reaching top_p; the first token's "mass before" is 0,

@@ -189,7 +189,7 @@ class GuidedMatcher:
 
     @property
     def xgrammar_matcher(self) -> _GrammarMatcher:
-        """The xgrammar matcher (for `engines/guided_batch.py`'s batched fill)."""
+        """The xgrammar matcher (for `guided_batch.py`'s batched fill)."""
         return self._matcher
 
     @property

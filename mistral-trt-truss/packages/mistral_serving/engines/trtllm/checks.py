@@ -23,13 +23,13 @@ from typing import Any
 
 from mistral_serving.engines.base import EngineLimits
 from mistral_serving.manifest import (
+    CONFIG_NAME,
     ArtifactError,
     parse_json_object,
     read_json_file,
     shown,
 )
 
-CONFIG_NAME = "config.json"
 REBUILD_HINT = "rebuild it with `python build.py engine` on this GPU kind and image"
 
 
@@ -111,11 +111,6 @@ def _detect_gpu_torch() -> GpuInfo | None:
         capability=f"{major}.{minor}",
         count=torch.cuda.device_count(),
     )
-
-
-def is_engine_config(config: dict[str, Any]) -> bool:
-    """The LLM API's test: an engine config has both sections (`get_model_format`)."""
-    return all(isinstance(config.get(s), dict) for s in ("pretrained_config", "build_config"))
 
 
 def check_engine_config(config: dict[str, Any], where: str) -> dict[str, Any]:

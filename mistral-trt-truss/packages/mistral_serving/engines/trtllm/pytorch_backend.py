@@ -11,7 +11,7 @@ What differs from the TensorRT-engine backend (read in `llmapi/llm.py` and
   `max_num_tokens` (we pass the settings; max_seq_len defaults to the checkpoint's
   `max_position_embeddings`);
 - `_check_arguments` checks only the prompt against max_num_tokens, and only without
-  chunked prefill, which we turn on: `_room_for` is the guard, as for engines;
+  chunked prefill, which we turn on: `EngineLimits.fit` is the guard, as for engines;
 - iteration stats (the KV gauge) exist only with `enable_iter_perf_stats=True`;
 - logprobs need no `gather_generation_logits`;
 - the sampler (`sampler_type`, setting `trtllm_sampler`) decides what a request may ask:
@@ -34,9 +34,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mistral_serving.engine_checks import EngineCheckError
 from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
-from mistral_serving.engines.trtllm import LlmApiEngine, scheduler_config
+from mistral_serving.engines.trtllm.checks import EngineCheckError
+from mistral_serving.engines.trtllm.engine import (
+    LlmApiEngine,
+    kv_cache_config,
+    scheduler_config,
+)
 from mistral_serving.settings import Settings
 
 # Setting trtllm_sampler -> TorchLlmArgs.sampler_type.
@@ -82,7 +86,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
         try:
             import tensorrt_llm
             from tensorrt_llm import LLM
-            from tensorrt_llm.llmapi import KvCacheConfig, RequestError
+            from tensorrt_llm.llmapi import RequestError
             from tensorrt_llm.llmapi.llm_args import CudaGraphConfig
         except ImportError as exc:
             raise EngineCheckError(
@@ -106,10 +110,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
             llm = LLM(
                 model=str(checkpoint_dir),
                 tokenizer=str(checkpoint_dir),  # xgrammar builds its tables from it
-                kv_cache_config=KvCacheConfig(
-                    free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
-                    enable_block_reuse=settings.trtllm_kv_block_reuse,
-                ),
+                kv_cache_config=kv_cache_config(settings),
                 scheduler_config=scheduler_config(settings),
                 max_seq_len=limits.max_seq_len,
                 max_batch_size=limits.max_batch_size,
