@@ -16,6 +16,11 @@
                       `python -m client bench` (client/bench.py) at several concurrency levels
   peer DIR            `transformers serve --continuous-batching` on DIR (bench/
                       peer_serve.py), the same client with text prompts
+
+`engine --set KEY=VALUE` runs the sweep with those settings (e.g. prefill_chunk_tokens);
+`service --guidellm` runs guidellm (from the package index, an independent load generator)
+at the same levels after the project's client; `service --guided N` times N concurrent
+chat streams with a nested-object json_schema against N plain ones, `--guided-rounds` times.
 """
 
 from __future__ import annotations
@@ -330,6 +335,7 @@ def engine_settings(artifact: Path, args):
         max_batch_size=args.max_batch_size,
         max_seq_len=args.max_seq_len,
         verify_hashes=False,
+        **dict(item.partition("=")[::2] for item in args.set or []),
     )
 
 
@@ -394,8 +400,10 @@ def engine_bench(args) -> None:
             asyncio.run(drive(engine, c, 128, 4, 1))
     emit(figure="warmup", seconds=round(time.perf_counter() - t, 1), details=engine.info.details)
 
-    levels = [c for c in (1, 16, 64, 256) if c <= args.max_batch_size]
-    sweep(engine, "default (auto)", levels, 128, 128, 2, 20)
+    levels = [c for c in args.concurrency if c <= args.max_batch_size]
+    name = f"default {' '.join(args.set or [])}".strip()
+    for _ in range(args.repeat):
+        sweep(engine, name, levels, 128, 128, 2, 20)
     if getattr(engine, "_graphs", None):
         # The engine thread is idle now (no requests), so replaying here is safe.
         graph_floor(engine)
@@ -409,7 +417,7 @@ def engine_bench(args) -> None:
     if args.correctness:
         correctness_check(engine, model, args)
     if args.long:
-        sweep(engine, "default (auto)", levels, 1024, 256, 1, 60)
+        sweep(engine, name, levels, 1024, 256, 1, 60)
     release(engine)
     del engine
 
@@ -680,6 +688,14 @@ def service_bench(args) -> None:
                     url, c, in_len, out_len, per_worker, args.client, args.client_procs
                 )
                 emit(figure="service", set=args.set, client=args.client, **row)
+        if args.guidellm:
+            for c in args.concurrency:
+                if time_left() < 30:
+                    emit(figure="skipped", variant="guidellm", concurrency=c, why="out of time")
+                    continue
+                guidellm_level(url, args, c)
+        if args.guided:
+            guided_rounds(url, args)
         if args.text_levels:
             from mistral_serving.settings import Settings
 
@@ -688,6 +704,167 @@ def service_bench(args) -> None:
         emit(figure="server_gc", set=args.set, **gc_pauses(gc_at_ready, gc_histogram(url)))
     finally:
         server.stop(timeout=30)
+
+
+# ---- the second client: guidellm, unchanged, from the package index ----
+
+
+def guidellm_level(url: str, args, concurrency: int, in_len: int = 128, out_len: int = 128) -> None:
+    """One level through `guidellm run` (streamed /v1/completions, synthetic text of exactly
+    `in_len` tokens by the served tokenizer, `ignore_eos` with `out_len` tokens, as guidellm
+    itself sends them); its JSON report is kept under $OUT and its figures emitted."""
+    # Beside the logs (tarred into $OUT by the scripts): $OUT brings back 8 files at most.
+    logs = Path(os.environ.get("LOGS", "/tmp/bench-logs"))
+    logs.mkdir(parents=True, exist_ok=True)
+    report = logs / f"guidellm-c{concurrency}-{int(time.time())}.json"
+    command = [
+        os.environ.get("GUIDELLM_PY", sys.executable), "-m", "guidellm", "run",
+        "--backend", f"kind=openai_http,target={url},request_format=/v1/completions,model=model",
+        "--profile", f"kind=concurrent,streams={concurrency}",
+        "--constraint", f"kind=max_requests,count={2 * concurrency}",
+        "--data", f"kind=synthetic_text,prompt_tokens={in_len},output_tokens={out_len}",
+        "--tokenizer", f"kind=huggingface_auto,model={Path(args.dir).resolve()}",
+        "--output", f"kind=json,path={report}",
+        "--disable-console-interactive",
+    ]  # fmt: skip
+    env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    t = time.perf_counter()
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=env, timeout=min(600, max(30, time_left()))
+    )
+    wall = time.perf_counter() - t
+    if done.returncode != 0 or not report.exists():
+        emit(figure="failed", variant="guidellm", concurrency=concurrency,
+             error=(done.stderr or done.stdout)[-600:])  # fmt: skip
+        return
+    emit(figure="guidellm", concurrency=concurrency, input_len=in_len, output_len=out_len,
+         set=args.set, wall_s=round(wall, 1), **guidellm_figures(json.loads(report.read_text())))  # fmt: skip
+
+
+def guidellm_figures(report: dict) -> dict:
+    """Output tok/s, TTFT and ITL (p50/p99) and the request counts from guidellm's JSON
+    report (its own statistics of the successful requests)."""
+    bench = report["benchmarks"][0]
+    metrics = bench["metrics"]
+
+    def stat(name: str, *keys: str) -> float | None:
+        node = metrics.get(name, {}).get("successful", {})
+        for key in keys:
+            node = node.get(key, {}) if isinstance(node, dict) else {}
+        return round(node, 3) if isinstance(node, (int, float)) else None
+
+    totals = bench.get("scheduler_metrics", {}).get("requests_made", {}) or {}
+    return {
+        "output_tok_s": stat("output_tokens_per_second", "mean"),
+        "output_tokens": stat("output_token_count", "total_sum"),
+        "prompt_tokens_p50": stat("prompt_token_count", "median"),
+        "ttft_ms_p50": stat("time_to_first_token_ms", "median"),
+        "ttft_ms_p99": stat("time_to_first_token_ms", "percentiles", "p99"),
+        "itl_ms_p50": stat("inter_token_latency_ms", "median"),
+        "itl_ms_p99": stat("inter_token_latency_ms", "percentiles", "p99"),
+        "tpot_ms_p50": stat("time_per_output_token_ms", "median"),
+        "requests": totals,
+        "duration_s": round(bench.get("duration") or 0, 2),
+    }
+
+
+# ---- structured output at batch speed: constrained vs plain chat streams ----
+
+NESTED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "integer"},
+        "name": {"type": "string", "maxLength": 40},
+        "owner": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 30},
+                "address": {
+                    "type": "object",
+                    "properties": {
+                        "city": {"type": "string", "maxLength": 30},
+                        "zip": {"type": "string", "maxLength": 10},
+                    },
+                    "required": ["city", "zip"],
+                },
+            },
+            "required": ["name", "address"],
+        },
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 8},
+    },
+    "required": ["id", "name", "owner", "tags"],
+}
+
+
+def chat_timing(url: str, i: int, constrained: bool, max_tokens: int) -> dict:
+    import requests
+
+    body: dict = {
+        "model": "model",
+        "messages": [{"role": "user", "content": f"Describe item {i} as JSON."}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if constrained:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "item", "schema": NESTED_SCHEMA},
+        }
+    else:
+        body["ignore_eos"] = True
+    sent = time.perf_counter()
+    first = last = None
+    tokens, events = 0, 0
+    with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            if any((c.get("delta") or {}).get("content") for c in event.get("choices", [])):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                events += 1
+    assert first is not None and last is not None, "no content streamed"
+    return {"ttft": first - sent, "span": last - first, "tokens": tokens, "end": last}
+
+
+def guided_level(url: str, n: int, constrained: bool, max_tokens: int) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(n) as pool:
+        rows = list(pool.map(lambda i: chat_timing(url, i, constrained, max_tokens), range(n)))
+    wall = time.perf_counter() - t0
+    tpots = sorted(r["span"] / (r["tokens"] - 1) * 1000 for r in rows if r["tokens"] > 1)
+    tokens = sum(r["tokens"] for r in rows)
+    return {
+        "tpot_ms_p50": round(tpots[len(tpots) // 2], 2),
+        "tpot_ms_mean": round(sum(tpots) / len(tpots), 2),
+        "tokens": tokens,
+        "tokens_per_request_p50": sorted(r["tokens"] for r in rows)[n // 2],
+        "ttft_ms_p50": round(sorted(r["ttft"] for r in rows)[n // 2] * 1000, 1),
+        "output_tok_s": round(tokens / wall, 1),
+        "wall_s": round(wall, 2),
+    }
+
+
+def guided_rounds(url: str, args) -> None:
+    n = args.guided
+    guided_level(url, n, True, 16)  # warm-up: the schema's compile, the graph buckets
+    for r in range(args.guided_rounds):
+        for constrained in (False, True):
+            if time_left() < 20:
+                emit(figure="skipped", variant="guided", why="out of time")
+                return
+            row = guided_level(url, n, constrained, args.guided_max_tokens)
+            emit(figure="guided", round=r, streams=n, set=args.set,
+                 format="json_schema (nested)" if constrained else "plain (ignore_eos)", **row)  # fmt: skip
 
 
 def gc_histogram(url: str) -> dict:
@@ -856,6 +1033,11 @@ def main() -> int:
     )
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--long", action="store_true", help="also 1024 in / 256 out")
+    ap.add_argument("--repeat", type=int, default=1, help="engine: sweeps of the same engine")
+    ap.add_argument("--guidellm", action="store_true", help="service: guidellm at each level too")
+    ap.add_argument("--guided", type=int, default=0, help="service: N constrained vs N plain")
+    ap.add_argument("--guided-rounds", type=int, default=2)
+    ap.add_argument("--guided-max-tokens", type=int, default=128)
     ap.add_argument("--gil-ab", action="store_true", help="engine: GIL switch 5 ms vs setting")
     ap.add_argument("--compare-loaders", action="store_true", help="engine: HF loader first")
     ap.add_argument("--correctness", action="store_true", help="engine: the fp32 check")

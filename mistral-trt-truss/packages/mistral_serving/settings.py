@@ -249,6 +249,15 @@ class TorchEngineSettings(LimitsSettings):
 
     device: Literal["auto", "cpu", "cuda"] = "auto"
     torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    prefill_chunk_tokens: int = Field(
+        0,
+        ge=0,
+        le=2**21,
+        description="Static PyTorch engine: chunked prefill. Prompt tokens prefilled per "
+        "step beside the decoding rows (long prompts are split over steps), so a burst of "
+        "prompts no longer stalls every decoding stream for a whole prefill; 0: off (each "
+        "admitted prompt is prefilled whole, up to max_num_tokens per step).",
+    )
     prefill_logits_bytes: int = Field(
         256 * 2**20,
         ge=1,
@@ -292,6 +301,12 @@ class TorchEngineSettings(LimitsSettings):
         "process may really use (cgroup CPU quota, CPU affinity) less one, left to the event "
         "loop, so a container on a big node does not run one thread per host core and a busy "
         "small one does not spin its threads against the server.",
+    )
+    guided_batch_mask: bool = Field(
+        True,
+        description="Static PyTorch engine: structured output's token masks for all "
+        "constrained rows filled as one batched bitmask per step and applied in one pass "
+        "on the device; false: each row masks itself.",
     )
     grammar_cache_bytes: int = Field(
         64 * 2**20,

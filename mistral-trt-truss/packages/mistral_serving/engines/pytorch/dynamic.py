@@ -187,10 +187,18 @@ class TorchOptions:
     cuda_graphs: bool = TorchEngineSettings.model_fields[
         "cuda_graphs"
     ].default  # the static engine's
+    prefill_chunk_tokens: int = 0  # the static engine's chunked prefill (0: off)
+    guided_batch_mask: bool = True  # the static engine's batched structured-output masks
 
     @classmethod
     def from_settings(cls, settings: TorchEngineSettings) -> TorchOptions:
-        return cls(settings.max_num_tokens, settings.prefill_logits_bytes, settings.cuda_graphs)
+        return cls(
+            settings.max_num_tokens,
+            settings.prefill_logits_bytes,
+            settings.cuda_graphs,
+            settings.prefill_chunk_tokens,
+            settings.guided_batch_mask,
+        )
 
 
 class TorchEngine:

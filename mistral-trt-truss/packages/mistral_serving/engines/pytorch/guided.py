@@ -186,3 +186,12 @@ class GuidedMatcher:
     @property
     def done(self) -> bool:
         return self._matcher.is_terminated()
+
+    @property
+    def xgrammar_matcher(self) -> _GrammarMatcher:
+        """The xgrammar matcher (for `guided_batch.py`'s batched fill)."""
+        return self._matcher
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size

@@ -24,6 +24,17 @@ changes is the batch underneath:
   its own prompt positions of that same pass, in chunks (`prefill.py`: the admission and
   logits rule both PyTorch engines share).
 
+Chunked prefill (`prefill_chunk_tokens` > 0): an admitted prompt takes a free slot at once
+and is prefilled over as many steps as it needs, at most `prefill_chunk_tokens` prompt
+tokens per step (shared, oldest first, by the prompts under way), beside the decode step of
+the running rows. Each step is the captured decode graph for the running rows, then one
+eager forward pass over the chunk's pieces (right-padded rows, each attending to its own
+slot's earlier columns and causally within the piece). A prompt whose last piece is done
+joins the running rows (its columns moved down to the next row when its slot is not that
+row) and gets its first token. So a burst of prompts costs the decoding rows one chunk per
+step instead of one whole prefill, as TensorRT-LLM's and vLLM's chunked prefill schedule it
+(there the chunk and the decode rows share one pass; here the decode part stays a graph).
+
 The cache must fit: its column count is `max_seq_len` when set, else what
 `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for `max_batch_size`
 slots (capped at the model's positions); the engine's limits report that length.
@@ -38,13 +49,14 @@ import logging
 import math
 import time
 import types
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 
-from mistral_serving.engines.base import EngineError, EngineLimits
+from mistral_serving.engines.base import EngineError, EngineLimits, TokenDelta, TokenLogprob
 from mistral_serving.engines.pytorch import llama
 from mistral_serving.engines.pytorch.dynamic import (
     LoadedModel,
@@ -53,6 +65,8 @@ from mistral_serving.engines.pytorch.dynamic import (
     _Sequence,
     load_model,
 )
+from mistral_serving.engines.pytorch.guided_batch import BatchMasker
+from mistral_serving.engines.pytorch.prefill import chunked_prompt_logprobs, is_allocation_failure
 from mistral_serving.engines.pytorch.weights import copy_shards, read_header
 from mistral_serving.settings import TorchEngineSettings
 
@@ -197,10 +211,21 @@ class StaticTorchEngine(TorchEngine):
         self._v: torch.Tensor | None = None
         self._wqkv: list[torch.Tensor] = []
         self._wgu: list[torch.Tensor] = []
+        self._chunk = options.prefill_chunk_tokens  # 0: whole prompts (TorchEngine's loop)
+        self._prefilling: list[_Prefilling] = []  # chunked prefills under way, oldest first
+        # Structured output: one bitmask per step for all constrained rows
+        # (`guided_batch.py`); False: each row masks itself (`guided.GuidedMatcher.mask`).
+        self.batch_masks = options.guided_batch_mask
+        self._masker: BatchMasker | None = None
         self._fuse_weights()
 
     def _details(self) -> dict[str, object]:
-        return {"kv_cache": "static", "kv_columns": self._cols, "cuda_graphs": self._use_graphs}
+        return {
+            "kv_cache": "static",
+            "kv_columns": self._cols,
+            "cuda_graphs": self._use_graphs,
+            "prefill_chunk_tokens": self._chunk,
+        }
 
     @classmethod
     def limits_for(cls, loaded: LoadedModel, settings: TorchEngineSettings) -> EngineLimits:
@@ -211,13 +236,14 @@ class StaticTorchEngine(TorchEngine):
         )
 
     def _kv_tokens(self) -> int:
-        return sum(self._lens)
+        return sum(self._lens) + sum(p.done for p in self._prefilling)
 
     def _free(self) -> None:
         self._graphs.clear()
         self._pool = None
         self._k = self._v = None
         self._layers, self._wqkv, self._wgu, self._lens = [], [], [], []
+        self._prefilling = []
         super()._free()
 
     @staticmethod
@@ -297,16 +323,22 @@ class StaticTorchEngine(TorchEngine):
         row0: int,
         width: int,
         decode_mask: torch.Tensor | None,
+        chunk: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Hidden states [n, T, H] for `ids` [n, T] at `positions` [n, T] of slots
         row0..row0+n-1, writing their keys/values into those slots. Decode (T == 1)
         attends to the first `width` columns under `decode_mask` [n, 1, 1, width];
-        prefill (decode_mask None) attends causally to columns 0..T-1."""
+        prefill (decode_mask None) attends causally to columns 0..T-1. A chunk
+        (`chunk` = (slot of each row [n], mask [n, 1, T, width])) works on those slots
+        instead and attends to their first `width` columns under that mask."""
         n, t = ids.shape
         hq, hkv, d = self._n_heads, self._n_kv, self._head_dim
         x = self._model.model.embed_tokens(ids)
         cos, sin = self._rope(positions, x.dtype)
-        slots = torch.arange(row0, row0 + n, device=ids.device)[:, None].expand(n, t)
+        if chunk is None:
+            slots = torch.arange(row0, row0 + n, device=ids.device)[:, None].expand(n, t)
+        else:
+            slots = chunk[0][:, None].expand(n, t)
         k_cache, v_cache = self._kv()
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
@@ -329,6 +361,15 @@ class StaticTorchEngine(TorchEngine):
                     attn_mask=decode_mask,
                 )
                 o = o.reshape(n, 1, hq * d)
+            elif chunk is not None:
+                o = F.scaled_dot_product_attention(
+                    q,
+                    kc[chunk[0], :, :width],
+                    vc[chunk[0], :, :width],
+                    attn_mask=chunk[1],
+                    enable_gqa=hkv != hq,
+                )
+                o = o.transpose(1, 2).reshape(n, t, hq * d)
             else:
                 o = F.scaled_dot_product_attention(
                     q,
@@ -420,6 +461,215 @@ class StaticTorchEngine(TorchEngine):
         log.info("captured a CUDA graph for %d rows x %d columns", bucket, width)
         return entry
 
+    # ---- structured output, batched ----
+
+    def _advance(
+        self,
+        seqs: list[_Sequence],
+        logits: torch.Tensor,
+        first_row: int,
+        failures: dict[int, Exception] | None = None,
+    ) -> None:
+        """TorchEngine's `_advance`, with the constrained rows masked together first
+        (`guided_batch.py`). Called right after the step's forward pass was launched, so
+        on a GPU the bitmask fill overlaps it."""
+        rows = [i for i, s in enumerate(seqs) if self._batchable(s)] if self.batch_masks else []
+        if not rows:
+            super()._advance(seqs, logits, first_row, failures)
+            return
+        logits = logits.float()  # what sampling works on (a copy unless float32 already)
+        try:
+            if self._masker is None:
+                self._masker = BatchMasker(self._device)
+            # `mask_fn` is `GuidedMatcher.mask` (bound): its matcher, checked by `_batchable`.
+            matchers: list[Any] = [getattr(seqs[i].mask_fn, "__self__", None) for i in rows]
+            self._masker.mask(logits, rows, matchers)
+        except Exception:  # noqa: BLE001 - each row then masks itself, as before
+            log.exception("batched structured-output mask failed; masking row by row")
+            super()._advance(seqs, logits, first_row, failures)
+            return
+        # These rows are masked now: the sampler sees them without a per-row mask (so a
+        # greedy one takes the batched argmax); their matchers still accept the tokens.
+        held = [(seqs[i], seqs[i].mask_fn) for i in rows]
+        for seq, _ in held:
+            seq.mask_fn = None
+        try:
+            super()._advance(seqs, logits, first_row, failures)
+        finally:
+            for seq, fn in held:
+                seq.mask_fn = fn
+
+    @staticmethod
+    def _batchable(seq: _Sequence) -> bool:
+        """A constrained row the batched mask serves exactly as its own mask would."""
+        fn = seq.mask_fn
+        return (
+            fn is not None
+            and hasattr(getattr(fn, "__self__", None), "xgrammar_matcher")
+            and seq.sampling.logprobs is None
+            and not (len(seq.generated) < seq.sampling.min_tokens and seq.stop_ids)
+        )
+
+    # ---- chunked prefill (prefill_chunk_tokens > 0) ----
+
+    def _run(self) -> None:
+        if not self._chunk:
+            super()._run()
+            return
+        try:
+            with torch.inference_mode():
+                self._on_thread_start()
+                while not self._closing.is_set():
+                    self._heartbeat.beat()
+                    self._drop_aborted()
+                    self._start_prefills()
+                    if self._running:
+                        self._decode()
+                    if self._prefilling:
+                        self._prefill_chunk()
+                    if not (self._running or self._prefilling):
+                        self._update_gauges()
+                        self._wake.wait(0.1)
+                        self._wake.clear()
+            self._fail_all(EngineError("the engine shut down"))
+        except BaseException as exc:  # noqa: BLE001 - any failure here ends the engine
+            log.exception("PyTorch engine loop died")
+            self._fatal = exc
+            self._fail_all(exc)
+        self._update_gauges()
+
+    def stalled_for(self) -> float:
+        if self._prefilling:
+            return self._heartbeat.stalled_for(True)
+        return super().stalled_for()
+
+    def _fail_all(self, exc: BaseException) -> None:
+        self._admitting = [*self._admitting, *(p.seq for p in self._prefilling)]
+        self._prefilling = []
+        super()._fail_all(exc)
+
+    def _drop_aborted(self) -> None:
+        with self._lock:
+            gone = [p for p in self._prefilling if p.seq.request_id in self._aborted]
+            self._aborted.difference_update(p.seq.request_id for p in gone)
+        for p in gone:
+            self._prefilling.remove(p)
+            p.seq.emit(TokenDelta([], "abort"))
+        super()._drop_aborted()
+
+    def _start_prefills(self) -> None:
+        """Give waiting requests (oldest first) the free slots: the highest ones, so the
+        running rows 0..n-1 can grow into the slots below them."""
+        room = self._slots - len(self._running) - len(self._prefilling)
+        if room <= 0:
+            return
+        with self._lock:
+            seqs = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
+        taken = {p.slot for p in self._prefilling}
+        free = [s for s in range(self._slots - 1, len(self._running) - 1, -1) if s not in taken]
+        for seq, slot in zip(seqs, free):
+            echo = seq.sampling.prompt_logprobs is not None
+            self._prefilling.append(_Prefilling(seq, slot, lps=[] if echo else None))
+            # The decode graph also runs the free rows above the running ones: it writes
+            # this slot's last column, which a prompt (at most columns - 1 tokens) never
+            # holds and a later step overwrites before reading.
+            self._posv[slot] = self._cols - 1
+
+    def _prefill_chunk(self) -> None:
+        """Prefill the next `prefill_chunk_tokens` prompt tokens. An allocation failure
+        is retried piece by piece, so it ends only the request whose piece fails."""
+        pieces, left = [], self._chunk
+        for p in self._prefilling:
+            if left <= 0:
+                break
+            count = min(len(p.seq.prompt) - p.done, left)
+            pieces.append((p, count))
+            left -= count
+        try:
+            self._prefill_pieces(pieces)
+        except Exception as exc:
+            if not is_allocation_failure(exc):
+                raise
+            for piece in pieces if len(pieces) > 1 else []:
+                try:
+                    self._prefill_pieces([piece])
+                except Exception as one:
+                    if not is_allocation_failure(one):
+                        raise
+                    self._end_prefill(piece[0], one)
+            if len(pieces) == 1:
+                self._end_prefill(pieces[0][0], exc)
+
+    def _end_prefill(self, p: _Prefilling, exc: Exception) -> None:
+        log.error("request %s failed in prefill: %r", p.seq.request_id, exc)
+        self._prefilling.remove(p)
+        p.seq.emit(EngineError(f"prefill failed for this request: {exc!r}"[:300]))
+
+    def _prefill_pieces(self, pieces: list[tuple[_Prefilling, int]]) -> None:
+        n, t = len(pieces), max(c for _, c in pieces)
+        ids = torch.zeros((n, t), dtype=torch.long)
+        pos = torch.empty((n, t), dtype=torch.long)
+        for r, (p, c) in enumerate(pieces):
+            ids[r, :c] = torch.tensor(p.seq.prompt[p.done : p.done + c])
+            # Padding positions write columns past the piece that a later piece (or the
+            # row's decode) overwrites before reading; clamped to stay in the cache.
+            pos[r] = torch.arange(p.done, p.done + t).clamp(max=self._cols - 1)
+        width = max(p.done + c for p, c in pieces)
+        ids, pos = ids.to(self._device), pos.to(self._device)
+        slots = torch.tensor([p.slot for p, _ in pieces], device=self._device)
+        mask = (self._cols_range[:width][None, None, None, :] <= pos[:, None, :, None]).expand(
+            n, 1, t, width
+        )
+        hidden = self._forward(ids, pos, 0, width, None, chunk=(slots, mask))
+        lps: dict[int, list[TokenLogprob]] = {}  # kept only once every piece succeeded
+        for r, (p, c) in enumerate(pieces):
+            if p.lps is not None:  # echo: this piece's positions, each predicting the next
+                k = p.seq.sampling.prompt_logprobs or 0
+                own = p.seq.prompt[p.done : p.done + c + 1]
+                lps[r] = chunked_prompt_logprobs(
+                    hidden[r, :c], own, k, self._head, self._budget.chunk
+                )
+        done = []
+        for r, (p, c) in enumerate(pieces):
+            if p.lps is not None:
+                p.lps += lps[r]
+            p.done += c
+            if p.done == len(p.seq.prompt):
+                done.append((r, p, c))
+        if not done:
+            return
+        rows = torch.tensor([r for r, _, _ in done], device=self._device)
+        last = torch.tensor([c - 1 for _, _, c in done], device=self._device)
+        logits = self._model.lm_head(hidden[rows, last])
+        first_row = len(self._running)
+        for _, p, _ in done:
+            self._join_prefilled(p)
+        self._advance([p.seq for _, p, _ in done], logits, first_row=first_row)
+
+    def _join_prefilled(self, p: _Prefilling) -> None:
+        """`p`'s prompt is in its slot: it becomes running row n (its columns moved there;
+        a prefill under way in row n swaps slots with it)."""
+        row, cols = len(self._running), len(p.seq.prompt)
+        self._prefilling.remove(p)
+        if p.slot != row:
+            kc, vc = self._kv()
+            other = next((q for q in self._prefilling if q.slot == row), None)
+            if other is not None:
+                k = kc[:, row, :, : other.done].clone()
+                v = vc[:, row, :, : other.done].clone()
+            kc[:, row, :, :cols] = kc[:, p.slot, :, :cols]
+            vc[:, row, :, :cols] = vc[:, p.slot, :, :cols]
+            if other is not None:
+                kc[:, p.slot, :, : other.done] = k
+                vc[:, p.slot, :, : other.done] = v
+                other.slot = p.slot
+                self._posv[p.slot] = self._cols - 1
+        seq = p.seq
+        seq.prompt_lps = p.lps
+        self._running.append(seq)
+        self._lens.append(cols)
+        self._posv[row] = cols
+
     def _store_tokens(self, first_row: int, tokens: list[int]) -> None:
         self._tok[first_row : first_row + len(tokens)] = torch.tensor(tokens).to(
             self._device, non_blocking=True
@@ -443,6 +693,16 @@ class StaticTorchEngine(TorchEngine):
             self._tok[dst_t] = self._tok[src_t]
             self._posv[dst_t] = self._posv[src_t]
         del self._running[m:], self._lens[m:]
+
+
+@dataclass(eq=False)
+class _Prefilling:
+    """A prompt being prefilled in chunks: its slot, and how much of it is there."""
+
+    seq: _Sequence
+    slot: int
+    done: int = 0  # prompt tokens whose keys and values are in the slot
+    lps: list[TokenLogprob] | None = None  # echo: the prompt logprobs so far
 
 
 def static_kv_columns(model: torch.nn.Module, settings: TorchEngineSettings, max_seq: int) -> int:

@@ -1,0 +1,186 @@
+"""Chunked prefill in the static PyTorch engine (`prefill_chunk_tokens`), on the dev model
+(CPU): greedy tokens equal HF generate's (the unchunked engine is held to the same
+reference in test_pytorch_static_engine.py), prompts longer than the budget, slots handed
+over while other prompts are mid-prefill, decoding rows that keep stepping while a long
+prompt is prefilled, echo's prompt logprobs, aborts and the setting's bounds."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pydantic
+import pytest
+import torch
+
+from mistral_serving.engines.base import SamplingOptions
+from mistral_serving.engines.factory import start_torch_engine
+from mistral_serving.engines.pytorch.static import StaticTorchEngine
+from mistral_serving.settings import Settings
+
+EOS = 2
+# Mixed lengths: 3..28 tokens, and one of 150 (longer than every chunk size below).
+PROMPTS = [[1] + list(range(100 + 37 * i, 100 + 37 * i + 2 + 5 * i)) for i in range(6)]
+LONG = [1] + [(7 * j) % 31000 + 500 for j in range(149)]
+
+
+@pytest.fixture(scope="module")
+def hf_model(dev_model: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(dev_model)).eval()
+
+
+def make_engine(dev_model: Path, **settings) -> StaticTorchEngine:
+    eng = start_torch_engine(
+        dev_model,
+        Settings(
+            artifact=str(dev_model),
+            device="cpu",
+            pytorch_kv_cache="static",
+            max_seq_len=512,
+            **settings,
+        ),
+        EOS,
+    )
+    assert isinstance(eng, StaticTorchEngine)
+    return eng
+
+
+async def collect(engine, rid, prompt, opts, delay=0.0):
+    await asyncio.sleep(delay)
+    tokens, reasons, first = [], [], None
+    async for delta in engine.generate(rid, prompt, opts):
+        tokens += delta.token_ids
+        reasons.append(delta.finish_reason)
+        first = first or delta.prompt_logprobs
+    return tokens, reasons, first
+
+
+def greedy_reference(model, prompt, n):
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize(("chunk", "slots"), [(7, 3), (16, 64), (64, 2)])
+def test_chunked_greedy_equals_hf_generate(dev_model, hf_model, chunk, slots):
+    # 7 requests through 2-3 slots: prompts finish their prefill while others are halfway
+    # (a slot handed over to a running row), rows leave and new prompts take their slots.
+    eng = make_engine(dev_model, prefill_chunk_tokens=chunk, max_batch_size=slots)
+    try:
+        prompts = [*PROMPTS, LONG]
+        lengths = [16, 5, 23, 9, 16, 30, 12]
+        refs = [greedy_reference(hf_model, p, n) for p, n in zip(prompts, lengths)]
+        calls = []
+        real = eng._prefill_pieces
+        eng._prefill_pieces = lambda pieces: (calls.append([c for _, c in pieces]), real(pieces))
+
+        async def main():
+            return await asyncio.gather(
+                *[
+                    collect(eng, f"r{i}", p, SamplingOptions(max_new_tokens=n, top_k=1), 0.002 * i)
+                    for i, (p, n) in enumerate(zip(prompts, lengths))
+                ]
+            )
+
+        for (tokens, reasons, _), ref in zip(asyncio.run(main()), refs):
+            assert tokens == ref
+            assert reasons[-1] == "length"
+        assert all(sum(c) <= chunk for c in calls)  # the budget holds every step
+        assert len(calls) >= len(LONG) // chunk  # the long prompt took several steps
+        assert eng.info.details["prefill_chunk_tokens"] == chunk
+    finally:
+        eng.shutdown()
+
+
+def test_decoding_rows_step_while_a_long_prompt_is_prefilled(dev_model, hf_model):
+    eng = make_engine(dev_model, prefill_chunk_tokens=8, max_batch_size=4)
+    seen: list[tuple[int, list[int]]] = []  # per chunk step: long prompt's progress, rows
+    real = eng._prefill_pieces
+
+    def spy(pieces):
+        long = [p.done for p, _ in pieces if len(p.seq.prompt) == len(LONG)]
+        if long:
+            seen.append((long[0], [len(s.generated) for s in eng._running]))
+        real(pieces)
+
+    eng._prefill_pieces = spy
+    try:
+
+        async def main():
+            stream = eng.generate("short", PROMPTS[1], SamplingOptions(max_new_tokens=60, top_k=1))
+            first = await stream.__anext__()  # the short request is decoding
+            long = asyncio.ensure_future(
+                collect(eng, "long", LONG, SamplingOptions(max_new_tokens=4, top_k=1))
+            )
+            rest = [d async for d in stream]
+            return await long, [first, *rest]
+
+        long, short = asyncio.run(main())
+        assert long[0] == greedy_reference(hf_model, LONG, 4)
+        assert [t for d in short for t in d.token_ids] == greedy_reference(hf_model, PROMPTS[1], 60)
+        # 150 tokens at 8 a step: 19 chunk steps, and between two of them the decoding row
+        # got exactly one more token (a decode step ran: the prefill did not stall it).
+        assert [done for done, _ in seen] == list(range(0, len(LONG), 8))
+        assert all(len(rows) == 1 for _, rows in seen)
+        assert all(b[0] == a[0] + 1 for (_, a), (_, b) in zip(seen, seen[1:]))
+    finally:
+        eng.shutdown()
+
+
+def test_chunked_echo_equals_unchunked(dev_model):
+    opts = SamplingOptions(max_new_tokens=3, top_k=1, prompt_logprobs=2)
+
+    def run(**settings):
+        eng = make_engine(dev_model, **settings)
+        try:
+
+            async def main():
+                return await asyncio.gather(
+                    collect(eng, "a", LONG, opts), collect(eng, "b", PROMPTS[3], opts)
+                )
+
+            return asyncio.run(main())
+        finally:
+            eng.shutdown()
+
+    whole, chunked = run(), run(prefill_chunk_tokens=13)
+    for (t1, _, lp1), (t2, _, lp2) in zip(whole, chunked):
+        assert t1 == t2
+        assert len(lp1) == len(lp2) > 0
+        assert [x.token_id for x in lp1] == [x.token_id for x in lp2]
+        assert [x.logprob for x in lp1] == pytest.approx([x.logprob for x in lp2], abs=1e-4)
+    assert len(chunked[0][2]) == len(LONG) - 1
+
+
+def test_abort_mid_prefill_frees_the_slot(dev_model):
+    eng = make_engine(dev_model, prefill_chunk_tokens=4, max_batch_size=1)
+    try:
+
+        async def main():
+            stream = eng.generate("long", LONG, SamplingOptions(max_new_tokens=50, top_k=1))
+            task = asyncio.ensure_future(stream.__anext__())
+            await asyncio.sleep(0)
+            eng.abort("long")
+            try:
+                reasons = [(await task).finish_reason] + [d.finish_reason async for d in stream]
+            except StopAsyncIteration:
+                reasons = []
+            # The only slot is free again: a new request runs to the end.
+            after = await collect(eng, "next", PROMPTS[2], SamplingOptions(max_new_tokens=3))
+            return reasons, after
+
+        reasons, after = asyncio.run(main())
+        assert reasons[-1] == "abort"
+        assert after[1][-1] == "length" and len(after[0]) == 3
+        assert not eng._prefilling
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("value", [-1, 2**21 + 1])
+def test_chunk_setting_is_bounded(value):
+    with pytest.raises(pydantic.ValidationError):
+        Settings(prefill_chunk_tokens=value)
