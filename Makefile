@@ -151,15 +151,15 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 bench: $(DEV_MODEL)
-	$(PY) tests/bench/concurrency.py
+	$(PY) bench/concurrency.py
 
 # The reliability soak (figures for docs/reliability.md; not a test): ~6 minutes.
 soak: $(DEV_MODEL)
-	$(PY) tests/bench/soak.py
+	$(PY) bench/soak.py
 
 # The end-to-end suite three times in a row with every core kept busy by CPU hogs.
 test-stress: $(DEV_MODEL)
-	$(PY) tests/bench/stress.py --runs 3
+	$(PY) bench/stress.py --runs 3
 
 # The whole serving path on this machine's GPU, inside the TensorRT-LLM release image (not
 # the venv: TensorRT-LLM lives in the image's python3): a tiny engine, the real server,

@@ -22,7 +22,7 @@ Transports: ``httpx`` (default; full parsing, keeps the text) or ``raw`` (OpenAI
 only: HTTP/1.1 over asyncio streams, no text kept, optionally spread over
 ``--client-procs`` processes), for servers that stream faster than one httpx process reads.
 
-Results go to ``--out`` (default ``bench/<time>``): results.json (with the host's CPUs,
+Results go to ``--out`` (default ``bench/results/<time>``): results.json (with the host's CPUs,
 load average before and after, versions and git commit) and a plot. Overlay runs with
 ``python -m client bench plot RUN.json OTHER.json``.
 """
@@ -59,7 +59,7 @@ from client.protocol import build_request
 from client.rawhttp import RawPool
 from client.types import Api, SamplingParams
 
-DEFAULT_OUT_ROOT = Path("bench")
+DEFAULT_OUT_ROOT = Path("bench") / "results"
 
 
 @dataclass
@@ -611,7 +611,7 @@ def closed_loop_level(
 
 
 def default_out_dir(root: Path = DEFAULT_OUT_ROOT) -> Path:
-    """bench/<UTC time>: every run keeps its results (bench/ is ignored by git)."""
+    """bench/results/<UTC time>: every run keeps its results (ignored by git)."""
     return root / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
 
 
@@ -726,7 +726,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         help="a server on this machine: its CPU use is not taken for competing load",
     )
-    p.add_argument("--out", help="directory for results.json and the plot (unset: bench/<time>)")
+    p.add_argument(
+        "--out", help="directory for results.json and the plot (unset: bench/results/<time>)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 

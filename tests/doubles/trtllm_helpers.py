@@ -8,10 +8,10 @@ import asyncio
 import json
 from pathlib import Path
 
-from mistral_serving.engine_checks import GpuInfo
 from mistral_serving.engines.base import SamplingOptions, TokenDelta
-from mistral_serving.engines.trtllm import LlmApiEngine, TrtLlmEngine
-from mistral_serving.engines.trtllm_pytorch import TrtLlmPytorchEngine
+from mistral_serving.engines.trtllm.checks import GpuInfo
+from mistral_serving.engines.trtllm.engine import LlmApiEngine, TrtLlmEngine
+from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
 from mistral_serving.manifest import BuildManifest, GpuRecord, write_manifest
 from mistral_serving.settings import Settings
 

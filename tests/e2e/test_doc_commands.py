@@ -97,7 +97,7 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
         r"^python -m client bench --one-at-a-time --num-prompts 20",
         NotHere("20 x 128 tokens one after another: minutes on a CPU; the mode is unit-tested"),
     ),  # fmt: skip
-    (r"^python -m client bench plot bench/ours", NotHere("plots results of two earlier runs")),
+    (r"^python -m client bench plot bench/results/ours", NotHere("plots results of two earlier runs")),
     (
         r"^python -m client bench --url http://127\.0\.0\.1:8931",
         Covered("tests/e2e/test_bench_e2e.py"),
@@ -118,9 +118,9 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     (r"^docs/tensorrt-llm\.md: curl ", GPU),
     (r"^docker ", DOCKER),
     # -- GPU machine and TensorRT-LLM container steps
-    (r"^python3? tests/bench/(guided_bench|replay_bench)\.py", NotHere("GPU-machine benchmarks")),
-    (r"^bash tests/bench/run_gpu", GPU),
-    (r"^python tests/bench/plots\.py", NotHere("rewrites docs/perf/engine-variants.png")),
+    (r"^python3? bench/(guided_bench|replay_bench)\.py", NotHere("GPU-machine benchmarks")),
+    (r"^bash bench/run_gpu", GPU),
+    (r"^python bench/plots\.py", NotHere("rewrites docs/perf/engine-variants.png")),
     (r"^python3? -m pip (download|install)", NotHere("packing wheels for the GPU machine")),
     (r"^pip (freeze|install)", NotHere("inside the TensorRT-LLM release container")),
     (r"^echo /\.whl/", NotHere("sets up the GPU machine's carry folder")),

@@ -153,9 +153,9 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.scope_keys",
                 "mistral_serving.engines",
                 "mistral_serving.engines.base",
-                "mistral_serving.engines.cpus",
-                "mistral_serving.engines.llama",
-                "mistral_serving.engines.weights",
+                "mistral_serving.engines.pytorch.cpus",
+                "mistral_serving.engines.pytorch.llama",
+                "mistral_serving.engines.pytorch.weights",
             ),
         ),
         (
@@ -166,8 +166,8 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.streaming",
                 "mistral_serving.telemetry",
                 "mistral_serving.admission",
-                "mistral_serving.guided",
-                "mistral_serving.engine_checks",
+                "mistral_serving.engines.pytorch.guided",
+                "mistral_serving.engines.trtllm.checks",
                 "mistral_serving.grammar_pool",
                 "mistral_serving.grammar",
                 "mistral_serving.tool_calls",
@@ -252,8 +252,8 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
 KNOWN_CYCLES: tuple[tuple[str, ...], ...] = (
     (  # the worker process starts its engine through the factory
         "mistral_serving.engines.factory",
-        "mistral_serving.engines.process",
-        "mistral_serving.engines.worker",
+        "mistral_serving.engines.process.client",
+        "mistral_serving.engines.process.worker",
     ),
 )
 
@@ -422,7 +422,7 @@ def test_the_code_has_no_import_cycles_but_the_known_ones() -> None:
     graph = full_import_graph(ROOTS)
     # Function-level imports are followed: these two exist only inside functions.
     assert "mistral_build.k8s" in graph["mistral_build.cli"]
-    assert "mistral_serving.engines.factory" in graph["mistral_serving.engines.worker"]
+    assert "mistral_serving.engines.factory" in graph["mistral_serving.engines.process.worker"]
     assert cycle_problems(graph, KNOWN_CYCLES) == []
 
 

@@ -31,8 +31,8 @@ from mistral_serving.artifacts import (
     open_artifact,
     resolve_artifact,
 )
-from mistral_serving.engine_checks import EngineCheckError
 from mistral_serving.engines.factory import engine_name_for
+from mistral_serving.engines.trtllm.checks import EngineCheckError
 from mistral_serving.manifest import MANIFEST_NAME, BuildManifest, ManifestError, write_manifest
 from mistral_serving.settings import Settings, SettingsError
 from tests.hub_standin import HubStandIn

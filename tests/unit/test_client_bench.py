@@ -379,10 +379,13 @@ def test_results_go_under_bench_by_default(
                      "--output-len", "2", "--warmup", "0", "--no-progress",
                      "--label", "mine"])  # fmt: skip
     assert code == 0
-    (written,) = list((tmp_path / "bench").glob("*/results.json"))
+    (written,) = list((tmp_path / "bench" / "results").glob("*/results.json"))
     data = json.loads(written.read_text())
     assert data["label"] == "mine"
-    assert str(Path("bench") / written.parent.name / "results.json") in capsys.readouterr().err
+    assert (
+        str(Path("bench") / "results" / written.parent.name / "results.json")
+        in capsys.readouterr().err
+    )
 
 
 def test_bench_help_shows_defaults(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mistral_serving.engines import cpus
-from mistral_serving.engines.cpus import available_cpus, cgroup_cpu_quota
+from mistral_serving.engines.pytorch import cpus
+from mistral_serving.engines.pytorch.cpus import available_cpus, cgroup_cpu_quota
 
 
 def write(root: Path, rel: str, text: str) -> None:
@@ -81,8 +81,8 @@ def test_this_machine(tmp_path):
 def test_the_engine_uses_the_setting_or_the_available_cpus(dev_model: Path, monkeypatch):
     import torch
 
-    from mistral_serving.engines import pytorch
-    from mistral_serving.engines.pytorch import TorchEngine
+    from mistral_serving.engines.pytorch import dynamic as pytorch
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine
     from mistral_serving.settings import Settings
 
     before = torch.get_num_threads()
@@ -104,7 +104,7 @@ def test_the_engine_uses_the_setting_or_the_available_cpus(dev_model: Path, monk
 
 @pytest.mark.parametrize(("cpus", "threads"), [(1, 1), (2, 1), (3, 2), (8, 7)])
 def test_torch_leaves_one_cpu_to_the_event_loop_by_default(cpus: int, threads: int) -> None:
-    from mistral_serving.engines.cpus import default_torch_threads
+    from mistral_serving.engines.pytorch.cpus import default_torch_threads
 
     assert default_torch_threads(cpus) == threads
 
@@ -112,8 +112,8 @@ def test_torch_leaves_one_cpu_to_the_event_loop_by_default(cpus: int, threads: i
 def test_the_default_threads_leave_a_cpu_free(dev_model: Path, monkeypatch) -> None:
     import torch
 
-    from mistral_serving.engines import pytorch
-    from mistral_serving.engines.pytorch import TorchEngine
+    from mistral_serving.engines.pytorch import dynamic as pytorch
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine
     from mistral_serving.settings import Settings
 
     before = torch.get_num_threads()

@@ -12,10 +12,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving import engine_checks as ec
-from mistral_serving.engine_checks import EngineCheckError, GpuInfo
 from mistral_serving.engines.base import EngineLimits
-from mistral_serving.manifest import ArtifactError, BuildManifest, GpuRecord, write_manifest
+from mistral_serving.engines.trtllm import checks as ec
+from mistral_serving.engines.trtllm.checks import EngineCheckError, GpuInfo
+from mistral_serving.manifest import (
+    ArtifactError,
+    BuildManifest,
+    GpuRecord,
+    is_engine_config,
+    write_manifest,
+)
 
 A100 = GpuInfo(name="NVIDIA A100-SXM4-40GB", capability="8.0", count=1)
 H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", capability="9.0", count=1)
@@ -108,12 +114,12 @@ def test_checkpoint_config_is_not_an_engine(tmp_path):
     with pytest.raises(EngineCheckError) as exc:
         ec.read_engine_config(d)
     assert "pretrained_config" in one_line(exc)
-    assert not ec.is_engine_config(hf_config)
+    assert not is_engine_config(hf_config)
 
 
 def test_is_engine_config():
-    assert ec.is_engine_config(engine_config())
-    assert not ec.is_engine_config({"pretrained_config": {}, "build_config": []})
+    assert is_engine_config(engine_config())
+    assert not is_engine_config({"pretrained_config": {}, "build_config": []})
 
 
 # -- rank files ------------------------------------------------------------------------

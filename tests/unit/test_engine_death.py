@@ -111,7 +111,7 @@ def test_a_failing_sampler_fails_only_its_request(torch_engine, monkeypatch):
 
 
 def test_failing_bookkeeping_fails_only_its_request(torch_engine, monkeypatch):
-    from mistral_serving.engines.pytorch import TorchEngine
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine
 
     clean = _batch(torch_engine)
     real = TorchEngine._record

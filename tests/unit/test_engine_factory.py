@@ -11,10 +11,10 @@ import pytest
 
 from mistral_serving.artifacts import open_artifact
 from mistral_serving.engines.factory import start_engine, start_torch_engine
-from mistral_serving.engines.pytorch import TorchEngine
-from mistral_serving.engines.pytorch_static import StaticTorchEngine
+from mistral_serving.engines.pytorch.dynamic import TorchEngine
+from mistral_serving.engines.pytorch.guided import GuidedDecoder
+from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from mistral_serving.engines.replay import ReplayEngine
-from mistral_serving.guided import GuidedDecoder
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import load_tokenizer
 
@@ -55,8 +55,8 @@ def test_start_engine_for_a_checkpoint_and_for_replay(dev_model):
 def test_the_dynamic_engine_module_does_not_import_the_static_one():
     code = (
         "import sys\n"
-        "import mistral_serving.engines.pytorch\n"
-        "assert 'mistral_serving.engines.pytorch_static' not in sys.modules\n"
+        "import mistral_serving.engines.pytorch.dynamic\n"
+        "assert 'mistral_serving.engines.pytorch.static' not in sys.modules\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],

@@ -1,4 +1,4 @@
-"""The PyTorch engine in its own process (`engines/process.py` + `engines/worker.py`) on
+"""The PyTorch engine in its own process (`engines/process/client.py` + `engines/process/worker.py`) on
 the dev model (CPU): the same tokens, logprobs and structured output as the in-process
 engine; abort, per-request errors, a killed child, shutdown and start-up failures."""
 
@@ -26,7 +26,7 @@ from mistral_serving.engines.base import (
     SamplingOptions,
 )
 from mistral_serving.engines.factory import start_engine, start_guided_torch_engine
-from mistral_serving.engines.process import ProcessEngine, wants_own_process
+from mistral_serving.engines.process.client import ProcessEngine, wants_own_process
 from mistral_serving.settings import Settings, SettingsError
 from mistral_serving.tokenizer import load_tokenizer
 

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from mistral_serving.detokenizer import IncrementalDetokenizer
 from mistral_serving.engines.base import EngineRequestError, GuidedDecoding
-from mistral_serving.guided import GuidedDecoder
+from mistral_serving.engines.pytorch.guided import GuidedDecoder
 from mistral_serving.tokenizer import Tokenizer
 
 # Bounded schemas: a random-weight model cannot loop forever inside them.
@@ -139,7 +139,7 @@ def test_xgrammar_is_loaded_at_the_first_structured_request_not_at_start(dev_mod
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from mistral_serving.guided import GuidedDecoder\n"
+        "from mistral_serving.engines.pytorch.guided import GuidedDecoder\n"
         "from mistral_serving.tokenizer import load_tokenizer\n"
         f"decoder = GuidedDecoder(load_tokenizer(Path({str(dev_model)!r})))\n"
         "assert 'xgrammar' not in sys.modules, 'imported at start-up'\n"

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mistral_serving.engines.base import EngineRequestError, GuidedDecoding
+from mistral_serving.engines.pytorch.guided import GuidedDecoder
 from mistral_serving.errors import RequestError
 from mistral_serving.grammar import (
     IGNORED_KEYWORDS,
@@ -24,7 +25,6 @@ from mistral_serving.grammar import (
     pattern_repeat,
 )
 from mistral_serving.grammar_pool import clean_xgrammar_error
-from mistral_serving.guided import GuidedDecoder
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
 

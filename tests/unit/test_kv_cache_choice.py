@@ -14,8 +14,8 @@ import pytest
 from mistral_serving.engines import factory
 from mistral_serving.engines.base import EngineError
 from mistral_serving.engines.factory import kv_cache_choice, start_torch_engine
-from mistral_serving.engines.pytorch import TorchEngine
-from mistral_serving.engines.pytorch_static import StaticTorchEngine, static_path_problem
+from mistral_serving.engines.pytorch.dynamic import TorchEngine
+from mistral_serving.engines.pytorch.static import StaticTorchEngine, static_path_problem
 from mistral_serving.settings import Settings
 
 MISTRAL = {
@@ -118,7 +118,7 @@ def test_modules_the_fast_path_cannot_run_fall_back_after_loading(
     dev_model, fake_cuda, monkeypatch, caplog
 ):
     """config.json looks right but the loaded modules do not: dynamic, same weights."""
-    import mistral_serving.engines.pytorch_static as static
+    import mistral_serving.engines.pytorch.static as static
 
     monkeypatch.setattr(static, "supports_static_path", lambda model: "attention is odd")
     engine = start(dev_model)

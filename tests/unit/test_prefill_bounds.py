@@ -19,15 +19,19 @@ from hypothesis import strategies as st
 
 from mistral_serving.engines.base import EngineError, SamplingOptions, TokenDelta
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.prefill import PrefillBudget, is_allocation_failure, take_admissible
-from mistral_serving.engines.pytorch import TorchEngine
+from mistral_serving.engines.pytorch.dynamic import TorchEngine
+from mistral_serving.engines.pytorch.prefill import (
+    PrefillBudget,
+    is_allocation_failure,
+    take_admissible,
+)
 from mistral_serving.settings import Settings
 from tests.unit.test_prompt_logprobs import check_against_hf
 
 EOS = 2
 VOCAB = 32000
 CHUNK = 16  # prompt positions per projection in these tests
-# float32 logits: 4 bytes each, plus 12 of float32 work (engines/prefill.py)
+# float32 logits: 4 bytes each, plus 12 of float32 work (engines/pytorch/prefill.py)
 LOGITS_BYTES = CHUNK * VOCAB * (4 + 12)
 KINDS = {
     "dynamic": {},

@@ -23,7 +23,7 @@ from mistral_serving.engines.base import (
     TokenLogprob,
 )
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.process import ProcessEngine
+from mistral_serving.engines.process.client import ProcessEngine
 from mistral_serving.engines.replay import ReplayEngine
 from mistral_serving.errors import RequestError
 from mistral_serving.metrics import Metrics
@@ -194,7 +194,7 @@ def fake_trtllm(monkeypatch: pytest.MonkeyPatch):
 
 
 def trt_engine(tmp_path: Path, gather_context: bool):
-    from mistral_serving.engines.trtllm import TrtLlmEngine
+    from mistral_serving.engines.trtllm.engine import TrtLlmEngine
     from tests.doubles.trtllm_helpers import H100, make_engine_dir
 
     engine_dir = make_engine_dir(tmp_path)

@@ -17,7 +17,7 @@ from mistral_serving.engines.base import (
     SamplingOptions,
 )
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.pytorch import TorchEngine
+from mistral_serving.engines.pytorch.dynamic import TorchEngine
 from mistral_serving.settings import Settings
 
 EOS = 2
@@ -343,7 +343,7 @@ def test_extreme_sampling_options_complete_and_leave_the_engine_healthy(any_engi
 def test_nan_logits_fail_only_the_request_that_got_them(any_engine, hf_model, monkeypatch):
     """A model output with NaN/inf in one row: that row still gets its best finite token;
     an all-NaN row fails that request alone."""
-    from mistral_serving.engines import pytorch
+    from mistral_serving.engines.pytorch import dynamic as pytorch
 
     real = pytorch.sample_next_tokens
 

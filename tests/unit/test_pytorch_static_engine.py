@@ -14,7 +14,7 @@ import torch
 
 from mistral_serving.engines.base import SamplingOptions
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.pytorch_static import StaticTorchEngine
+from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from mistral_serving.settings import Settings
 
 EOS = 2

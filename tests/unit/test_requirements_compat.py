@@ -128,8 +128,8 @@ SERVING_TESTS = {
     "tests/unit/test_protocol_*.py",
     "tests/unit/test_artifacts*.py",
 }
-PY312 = REPO_ROOT / "tests" / "bench" / "run_compat_py312.sh"
-WHEELS = sorted((REPO_ROOT / "tests" / "bench" / "compat_py312").glob("wheels-*.txt"))
+PY312 = REPO_ROOT / "bench" / "run_compat_py312.sh"
+WHEELS = sorted((REPO_ROOT / "bench" / "compat_py312").glob("wheels-*.txt"))
 
 
 def compat_test_globs(makefile: str) -> set[str]:

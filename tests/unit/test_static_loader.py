@@ -1,5 +1,5 @@
 """The static engine's direct safetensors loader: transformers' parameters (names, values)
-and rotary tables in our own modules (engines/llama.py, which the static engine's forward
+and rotary tables in our own modules (engines/pytorch/llama.py, which the static engine's forward
 reads: its tokens equal HF generate's in test_pytorch_static_engine.py), without importing
 transformers' modeling code; a logged fallback to `from_pretrained` for checkpoints it does
 not recognise."""
@@ -19,9 +19,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
-from mistral_serving.engines import llama
-from mistral_serving.engines.pytorch import load_model
-from mistral_serving.engines.pytorch_static import load_safetensors_direct
+from mistral_serving.engines.pytorch import llama
+from mistral_serving.engines.pytorch.dynamic import load_model
+from mistral_serving.engines.pytorch.static import load_safetensors_direct
 from mistral_serving.settings import Settings
 
 CPU = torch.device("cpu")
@@ -95,7 +95,7 @@ def test_loading_does_not_import_transformers_modeling_code(dev_model):
     script = (
         "import sys, torch; from pathlib import Path\n"
         "from transformers import AutoConfig\n"
-        "from mistral_serving.engines.pytorch_static import load_safetensors_direct\n"
+        "from mistral_serving.engines.pytorch.static import load_safetensors_direct\n"
         f"d = Path({str(dev_model)!r})\n"
         "load_safetensors_direct(d, AutoConfig.from_pretrained(d), torch.float32, torch.device('cpu'))\n"
         "print(sorted(m for m in sys.modules if m.startswith(('transformers.models.mistral.m', "
@@ -115,7 +115,7 @@ def test_an_activation_it_lacks_falls_back_to_transformers(dev_model, tmp_path, 
     config = json.loads((model / "config.json").read_text())
     config["hidden_act"] = "gelu"
     (model / "config.json").write_text(json.dumps(config))
-    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch_static")
+    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch.static")
     loaded = load(model)
     assert "from_pretrained: activation gelu" in caplog.text
     assert not isinstance(loaded, llama.CausalLM)
@@ -136,7 +136,7 @@ def test_unknown_tensor_names_fall_back_to_transformers(dev_model, tmp_path, cap
     tensors = load_file(shard)
     tensors["model.extra.weight"] = torch.zeros(2)  # a name the model does not have
     save_file(tensors, shard, metadata={"format": "pt"})
-    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch_static")
+    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch.static")
     loaded = load(model)
     assert "from_pretrained: checkpoint names differ" in caplog.text
     assert "model.extra.weight" in caplog.text
@@ -150,7 +150,7 @@ def test_a_checkpoint_without_safetensors_falls_back(dev_model, tmp_path, caplog
     for shard in model.glob("*.safetensors"):
         shard.unlink()
     torch.save(ref.state_dict(), model / "pytorch_model.bin")
-    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch_static")
+    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch.static")
     loaded = load(model)
     assert "no safetensors files" in caplog.text
     assert torch.equal(loaded.lm_head.weight, ref.lm_head.weight)

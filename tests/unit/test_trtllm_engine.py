@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 
-from mistral_serving.engine_checks import EngineCheckError
 from mistral_serving.engines.base import (
     Engine,
     EngineLimits,
@@ -15,7 +14,8 @@ from mistral_serving.engines.base import (
     SamplingOptions,
     TokenDelta,
 )
-from mistral_serving.engines.trtllm import TrtLlmEngine, to_sampling_params
+from mistral_serving.engines.trtllm.checks import EngineCheckError
+from mistral_serving.engines.trtllm.engine import TrtLlmEngine, to_sampling_params
 from mistral_serving.settings import Settings
 from tests.doubles.trtllm_helpers import (
     EOS,

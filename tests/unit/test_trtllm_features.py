@@ -10,7 +10,7 @@ from mistral_serving.engines.base import (
     GuidedDecoding,
     SamplingOptions,
 )
-from mistral_serving.engines.trtllm import to_sampling_params
+from mistral_serving.engines.trtllm.engine import to_sampling_params
 from mistral_serving.settings import Settings
 from tests.doubles.trtllm_helpers import (
     EOS,

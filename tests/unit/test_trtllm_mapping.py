@@ -16,7 +16,7 @@ from mistral_serving.engines.base import (
     EngineRequestError,
     SamplingOptions,
 )
-from mistral_serving.engines.trtllm import to_sampling_params
+from mistral_serving.engines.trtllm.engine import to_sampling_params
 from tests.doubles.trtllm_helpers import (
     EOS,
     REPO,
@@ -28,7 +28,7 @@ from tests.doubles.trtllm_helpers import (
 def test_module_imports_without_tensorrt_llm():
     # Importing must not import tensorrt_llm (absent here; slow to import where present).
     code = (
-        "import sys, mistral_serving.engines.trtllm, mistral_serving.engine_checks\n"
+        "import sys, mistral_serving.engines.trtllm.engine, mistral_serving.engines.trtllm.checks\n"
         "assert 'tensorrt_llm' not in sys.modules, 'tensorrt_llm imported eagerly'\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO / "mistral-trt-truss" / "packages")}

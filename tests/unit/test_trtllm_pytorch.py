@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from mistral_serving.engine_checks import EngineCheckError
 from mistral_serving.engines.base import (
     Engine,
     EngineLimits,
     SamplingOptions,
 )
-from mistral_serving.engines.trtllm_pytorch import TrtLlmPytorchEngine
+from mistral_serving.engines.trtllm.checks import EngineCheckError
+from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
 from mistral_serving.settings import Settings
 from tests.doubles.trtllm_helpers import (
     EOS,

@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from mistral_serving.engines import trtllm
 from mistral_serving.engines.base import (
     SamplingOptions,
 )
+from mistral_serving.engines.trtllm import engine as trtllm
 from tests.doubles.trtllm_helpers import (
     load,
     settle,

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from mistral_serving.engines import trtllm
 from mistral_serving.engines.base import (
     EngineError,
     EngineRequestError,
     GuidedDecoding,
     SamplingOptions,
 )
+from mistral_serving.engines.trtllm import engine as trtllm
 from mistral_serving.settings import Settings
 from tests.doubles.trtllm_helpers import (
     load,

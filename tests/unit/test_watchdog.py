@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry
 
 from mistral_serving.engines.base import EngineLimits, SamplingOptions
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.process import ProcessEngine
+from mistral_serving.engines.process.client import ProcessEngine
+from mistral_serving.engines.process.worker import decode, encode
 from mistral_serving.engines.replay import ReplayEngine
-from mistral_serving.engines.worker import decode, encode
 from mistral_serving.frontend import Frontend
 from mistral_serving.metrics import Metrics
 from mistral_serving.service import GenerationService
@@ -245,7 +245,7 @@ def test_shutdown_kills_a_silent_engine_process_at_once(proxy) -> None:
 def test_the_worker_monitor_beats_with_its_engines_own_stall() -> None:
     """The engine process's monitor thread (alive while the step loop is wedged) sends
     ("beat", engine.stalled_for()) every HEARTBEAT_S, idle or busy."""
-    from mistral_serving.engines import worker
+    from mistral_serving.engines.process import worker
 
     engine = ScriptedEngine(limits=LIMITS)
     engine.stalled_s = 42.0

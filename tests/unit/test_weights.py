@@ -1,4 +1,4 @@
-"""engines/weights.py: shards copied into preallocated tensors through small reused
+"""engines/pytorch/weights.py: shards copied into preallocated tensors through small reused
 buffers give exactly safetensors' own tensors (pieces crossing buffer boundaries, several
 readers, empty tensors, dtype conversion); malformed headers are a ValueError naming the
 file, never anything else."""
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from mistral_serving.engines.weights import copy_shards, parse_header, read_header
+from mistral_serving.engines.pytorch.weights import copy_shards, parse_header, read_header
 
 
 def shards(root: Path) -> list[Path]:

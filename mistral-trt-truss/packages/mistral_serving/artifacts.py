@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from mistral_serving.engine_checks import CONFIG_NAME, is_engine_config
 from mistral_serving.file_bounds import check_parsed_files
 from mistral_serving.manifest import (
+    CONFIG_NAME,
     MANIFEST_NAME,
     ArtifactError,
     ArtifactKind,
@@ -39,6 +39,7 @@ from mistral_serving.manifest import (
     ManifestError,
     check_hashes,
     check_sizes,
+    is_engine_config,
     parse_json_object,
     parse_manifest,
     read_json_file,

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 MANIFEST_NAME = "build_manifest.json"
+CONFIG_NAME = "config.json"  # of an engine directory and of a checkpoint alike
 FORMAT_VERSION = 1
 
 # Bounds on untrusted input: a real manifest is a few kB, a real artifact a few hundred files.
@@ -38,6 +39,11 @@ MAX_DEPTH = 32
 MAX_LINK_HOPS = 40  # the kernel's own limit (MAXSYMLINKS)
 
 ArtifactKind = Literal["trtllm_engine", "hf_checkpoint"]
+
+
+def is_engine_config(config: dict[str, Any]) -> bool:
+    """The LLM API's test: an engine config has both sections (`get_model_format`)."""
+    return all(isinstance(config.get(s), dict) for s in ("pretrained_config", "build_config"))
 
 
 class ArtifactError(RuntimeError):

@@ -1,7 +1,7 @@
 """Read the artifact's weight files into the OS page cache in the background.
 
 Off by default (`load_prefetch_threads: 0`): the static engine's loader already reads
-each shard front to back from several threads at the disk's rate (`engines/weights.py`),
+each shard front to back from several threads at the disk's rate (`engines/pytorch/weights.py`),
 and on the H200 VM's disk reading ahead while Python, torch and CUDA start up slowed
 their own (cold) reads more than it saved: start -> ready 22.7-24.9 s without, 23.8-31.6 s
 with 1-8 threads (docs/performance.md). Disks that serve many parallel reads much faster

@@ -78,7 +78,7 @@ class Settings(BaseModel):
     pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
         "auto",
         description="`static`: preallocated KV slots, our own Llama/Mistral forward pass and "
-        "CUDA graphs (engines/pytorch_static.py; the fast path on a GPU). `dynamic`: "
+        "CUDA graphs (engines/pytorch/static.py; the fast path on a GPU). `dynamic`: "
         "transformers' forward over a growing, left-padded DynamicCache (any causal LM). "
         "`auto`: static on a CUDA GPU for the checkpoints it supports (Llama/Mistral "
         "without sliding window or biases), else dynamic, logging why.",

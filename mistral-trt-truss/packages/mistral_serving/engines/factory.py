@@ -28,7 +28,7 @@ from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from mistral_serving.engines.pytorch import TorchEngine
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine
 
 log = logging.getLogger(__name__)
 NO_CUDA = "no CUDA GPU"
@@ -120,7 +120,7 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
             settings.replay_step_ms,
         )
     if engine_name_for(kind, settings.engine) == "tensorrt_llm":
-        from mistral_serving.engines.trtllm import TrtLlmEngine
+        from mistral_serving.engines.trtllm.engine import TrtLlmEngine
 
         manifest = artifact.manifest
         return TrtLlmEngine.load(
@@ -135,15 +135,15 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
             else None,
         )
     if engine_name_for(kind, settings.engine) == "trtllm_pytorch":
-        from mistral_serving.engines.trtllm_pytorch import TrtLlmPytorchEngine
+        from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
 
         return TrtLlmPytorchEngine.load(
             artifact_dir, settings, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id
         )
-    from mistral_serving.engines.process import wants_own_process
+    from mistral_serving.engines.process.client import wants_own_process
 
     if wants_own_process(settings):  # engine_process: the step loop off the server's GIL
-        from mistral_serving.engines.process import ProcessEngine
+        from mistral_serving.engines.process.client import ProcessEngine
 
         return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id)
     return start_guided_torch_engine(artifact_dir, settings, tokenizer, artifact.config)
@@ -154,7 +154,7 @@ def start_guided_torch_engine(
 ) -> TorchEngine:
     """The PyTorch engine in this process, with structured output (response_format,
     xgrammar). The engine process (`worker.py`) starts its engine with this too."""
-    from mistral_serving.guided import GuidedDecoder
+    from mistral_serving.engines.pytorch.guided import GuidedDecoder
 
     engine = start_torch_engine(model_dir, settings, tokenizer.eos_id, config)
     engine.guided = GuidedDecoder(tokenizer, engine.vocab_size, settings.grammar_cache_bytes)
@@ -163,7 +163,7 @@ def start_guided_torch_engine(
 
 def runs_on_cuda(settings: Settings) -> bool:
     """Whether the PyTorch engine will run on a CUDA GPU (`device`, else what torch sees)."""
-    from mistral_serving.engines.pytorch import pick_device
+    from mistral_serving.engines.pytorch.dynamic import pick_device
 
     return pick_device(settings.device).type == "cuda"
 
@@ -189,7 +189,7 @@ def kv_cache_choice(setting: str, on_cuda: bool, config: dict[str, Any]) -> tupl
         return setting, None
     if not on_cuda:
         return "dynamic", NO_CUDA
-    from mistral_serving.engines.pytorch_static import static_path_problem
+    from mistral_serving.engines.pytorch.static import static_path_problem
 
     why = static_path_problem(config)
     return ("dynamic", why) if why else ("static", None)
@@ -200,7 +200,7 @@ def start_torch_engine(
 ) -> TorchEngine:
     """The PyTorch engine for a checkpoint: `pytorch_kv_cache` picks static or dynamic.
     `config` is the checkpoint's config.json when the caller has read it (the Artifact)."""
-    from mistral_serving.engines.pytorch import TorchEngine
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine
 
     if config is None:
         config = read_model_config(Path(model_dir))
@@ -211,7 +211,7 @@ def start_torch_engine(
         log.log(level, "pytorch_kv_cache=auto: the dynamic KV cache, because %s", why)
     if kind == "dynamic":
         return TorchEngine.from_pretrained(model_dir, settings, eos_token_id)
-    from mistral_serving.engines.pytorch_static import (
+    from mistral_serving.engines.pytorch.static import (
         StaticTorchEngine,
         load_static_model,
         supports_static_path,

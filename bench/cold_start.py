@@ -1,0 +1,131 @@
+"""Where a cold start's seconds go: a fresh interpreter loads the PyTorch engine the way
+the server's engine does (factory defaults), timing each phase from process start.
+
+    python bench/cold_start.py ARTIFACT --evict all|artifact|none [--out results.jsonl]
+
+--evict none: nothing evicted (what is cached stays). --evict all: `sync; echo 3 > /proc/sys/vm/drop_caches` first (root only: nothing is
+cached, the Python packages and CUDA libraries included). --evict artifact: only the
+artifact's pages leave the page cache (posix_fadvise DONTNEED), as on a node that has
+run the image before. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def evict(artifact: Path, what: str) -> None:
+    os.sync()
+    if what == "all":
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return
+    for path in artifact.iterdir():
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int) -> None:
+    marks = {}
+
+    def mark(name: str) -> None:
+        marks[name] = round(time.time() - t0, 2)
+
+    mark("interpreter")
+    import logging
+
+    class Stamped(logging.Formatter):
+        """The engine's own log lines, stamped with seconds since the process started."""
+
+        def format(self, record: logging.LogRecord) -> str:
+            return f"[{time.time() - t0:6.2f} s] " + super().format(record)
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(Stamped("%(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    import torch
+
+    mark("import torch")
+    if torch.cuda.is_available():
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
+        mark("CUDA context")
+    sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
+    import transformers  # noqa: F401
+
+    from mistral_serving.engines.factory import start_torch_engine
+    from mistral_serving.settings import Settings
+
+    mark("import transformers + engine code")
+    settings = Settings(artifact=artifact, max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+    engine = start_torch_engine(Path(artifact), settings, 2)
+    mark("engine loaded")
+    import asyncio
+
+    from mistral_serving.engines.base import SamplingOptions
+
+    async def first() -> None:
+        async for _ in engine.generate("first", [1, 2, 3, 4], SamplingOptions(max_new_tokens=2)):
+            pass
+
+    asyncio.run(first())
+    mark("first request done")
+    print(json.dumps({"engine": type(engine).__name__, "marks_s": marks}), flush=True)
+    engine.shutdown()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artifact")
+    ap.add_argument("--evict", choices=["all", "artifact", "none"], default="artifact")
+    ap.add_argument("--max-batch-size", type=int, default=256)
+    ap.add_argument("--max-seq-len", type=int, default=2048)
+    ap.add_argument("--out")
+    ap.add_argument("--child", type=float, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child is not None:
+        child(args.artifact, args.child, args.max_batch_size, args.max_seq_len)
+        return 0
+    if args.evict != "none":
+        evict(Path(args.artifact), args.evict)
+    t0 = time.time()
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            args.artifact,
+            "--child",
+            str(t0),
+            "--max-batch-size",
+            str(args.max_batch_size),
+            "--max-seq-len",
+            str(args.max_seq_len),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    row = json.loads(lines[-1]) if lines else {"error": out.stderr[-1500:]}
+    row["log"] = [line for line in out.stderr.splitlines() if line.startswith("[")][-12:]
+    row = {"figure": "cold_start_phases", "evicted": args.evict, **row}
+    print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

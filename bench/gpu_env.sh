@@ -1,0 +1,21 @@
+# Set-up shared by the run_gpu*.sh device scripts (sourced, after a script sets its own
+# defaults): $OUT, $PY, the wheels the device image lacks (from .whl/, unless NOWHL is set),
+# $ART and $CACHE (artifact, verified-marker cache), $R (results) and $L (logs), snap (tar
+# the logs into $OUT), at/left (deadlines as a percent of $BUDGET), $B (gpu_bench.py).
+OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
+PY=${PY:-python3}
+START=$(date +%s)
+BUDGET=${BUDGET:-540}
+ART=${ART:-/tmp/mistral-7b-random}
+CACHE=${CACHE:-/tmp/mtt-cache}
+if [ -d .whl ] && [ -z "${NOWHL:-}" ]; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit 1
+fi
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+R="$OUT/results.jsonl"
+L=${LOGS:-/tmp/bench-logs}; mkdir -p "$L"
+snap() { tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null; }
+at() { echo $((START + BUDGET * $1 / 100)); }   # a deadline: percent of the budget
+left() { echo $(( $(at $1) - $(date +%s) )); }   # seconds until it (a phase's timeout)
+B="$PY bench/gpu_bench.py"

@@ -1,0 +1,187 @@
+"""The server's own cost per streamed token, on the CPU.
+
+Starts the real Truss server with the replay engine (`engine: replay`: pre-made tokens, no
+model), drives it with `python -m client bench`'s raw transport (streamed OpenAI
+completions, token-id prompts) and reads the server process's CPU time, so the figure is
+tokens per second per core of the server alone (the load client runs in this process, on
+other cores).
+
+    python bench/replay_bench.py [--concurrency 256] [--output-len 256] \
+        [--profile docs/replay-profile.txt]   # py-spy: self time per function
+        [--set http_parser=h11] [--context .benchcarry/ctx]  # a setting; no truss package
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
+
+from client.bench import closed_loop_level  # noqa: E402
+from client.hostinfo import process_cpu_seconds  # noqa: E402
+from client.metrics import summary_row  # noqa: E402
+
+
+def cpu_seconds(pid: int) -> float:
+    seconds = process_cpu_seconds(pid)
+    if seconds is None:
+        raise SystemExit(f"cannot read the CPU time of process {pid} (Linux /proc only)")
+    return seconds
+
+
+def load_level(
+    url: str,
+    concurrency: int,
+    in_len: int,
+    out_len: int,
+    per_worker: int,
+    procs: int,
+    transport: str = "raw",
+) -> dict:
+    """One closed-loop level through the benchmark client; its compact figures and host."""
+    results = closed_loop_level(url, concurrency, in_len, out_len, per_worker, transport, procs)
+    row = {"concurrency": concurrency, "input_len": in_len, "output_len": out_len}
+    row.update(summary_row(results["runs"][0]["metrics"]), host=results["host"])
+    return row
+
+
+def top_functions(raw: Path, n: int = 25) -> list[str]:
+    """py-spy's raw (collapsed) stacks -> the functions with the most self samples."""
+    own: collections.Counter = collections.Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        total += int(count)
+        own[stack.split(";")[-1]] += int(count)
+    return [f"{100 * c / total:5.1f}%  {frame}" for frame, c in own.most_common(n)]
+
+
+def main() -> int:
+    from mistral_build.dev_model import build_dev_model
+    from mistral_build.local_server import (
+        launch_server,
+        prepare_app_dir,
+        render_build_context,
+        wait_ready,
+    )
+    from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--input-len", type=int, default=16)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--requests-per-worker", type=int, default=2)
+    ap.add_argument("--port", type=int, default=8093)
+    ap.add_argument(
+        "--step-ms",
+        type=float,
+        default=10.0,
+        help="replay engine step (10 ms x 256 streams = 25,600 tok/s offered)",
+    )
+    ap.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="load client processes (this machine has 2 cores: keep 1)",
+    )
+    ap.add_argument("--profile", help="write py-spy's top self-time functions here")
+    ap.add_argument(
+        "--context",
+        type=Path,
+        help="a prepared Truss build context (local_server.prepare_app_dir) to run, for a "
+        "machine without the truss package; the repo's serving code is imported",
+    )
+    ap.add_argument("--set", action="append", default=[], help="more settings: KEY=VALUE")
+    args = ap.parse_args()
+
+    build_dev_model()
+    if args.context is not None:
+        context = args.context.resolve()
+        packages = str(ROOT / "mistral-trt-truss/packages")
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (packages, os.environ.get("PYTHONPATH", "")) if p
+        )
+    else:
+        context = render_build_context(CACHE_DIR / "replay-bench-context")
+        prepare_app_dir(context)
+    settings = {
+        "artifact": str(DEV_MODEL_DIR),
+        "engine": "replay",
+        "device": "cpu",
+        "max_inflight": "1024",
+        "max_waiting": "1024",
+        "max_batch_size": str(args.concurrency),
+        "replay_step_ms": str(args.step_ms),
+    } | dict(item.partition("=")[::2] for item in args.set)
+    log = open(CACHE_DIR / "replay-bench-server.log", "w")  # noqa: SIM115
+    proc = launch_server(context, args.port, settings, log)
+    url = f"http://127.0.0.1:{args.port}"
+    spy = None
+    try:
+        wait_ready(url, proc, 60, Path(log.name))
+        load_level(url, 8, args.input_len, 8, 1, 1)  # warm-up
+        if args.profile:
+            raw = Path(args.profile).with_suffix(".raw")
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "-p",
+                    str(proc.pid),
+                    "-r",
+                    "200",
+                    "--format",
+                    "raw",
+                    "-o",
+                    str(raw),
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(1)
+        cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+        row = load_level(
+            url,
+            args.concurrency,
+            args.input_len,
+            args.output_len,
+            args.requests_per_worker,
+            args.client_procs,
+        )
+        cpu, wall = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
+        row.update(
+            kind="service+replay",
+            set=args.set,
+            step_ms=args.step_ms,
+            server_cpu_s=round(cpu, 2),
+            server_cores_busy=round(cpu / wall, 2),
+            tok_per_s_per_core=round(row["output_tokens"] / cpu, 1),
+        )
+        print(json.dumps(row), flush=True)
+        if spy is not None:
+            spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
+            spy.wait(timeout=30)
+            lines = top_functions(raw)
+            Path(args.profile).write_text("\n".join(lines) + "\n")
+            print("\n".join(lines[:15]))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,357 @@
+"""The PyTorch engine in a process of its own: the server-side half (`ProcessEngine`).
+
+Why: the PyTorch engine's step loop is Python (admission, sampling, bookkeeping) and the
+server's event loop is Python (HTTP, detokenizing, SSE). In one process they share one
+GIL, and under load the server's time to first token and throughput fall behind the
+engine's (docs/performance.md). As in vLLM's engine core, the model and its step loop run
+in a child process (`worker.py`) and the server keeps only this proxy:
+
+- `generate` sends (key, request id, prompt ids, SamplingOptions) and reads the request's
+  deltas from an asyncio queue, as the in-process engine's `generate` does.
+- The child sends ONE message per engine step holding every request's new token ids,
+  finish reason, logprobs (prompt logprobs on a first step, when asked) or error. One reader thread here receives it and hands the
+  whole step to each event loop with a single `call_soon_threadsafe` (`base.deliver`), so
+  the event loop wakes once per step, not once per token.
+- KV-cache usage and the running count ride on the step messages (and on a gauges message
+  when they change between steps); limits, info and the EOS id come once, at start-up.
+- A request the child refuses (its prompt, its response_format schema) raises
+  `EngineRequestError` from its stream; a request that fails in the engine raises
+  `EngineError`; the other requests go on.
+- Heartbeat: the child sends a "beat" (with its engine's own `stalled_for`) every
+  `worker.HEARTBEAT_S`; every message heard counts as a sign of life. `stalled_for` here is
+  the longer of the silence since the last message and the child's own report, while a
+  request is pending: a SIGSTOPped or wedged child that says nothing is noticed too.
+- If the child dies (a crash, an OOM kill, SIGKILL), every live request fails with
+  `EngineError` and `is_healthy()` turns False: the frontend then drains and stops the
+  server, and Kubernetes restarts the pod.
+- `shutdown` asks the child to stop (its pending streams end with EngineError), waits,
+  and kills it after `SHUTDOWN_TIMEOUT_S`.
+
+The child is a fresh interpreter (`python -m mistral_serving.engines.process.worker`), which is
+multiprocessing's `spawn` semantics (CUDA cannot be forked) without re-running the
+server's `__main__` in the child. Its log lines go to the server's stderr, in its format
+(JSON lines under Truss), prefixed `[engine process]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from mistral_serving.engines.base import (
+    EngineError,
+    EngineInfo,
+    EngineLimits,
+    EngineRequestError,
+    SamplingOptions,
+    TokenDelta,
+    TokenLogprob,
+    deliver,
+    read_stream,
+)
+from mistral_serving.engines.process.worker import HEARTBEAT_S, decode, encode
+from mistral_serving.settings import Settings
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT_S = 30.0  # then the child is killed
+SILENT_S = 4 * HEARTBEAT_S  # a child not heard from for this long is stopped or wedged
+_POLL_S = 0.25  # how often a silent socket is checked for the child having exited
+
+
+def wants_own_process(settings: Settings) -> bool:
+    """`engine_process: on` runs a PyTorch engine in a process of its own. Off by default:
+    on the H200 it served the same throughput as in-process and a later first token
+    (docs/performance.md), so it is there for isolation, not speed."""
+    return settings.engine_process == "on"
+
+
+def _child_env() -> dict[str, str]:
+    """The server's environment, with its import path (the server may have extended
+    sys.path at run time) so the child imports the same packages."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return env
+
+
+def _logs_json() -> bool:
+    """Whether the server logs JSON lines (Truss does): the child then does too."""
+    return any("json" in type(h.formatter).__name__.lower() for h in logging.getLogger().handlers)
+
+
+def _exit_description(code: int | None) -> str:
+    if code is None:
+        return "has not exited"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+@dataclass(eq=False)
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+
+
+class ProcessEngine:
+    """The `Engine` interface over a PyTorch engine running in a child process."""
+
+    def __init__(self, proc: subprocess.Popen, conn: Connection, ready: tuple) -> None:
+        _, limits, name, details, eos_token_id, vocab_size = ready
+        self._proc = proc
+        self._conn = conn
+        self.limits: EngineLimits = limits
+        self.info = EngineInfo(name, {**details, "engine_process": proc.pid})
+        self.eos_token_id: int = eos_token_id
+        self._vocab = vocab_size
+        self._keys = itertools.count()
+        self._lock = threading.Lock()  # the streams, the failure, closing
+        self._send_lock = threading.Lock()  # sends from any event loop thread
+        self._streams: dict[int, _Stream] = {}
+        self._failure: str | None = None  # why the engine can no longer serve
+        self._closing = False
+        self._kv_usage = 0.0
+        self._n_running = 0
+        # Heartbeat (reader thread writes, anyone reads): when the child was last heard
+        # from, and the stall its last "beat" reported (0.0 once a step arrives).
+        self._heard_at = time.monotonic()
+        self._child_stall = 0.0
+        self._reader = threading.Thread(
+            target=self._read, name="engine-process-reader", daemon=True
+        )
+        self._reader.start()
+
+    @classmethod
+    def start(cls, model_dir: Path, settings: Settings, eos_token_id: int) -> ProcessEngine:
+        """Start the child, have it load the engine, and wait until it is ready. A failure
+        to load (a bad checkpoint, out of memory) raises one `EngineError` naming it."""
+        ours, theirs = socket.socketpair()
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "mistral_serving.engines.process.worker",
+                    str(theirs.fileno()),
+                ],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+                env=_child_env(),
+            )
+        finally:
+            theirs.close()  # the child holds its own copy; ours would hide its EOF
+        conn = Connection(ours.detach())
+        try:
+            spec = {
+                "model_dir": str(Path(model_dir).resolve()),
+                "settings": settings.model_dump(),
+                "eos_token_id": eos_token_id,
+                "log_level": logging.getLogger().getEffectiveLevel(),
+                "log_json": _logs_json(),
+            }
+            conn.send_bytes(encode(spec))
+            ready = cls._wait_ready(proc, conn)
+        except BaseException:
+            conn.close()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            raise
+        log.info("the engine runs in its own process (pid %d)", proc.pid)
+        return cls(proc, conn, ready)
+
+    @staticmethod
+    def _wait_ready(proc: subprocess.Popen, conn: Connection) -> tuple:
+        while True:
+            try:
+                if conn.poll(_POLL_S):
+                    message = decode(conn.recv_bytes())
+                    if message[0] == "ready":
+                        return message
+                    raise EngineError(f"the engine process could not start: {message[1]}")
+                if proc.poll() is not None:
+                    break  # it exited without a word (a descendant may hold its socket open)
+            except (EOFError, OSError):  # it closed the socket without a word: it is exiting
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(SHUTDOWN_TIMEOUT_S)
+                break
+        raise EngineError(
+            f"the engine process {_exit_description(proc.returncode)} while loading "
+            "(its log above says why)"
+        )
+
+    # ---- the Engine interface (event loop side) ----
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
+    ) -> AsyncIterator[TokenDelta]:
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        key = next(self._keys)
+        with self._lock:
+            if self._failure is not None or self._closing:
+                raise EngineError(self._failure or "the engine shut down")
+            self._streams[key] = stream
+        finished = False
+        try:
+            self._send(("add", key, request_id, list(prompt_ids), sampling))
+            async for delta in read_stream(stream.queue, "the engine process"):
+                finished = delta.finish_reason is not None
+                yield delta
+        except (EngineError, EngineRequestError):
+            finished = True  # the engine already let go of it
+            raise
+        finally:
+            with self._lock:
+                self._streams.pop(key, None)
+            if not finished:  # the consumer went away (client disconnect): free the slot
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        with contextlib.suppress(EngineError):  # a dead engine holds no request anyway
+            self._send(("abort", request_id))
+
+    def is_healthy(self) -> bool:
+        return self._failure is None and not self._closing and self._proc.poll() is None
+
+    def kv_cache_usage(self) -> float:
+        return self._kv_usage
+
+    def num_running(self) -> int:
+        return self._n_running
+
+    def stalled_for(self) -> float:
+        if not self._streams or self._closing or self._failure is not None:
+            return 0.0  # idle, or already known dead (is_healthy says so)
+        silence = max(0.0, time.monotonic() - self._heard_at)
+        reported = self._child_stall + silence if self._child_stall > 0 else 0.0
+        return max(silence, reported)
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's embedding (may exceed the tokenizer's vocabulary)."""
+        return self._vocab
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def shutdown(self) -> None:
+        """Stop the child (pending streams end with EngineError) and wait for it; kill it
+        if it has not exited within SHUTDOWN_TIMEOUT_S. Safe to call again."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        if time.monotonic() - self._heard_at > SILENT_S:
+            # Stopped or wedged (no beat): it cannot read "shutdown"; waiting is pointless.
+            log.warning("the engine process has been silent: killing it")
+            self._proc.kill()
+        with contextlib.suppress(EngineError):
+            self._send(("shutdown",))
+        try:
+            self._proc.wait(SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("the engine process did not stop in %.0fs: killing it", SHUTDOWN_TIMEOUT_S)
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join(timeout=SHUTDOWN_TIMEOUT_S)  # it reads the child's last words
+        self._fail_all("the engine shut down")
+        if not self._reader.is_alive():
+            self._conn.close()
+
+    # ---- the reader thread ----
+
+    def _send(self, message: tuple) -> None:
+        data = encode(message)
+        with self._send_lock:
+            try:
+                self._conn.send_bytes(data)
+            except (OSError, ValueError) as exc:  # ValueError: closed by shutdown
+                raise EngineError(self._failure or "the engine process is gone") from exc
+
+    def _read(self) -> None:
+        why = None
+        try:
+            while True:
+                if not self._conn.poll(_POLL_S):
+                    if self._proc.poll() is not None:
+                        break  # exited, yet no EOF: a descendant holds its socket open
+                    continue
+                message = decode(self._conn.recv_bytes())
+                self._heard_at = time.monotonic()
+                kind = message[0]
+                if kind == "step":
+                    _, events, self._kv_usage, self._n_running = message
+                    self._child_stall = 0.0  # a step finished: progress
+                    self._dispatch(events)
+                elif kind == "beat":
+                    self._child_stall = message[1]
+                elif kind == "gauges":
+                    _, self._kv_usage, self._n_running = message
+                elif kind == "fatal":
+                    why = message[1]
+        except (EOFError, OSError):
+            pass  # the child exited
+        except Exception:  # noqa: BLE001 - a message we cannot read: treat as dead
+            log.exception("unreadable message from the engine process")
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+        self._kv_usage, self._n_running = 0.0, 0
+        if self._closing:
+            return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(5)
+        failure = f"the engine process {_exit_description(self._proc.returncode)}" + (
+            f": {why}" if why else ""
+        )
+        log.error("%s; failing its requests and reporting unhealthy", failure)
+        self._fail_all(failure)
+
+    def _dispatch(self, events: list[tuple]) -> None:
+        """One step's events to their streams' event loops (one wake-up per loop)."""
+        items = []
+        with self._lock:
+            streams = self._streams
+            for key, token_ids, reason, logprobs, error, prompt_lps in events:
+                if reason is None and error is None:
+                    stream = streams.get(key)
+                else:
+                    stream = streams.pop(key, None)  # its last event
+                if stream is None:
+                    continue  # its consumer is gone
+                item: TokenDelta | BaseException
+                if error is not None:
+                    kind, text = error
+                    item = EngineRequestError(text) if kind == "request" else EngineError(text)
+                elif logprobs is None and prompt_lps is None:
+                    item = TokenDelta(token_ids, reason)
+                else:
+                    item = TokenDelta(token_ids, reason, _lps(logprobs), _lps(prompt_lps))
+                items.append((stream.loop, stream.queue, item))
+        deliver(items)
+
+    def _fail_all(self, why: str) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = why
+            streams, self._streams = self._streams, {}
+        deliver((s.loop, s.queue, EngineError(why)) for s in streams.values())
+
+
+def _lps(tuples: list[tuple] | None) -> list[TokenLogprob] | None:
+    return None if tuples is None else [TokenLogprob(*lp) for lp in tuples]

@@ -1,0 +1,456 @@
+"""The PyTorch engine's fast path: a preallocated (static) KV cache and CUDA graphs.
+
+Selected by `pytorch_kv_cache: static`, and by `auto` on a CUDA GPU (Llama/Mistral-family
+checkpoints only; engines/factory.py). Same
+async interface, admission, abort and per-request sampling as `TorchEngine`; what
+changes is the batch underneath:
+
+- The KV cache is allocated once: `[layers, slots, kv_heads, max_seq_len, head_dim]` for
+  keys and for values, one slot per running sequence (`max_batch_size` slots). A
+  sequence's token at position p is written to its slot at column p (an index write),
+  so nothing is concatenated, padded or copied per step the way a growing
+  `DynamicCache` is.
+- Running sequences occupy slots 0..n-1 (a finished sequence's hole is filled by moving
+  the last one into it: one copy of that sequence's own columns), so a decode step works
+  on a contiguous view of the cache.
+- The forward pass is our own, over the checkpoint's own modules and weights (embedding,
+  RMSNorm, q/k/v/o, RoPE, MLP, lm_head), so it has static shapes: one decode step for a
+  batch bucket (1, 2, 4, ... slots) and a length bucket (the longest sequence rounded up
+  to a multiple of 256 columns) is captured once as a CUDA graph and replayed, which takes
+  the ~1,500 kernel launches of a 32-layer step off the Python critical path.
+- Prefill is the same forward pass over the new prompts (right-padded; causal attention
+  keeps padding from reaching real positions), writing their keys and values straight
+  into their slots. A request asking for prompt logprobs (echo) gets lm_head applied to
+  its own prompt positions of that same pass, in chunks (`prefill.py`: the admission and
+  logits rule both PyTorch engines share).
+
+The cache must fit: its column count is `max_seq_len` when set, else what
+`kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for `max_batch_size`
+slots (capped at the model's positions); the engine's limits report that length.
+
+KV-cache usage (the gauge) is the positions the running sequences hold over
+`slots x columns`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from mistral_serving.engines.base import EngineError, EngineLimits
+from mistral_serving.engines.pytorch import llama
+from mistral_serving.engines.pytorch.dynamic import LoadedModel, TorchEngine, _Sequence, load_model
+from mistral_serving.engines.pytorch.weights import copy_shards, read_header
+from mistral_serving.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LENGTH_BUCKET = 256  # decode attends to the first ceil(len / 256) * 256 columns
+
+
+def supports_static_path(model) -> str | None:
+    """None if `model` is a decoder this fast path can run, else why not."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if inner is None or layers is None or not hasattr(model, "lm_head"):
+        return "not a Llama/Mistral-style decoder (model.model.layers, lm_head)"
+    attn = getattr(layers[0], "self_attn", None)
+    if attn is None or not all(hasattr(attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return "attention is not q/k/v/o projections"
+    if any(getattr(attn, n).bias is not None for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
+        return "attention projections have biases"
+    mlp = getattr(layers[0], "mlp", None)
+    if mlp is None or not all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj")):
+        return "MLP is not gate/up/down"
+    cfg = model.config
+    if getattr(cfg, "sliding_window", None):
+        return "sliding-window attention"
+    rope = getattr(inner.rotary_emb, "rope_type", "default")
+    if rope not in ("default", "linear", "llama3"):
+        return f"rope type {rope}"
+    return None
+
+
+STATIC_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+
+
+def static_path_problem(config: dict[str, Any]) -> str | None:
+    """From config.json alone (before any weight is read): None if this checkpoint is
+    one the fast path runs (Llama/Mistral, and what `llama.unsupported` accepts: SiLU, no
+    sliding window, no biases, a rope type it implements), else why not.
+    `supports_static_path` checks the loaded modules too."""
+    archs = config.get("architectures") or []
+    if not any(a in STATIC_ARCHITECTURES for a in archs):
+        return f"architecture {'/'.join(archs) or 'unknown'} is not Llama/Mistral"
+    return llama.unsupported(types.SimpleNamespace(**config))
+
+
+class _NotDirect(Exception):
+    """The direct loader cannot load this checkpoint; transformers' loader will."""
+
+
+def load_safetensors_direct(
+    model_dir: Path, config, dtype: torch.dtype, device: torch.device
+) -> torch.nn.Module | None:
+    """The decoder's modules (`engines/pytorch/llama.py`, not transformers' modeling code) made
+    without memory (meta device), given uninitialised tensors on `device`, and every
+    safetensors tensor copied straight into its parameter (`weights.copy_shards`: large
+    sequential reads through pinned buffers). Skips transformers' loader (weight init,
+    key conversion, per-tensor dispatch) and its modeling imports, which took most of a
+    7B start. None, logging why, for anything it does not recognise: `load_model` then
+    loads it with transformers' `from_pretrained`."""
+    try:
+        return _load_direct(model_dir, config, dtype, device)
+    except _NotDirect as exc:
+        log.info("loading with transformers' from_pretrained: %s", exc)
+        return None  # load_model's own from_pretrained path
+
+
+def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.device):
+    shards = sorted(model_dir.glob("*.safetensors"))
+    if not shards:
+        raise _NotDirect("no safetensors files")
+    if why := llama.unsupported(config):
+        raise _NotDirect(why)
+    began = time.perf_counter()
+    model = llama.CausalLM(config, "meta", dtype)
+    targets = model.state_dict()  # names -> tensors sharing the parameters' storage
+    try:
+        headers = {shard: read_header(shard) for shard in shards}
+    except (OSError, ValueError) as exc:
+        raise _NotDirect(str(exc)) from None
+    shapes = {e.name: e.shape for entries in headers.values() for e in entries}
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    missing = set(targets) - set(shapes) - ({"lm_head.weight"} if tied else set())
+    unexpected = set(shapes) - set(targets)
+    if missing or unexpected:
+        raise _NotDirect(
+            f"checkpoint names differ from the model's (missing {sorted(missing)[:3]}, "
+            f"unexpected {sorted(unexpected)[:3]})"
+        )
+    for name, shape in shapes.items():
+        if tuple(targets[name].shape) != shape:
+            raise _NotDirect(f"{name}: shape {shape} differs from the model's")
+    llama.allocate(model, device)
+    targets = model.state_dict()
+    started = time.perf_counter()
+    copy_shards(headers, {name: targets[name] for name in shapes})
+    if tied:
+        model.tie_weights()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    size = sum(s.stat().st_size for s in shards) / 1e9
+    log.info(
+        "weights: model made and allocated on %s in %.1f s, %.2f GB copied in %.1f s (%.2f GB/s)",
+        device,
+        started - began,
+        size,
+        seconds,
+        size / seconds,
+    )
+    return model
+
+
+def load_static_model(model_dir: Path, settings: Settings) -> LoadedModel:
+    """The checkpoint for the fast path: `load_model` with the direct safetensors loader."""
+    return load_model(model_dir, settings, loader=load_safetensors_direct)
+
+
+class StaticTorchEngine(TorchEngine):
+    def __init__(
+        self,
+        model,
+        eos_token_id: int,
+        limits: EngineLimits,
+        max_num_tokens: int,
+        cuda_graphs: bool = True,
+        prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
+    ) -> None:
+        why = supports_static_path(model)
+        if why is not None:
+            raise EngineError(f"pytorch_kv_cache=static cannot run this model: {why}")
+        cfg = model.config
+        self._layers = list(model.model.layers)
+        self._n_heads = cfg.num_attention_heads
+        self._n_kv = llama.kv_heads_of(cfg)
+        self._head_dim = llama.head_dim_of(cfg)
+        self._slots = limits.max_batch_size
+        self._cols = limits.max_seq_len
+        p = next(model.parameters())
+        self._use_graphs = cuda_graphs and p.device.type == "cuda"
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._pool = None
+        self._lens: list[int] = []  # per running row: tokens in its slot (CPU mirror)
+        self._fuse_weights()
+        super().__init__(model, eos_token_id, limits, max_num_tokens, prefill_logits_bytes)
+        self.info.details.update(
+            kv_cache="static", kv_columns=self._cols, cuda_graphs=self._use_graphs
+        )
+
+    @classmethod
+    def for_model(
+        cls, loaded: LoadedModel, settings: Settings, eos_token_id: int
+    ) -> StaticTorchEngine:
+        columns = static_kv_columns(loaded.model, settings, loaded.max_seq_len)
+        return cls(
+            loaded.model,
+            eos_token_id,
+            EngineLimits(min(loaded.max_input_len, columns - 1), columns, settings.max_batch_size),
+            settings.max_num_tokens,
+            cuda_graphs=settings.cuda_graphs,
+            prefill_logits_bytes=settings.prefill_logits_bytes,
+        )
+
+    def _kv_tokens(self) -> int:
+        return sum(self._lens)
+
+    def _free(self) -> None:
+        self._graphs.clear()
+        self._pool = None
+        self._k = self._v = None
+        self._layers, self._wqkv, self._wgu, self._lens = [], [], [], []
+        super()._free()
+
+    @staticmethod
+    def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+        return (
+            2
+            * config.num_hidden_layers
+            * llama.kv_heads_of(config)
+            * llama.head_dim_of(config)
+            * torch.empty((), dtype=dtype).element_size()
+        )
+
+    @torch.no_grad()
+    def _fuse_weights(self) -> None:
+        """One [q; k; v] and one [gate; up] matrix per layer: at batch 1 a decode step is
+        a chain of matrix-vector products, and two big ones beat five small ones. The
+        model's own projections become views into these (no extra memory), so the
+        checkpoint's modules still compute the same function."""
+        self._wqkv, self._wgu = [], []
+        for layer in self._layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            projs = [attn.q_proj, attn.k_proj, attn.v_proj]
+            self._wqkv.append(self._fuse(projs))
+            self._wgu.append(self._fuse([mlp.gate_proj, mlp.up_proj]))
+
+    @staticmethod
+    def _fuse(linears) -> torch.Tensor:
+        fused = torch.cat([lin.weight for lin in linears])
+        start = 0
+        for lin in linears:
+            rows = lin.weight.shape[0]
+            lin.weight = torch.nn.Parameter(fused[start : start + rows], requires_grad=False)
+            start += rows
+        return fused
+
+    # ---- buffers (made on the engine thread, inside inference mode) ----
+
+    def _on_thread_start(self) -> None:
+        dev, dtype = self._device, next(self._model.parameters()).dtype
+        shape = (len(self._layers), self._slots, self._n_kv, self._cols, self._head_dim)
+        self._k = torch.zeros(shape, dtype=dtype, device=dev)
+        self._v = torch.zeros(shape, dtype=dtype, device=dev)
+        self._tok = torch.zeros(self._slots, dtype=torch.long, device=dev)
+        self._posv = torch.zeros(self._slots, dtype=torch.long, device=dev)
+        self._cols_range = torch.arange(self._cols, device=dev)
+        rot = self._model.model.rotary_emb
+        self._inv_freq = rot.inv_freq.to(device=dev, dtype=torch.float32)
+        self._rope_scale = float(getattr(rot, "attention_scaling", 1.0))
+
+    # ---- our own forward pass over the model's modules ----
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        freqs = positions[..., None].float() * self._inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (
+            (emb.cos() * self._rope_scale).to(dtype)[:, None],
+            (emb.sin() * self._rope_scale).to(dtype)[:, None],
+        )  # [n, 1, T, D]
+
+    @staticmethod
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        row0: int,
+        width: int,
+        decode_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Hidden states [n, T, H] for `ids` [n, T] at `positions` [n, T] of slots
+        row0..row0+n-1, writing their keys/values into those slots. Decode (T == 1)
+        attends to the first `width` columns under `decode_mask` [n, 1, 1, width];
+        prefill (decode_mask None) attends causally to columns 0..T-1."""
+        n, t = ids.shape
+        hq, hkv, d = self._n_heads, self._n_kv, self._head_dim
+        x = self._model.model.embed_tokens(ids)
+        cos, sin = self._rope(positions, x.dtype)
+        slots = torch.arange(row0, row0 + n, device=ids.device)[:, None].expand(n, t)
+        for i, layer in enumerate(self._layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q, k, v = F.linear(h, self._wqkv[i]).split([hq * d, hkv * d, hkv * d], dim=-1)
+            q = q.reshape(n, t, hq, d).transpose(1, 2)
+            k = k.reshape(n, t, hkv, d).transpose(1, 2)
+            v = v.reshape(n, t, hkv, d)
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            kc, vc = self._k[i], self._v[i]
+            kc[slots, :, positions] = k.transpose(1, 2)  # [n, T, hkv, d] at (slot, :, pos)
+            vc[slots, :, positions] = v
+            if decode_mask is not None:
+                # One query per sequence: fold the query heads of a KV head into the query
+                # axis, so this is plain multi-head attention over the slot's columns.
+                o = F.scaled_dot_product_attention(
+                    q.reshape(n, hkv, hq // hkv, d),
+                    kc[row0 : row0 + n, :, :width],
+                    vc[row0 : row0 + n, :, :width],
+                    attn_mask=decode_mask,
+                )
+                o = o.reshape(n, 1, hq * d)
+            else:
+                o = F.scaled_dot_product_attention(
+                    q,
+                    kc[row0 : row0 + n, :, :t],
+                    vc[row0 : row0 + n, :, :t],
+                    is_causal=True,
+                    enable_gqa=hkv != hq,
+                )
+                o = o.transpose(1, 2).reshape(n, t, hq * d)
+            x = x + attn.o_proj(o)
+            gate, up = F.linear(layer.post_attention_layernorm(x), self._wgu[i]).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        return self._model.model.norm(x)
+
+    def _decode_logits(self, n: int, width: int) -> torch.Tensor:
+        ids = self._tok[:n, None]
+        pos = self._posv[:n, None]
+        mask = (self._cols_range[:width][None, :] <= pos)[:, None, None, :]
+        return self._model.lm_head(self._forward(ids, pos, 0, width, mask)[:, 0])
+
+    # ---- the batch ----
+
+    def _prefill_rows(self, seqs: list[_Sequence]) -> None:
+        row0, n = len(self._running), len(seqs)
+        width = max(len(s.prompt) for s in seqs)
+        ids = torch.zeros((n, width), dtype=torch.long)
+        for r, seq in enumerate(seqs):
+            ids[r, : len(seq.prompt)] = torch.tensor(seq.prompt)
+        ids = ids.to(self._device)
+        positions = torch.arange(width, device=self._device)[None, :].expand(n, width)
+        hidden = self._forward(ids, positions, row0, width, None)
+        # Echo: the prompt's logits, from this same pass. Right-padded: a prompt's
+        # positions are the first len(prompt) columns of its row.
+        failures = self._prompt_logprobs(seqs, lambda r, seq: hidden[r, : len(seq.prompt)])
+        last = torch.tensor([len(s.prompt) - 1 for s in seqs], device=self._device)
+        logits = self._model.lm_head(hidden[torch.arange(n, device=self._device), last])
+        self._committed = True  # the slots row0.. now belong to these requests
+        self._running.extend(seqs)
+        self._lens.extend(len(s.prompt) for s in seqs)
+        self._posv[row0 : row0 + n] = torch.tensor(self._lens[row0:], device=self._device)
+        self._advance(seqs, logits, first_row=row0, failures=failures)
+
+    def _decode(self) -> None:
+        n = len(self._running)
+        # self._posv holds each row's next position; its token sits in self._tok.
+        width = min(self._cols, math.ceil((max(self._lens) + 1) / LENGTH_BUCKET) * LENGTH_BUCKET)
+        if self._use_graphs:
+            bucket = min(self._slots, 1 << (n - 1).bit_length())
+            logits = self._replay(bucket, width)[:n]
+        else:
+            logits = self._decode_logits(n, width)
+        self._posv[:n] += 1
+        for r in range(n):
+            self._lens[r] += 1
+        self._advance(list(self._running), logits, first_row=0)
+
+    def _replay(self, bucket: int, width: int) -> torch.Tensor:
+        entry = self._graphs.get((bucket, width))
+        if entry is None:
+            try:
+                entry = self._capture(bucket, width)
+            except Exception as exc:  # noqa: BLE001 - run eagerly rather than not at all
+                log.exception("CUDA graph capture failed; decoding without graphs from now on")
+                self._use_graphs = False
+                self.info.details["cuda_graphs"] = f"capture failed: {exc!r}"[:200]
+                torch.cuda.synchronize()
+                return self._decode_logits(bucket, width)
+        graph, out = entry
+        graph.replay()
+        return out
+
+    def _capture(self, bucket: int, width: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        # Rows past the running ones hold free slots: whatever a graph writes there
+        # is overwritten by the prefill that takes the slot.
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm up kernels / autotuning outside the capture
+                self._decode_logits(bucket, width)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._decode_logits(bucket, width)
+        entry = self._graphs[(bucket, width)] = (graph, out)
+        log.info("captured a CUDA graph for %d rows x %d columns", bucket, width)
+        return entry
+
+    def _store_tokens(self, first_row: int, tokens: list[int]) -> None:
+        self._tok[first_row : first_row + len(tokens)] = torch.tensor(tokens).to(
+            self._device, non_blocking=True
+        )
+
+    def _select(self, rows: list[int]) -> None:
+        """Keep these rows: fill each hole below the new count with the last kept row."""
+        keep = set(rows)
+        m = len(rows)
+        holes = [i for i in range(m) if i not in keep]
+        movers = [i for i in rows if i >= m]  # kept rows that must move down
+        for dst, src in zip(holes, movers):
+            cols = self._lens[src]
+            self._k[:, dst, :, :cols] = self._k[:, src, :, :cols]
+            self._v[:, dst, :, :cols] = self._v[:, src, :, :cols]
+            self._running[dst], self._lens[dst] = self._running[src], self._lens[src]
+        if holes:
+            dst_t = torch.tensor(holes, device=self._device)
+            src_t = torch.tensor(movers, device=self._device)
+            self._tok[dst_t] = self._tok[src_t]
+            self._posv[dst_t] = self._posv[src_t]
+        del self._running[m:], self._lens[m:]
+
+
+def static_kv_columns(model, settings: Settings, max_seq: int) -> int:
+    """Columns (tokens per sequence) of the static KV cache: `max_seq_len` when set, else
+    what `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for
+    `max_batch_size` slots (8 GiB on the CPU), never above the model's positions."""
+    if settings.max_seq_len:
+        return max_seq
+    param = next(model.parameters())
+    per_token = StaticTorchEngine.kv_bytes_per_token(model.config, param.dtype)
+    if param.device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(param.device)
+        budget = free * settings.kv_cache_free_gpu_memory_fraction - 4 * 2**30  # activations
+    else:
+        budget = 8 * 2**30
+    columns = int(budget // (per_token * settings.max_batch_size))
+    columns = columns // LENGTH_BUCKET * LENGTH_BUCKET
+    if columns < LENGTH_BUCKET:
+        raise EngineError(
+            f"a static KV cache for {settings.max_batch_size} sequences does not fit in "
+            f"{budget / 2**30:.1f} GiB: lower max_batch_size or set max_seq_len"
+        )
+    return min(max_seq, columns)

@@ -1,0 +1,156 @@
+"""TensorRT-LLM's PyTorch backend as an engine kind (`engine: trtllm_pytorch`).
+
+`tensorrt_llm.LLM(model=<Hugging Face checkpoint dir>)` (`llmapi/llm.py::LLM`, a
+`_TorchLLM`) is TensorRT-LLM's default runtime since 1.0: no engine build, and it keeps
+working on releases that no longer build TensorRT engines. Streaming, abort, sampling,
+per-request errors and the KV gauge are `LlmApiEngine`'s, shared with the engine kind.
+
+What differs from the TensorRT-engine backend (read in `llmapi/llm.py` and
+`llmapi/llm_args.py`, `TorchLlmArgs`):
+- the limits are arguments, not build options: `max_seq_len`, `max_batch_size`,
+  `max_num_tokens` (we pass the settings; max_seq_len defaults to the checkpoint's
+  `max_position_embeddings`);
+- `_check_arguments` checks only the prompt against max_num_tokens, and only without
+  chunked prefill, which we turn on: `_room_for` is the guard, as for engines;
+- iteration stats (the KV gauge) exist only with `enable_iter_perf_stats=True`;
+- logprobs need no `gather_generation_logits`;
+- the sampler (`sampler_type`, setting `trtllm_sampler`) decides what a request may ask:
+  `TRTLLMSampler` (the C++ sampler) applies repetition/presence/frequency penalties,
+  `prompt_ignore_length` included, but its `update_requests`
+  (`_torch/pyexecutor/sampler.py`) returns only the sampled token's logprob, with rank 1,
+  whatever k was asked: top_logprobs above 0 are refused. `TorchSampler` (upstream's
+  "auto") returns the top k but ignores the penalties in 1.2: requests with penalties are
+  refused. TRTLLMSampler is gone in 1.3.0rc26.
+- `cuda_graph_config` (`llm_args.py::CudaGraphConfig`): CUDA graphs are on by default for
+  batch sizes up to 128 without padding, so a decode batch of a size with no graph (any
+  size above 31 but 32, 64, 128) runs eagerly. We capture up to max_batch_size with
+  `enable_padding` (setting `trtllm_cuda_graph_padding`): a batch runs in the next larger
+  graph (sizes 1, 2, 4, 8, 16, ..., 128, then powers of two, then max_batch_size).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
+from mistral_serving.engines.trtllm.checks import EngineCheckError
+from mistral_serving.engines.trtllm.engine import LlmApiEngine, scheduler_config
+from mistral_serving.settings import Settings
+
+# Setting trtllm_sampler -> TorchLlmArgs.sampler_type.
+SAMPLER_TYPES: dict[str, str] = {"trtllm": "TRTLLMSampler", "torch": "TorchSampler"}
+TRTLLM_SAMPLER_TOP_LOGPROBS = (
+    "top_logprobs above 0 are not available here: TensorRT-LLM's TRTLLMSampler returns only "
+    "the sampled token's logprob; serve with trtllm_sampler=torch for top-k logprobs"
+)
+TORCH_SAMPLER_PENALTIES = (
+    "repetition, presence and frequency penalties are not applied by TensorRT-LLM's "
+    "TorchSampler (1.2); serve with trtllm_sampler=trtllm for penalties"
+)
+
+
+def checkpoint_limits(config: dict[str, Any], settings: Settings) -> EngineLimits:
+    """Limits from the checkpoint's config.json, lowered by the settings."""
+    positions = config.get("max_position_embeddings")
+    if not isinstance(positions, int) or positions < 2:
+        raise EngineCheckError(
+            "config.json has no usable max_position_embeddings; set max_seq_len explicitly"
+        )
+    max_seq_len = min(positions, settings.max_seq_len or positions)
+    max_input_len = min(settings.max_input_len or max_seq_len - 1, max_seq_len - 1)
+    return EngineLimits(
+        max_input_len=max_input_len,
+        max_seq_len=max_seq_len,
+        max_batch_size=settings.max_batch_size,
+    )
+
+
+class TrtLlmPytorchEngine(LlmApiEngine):
+    """A Hugging Face checkpoint served by TensorRT-LLM's PyTorch backend."""
+
+    @classmethod
+    def load(
+        cls,
+        checkpoint_dir: Path,
+        settings: Settings,
+        *,
+        eos_token_id: int,
+        pad_token_id: int | None = None,
+    ) -> TrtLlmPytorchEngine:
+        try:
+            import tensorrt_llm
+            from tensorrt_llm import LLM
+            from tensorrt_llm.llmapi import KvCacheConfig, RequestError
+            from tensorrt_llm.llmapi.llm_args import CudaGraphConfig
+        except ImportError as exc:
+            raise EngineCheckError(
+                f"engine=trtllm_pytorch but tensorrt_llm cannot be imported ({exc}); serve "
+                "from the TensorRT-LLM release image, or set engine=pytorch"
+            ) from exc
+        checkpoint_dir = Path(checkpoint_dir)
+        try:
+            config = json.loads((checkpoint_dir / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise EngineCheckError(
+                f"{checkpoint_dir}/config.json: not a readable Hugging Face config ({exc})"
+            ) from None
+        if not isinstance(config, dict) or "pretrained_config" in config:
+            raise EngineCheckError(
+                f"{checkpoint_dir} is not a Hugging Face checkpoint (a TensorRT engine? "
+                "serve it with engine=tensorrt_llm or auto)"
+            )
+        limits = checkpoint_limits(config, settings)
+        try:
+            llm = LLM(
+                model=str(checkpoint_dir),
+                tokenizer=str(checkpoint_dir),  # xgrammar builds its tables from it
+                kv_cache_config=KvCacheConfig(
+                    free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+                    enable_block_reuse=settings.trtllm_kv_block_reuse,
+                ),
+                scheduler_config=scheduler_config(settings),
+                max_seq_len=limits.max_seq_len,
+                max_batch_size=limits.max_batch_size,
+                max_num_tokens=settings.max_num_tokens,
+                enable_chunked_prefill=True,
+                guided_decoding_backend="xgrammar",
+                enable_iter_perf_stats=True,
+                sampler_type=SAMPLER_TYPES[settings.trtllm_sampler],
+                cuda_graph_config=CudaGraphConfig(
+                    enable_padding=settings.trtllm_cuda_graph_padding,
+                    max_batch_size=limits.max_batch_size,
+                ),
+            )
+        except Exception as exc:
+            raise EngineError(
+                f"TensorRT-LLM (PyTorch backend) could not start {checkpoint_dir}: {exc}"
+            ) from exc
+        info = EngineInfo(
+            name="trtllm_pytorch",
+            details={
+                "checkpoint_dir": str(checkpoint_dir),
+                "tensorrt_llm_version": tensorrt_llm.__version__,
+                "architecture": (config.get("architectures") or [None])[0],
+                "kv_cache_free_gpu_memory_fraction": settings.kv_cache_free_gpu_memory_fraction,
+                "capacity_scheduler_policy": settings.trtllm_capacity_scheduler_policy,
+                "max_num_tokens": settings.max_num_tokens,
+                "sampler": settings.trtllm_sampler,
+                "cuda_graph_padding": settings.trtllm_cuda_graph_padding,
+            },
+        )
+        return cls(
+            llm,
+            limits=limits,
+            eos_token_id=eos_token_id,
+            pad_token_id=pad_token_id,
+            info=info,
+            request_error=RequestError,
+            top_logprobs_unavailable=TRTLLM_SAMPLER_TOP_LOGPROBS
+            if settings.trtllm_sampler == "trtllm"
+            else None,
+            penalties_unavailable=TORCH_SAMPLER_PENALTIES
+            if settings.trtllm_sampler == "torch"
+            else None,
+        )
