@@ -380,7 +380,7 @@ def dev_lm(dev_model: Path) -> Any:
 def test_constrained_calls_on_the_random_dev_model_always_validate(
     dev_lm: Any, tok: Tokenizer, which: int, seed: int, greedy: bool
 ) -> None:
-    from mistral_serving.guided import GuidedDecoder
+    from mistral_serving.engines.pytorch.guided import GuidedDecoder
 
     request = requests()[which]
     matcher = GuidedDecoder(tok, dev_lm.config.vocab_size).matcher(tool_call_grammar(request))
