@@ -68,7 +68,7 @@ def test_required_calls_always_validate_on_the_random_model(
         messages=MESSAGES,
         tools=TOOLS,
         tool_choice="required",
-        max_tokens=200,
+        max_tokens=400,  # room for MAX_PARALLEL_CALLS calls of ~25 tokens
         **extra,
     )
     choice = r.choices[0]
@@ -120,6 +120,7 @@ def test_the_sdks_parse_and_stream_helpers_read_the_calls(client: openai.OpenAI)
         messages=MESSAGES,
         tools=tools,
         tool_choice="required",
+        parallel_tool_calls=False,
         max_tokens=64,
         temperature=0,
     )
@@ -130,6 +131,7 @@ def test_the_sdks_parse_and_stream_helpers_read_the_calls(client: openai.OpenAI)
         messages=MESSAGES,
         tools=tools,
         tool_choice="required",
+        parallel_tool_calls=False,
         max_tokens=64,
         temperature=0,
     ) as stream:
