@@ -361,7 +361,7 @@ def compare_loaders(artifact: Path, args) -> None:
 def engine_bench(args) -> None:
     from mistral_serving.engines.base import EngineLimits
     from mistral_serving.engines.factory import start_torch_engine
-    from mistral_serving.engines.pytorch.dynamic import TorchEngine
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine, TorchOptions
     from mistral_serving.engines.pytorch.static import StaticTorchEngine
 
     artifact = Path(args.dir)
@@ -418,12 +418,12 @@ def engine_bench(args) -> None:
     if args.skip_variants:
         return
     if time_left() > 60:
-        eager = StaticTorchEngine(model, 2, limits, 8192, cuda_graphs=False)
+        eager = StaticTorchEngine(model, 2, limits, TorchOptions(8192, cuda_graphs=False))
         sweep(eager, "static eager", [1, 256][: 1 if args.quick else 2], 128, 128, 1, 40)
         release(eager)
         del eager
     if time_left() > 60:
-        dynamic = TorchEngine(hf_copy(model), 2, limits, 8192)
+        dynamic = TorchEngine(hf_copy(model), 2, limits, TorchOptions(8192))
         sweep(dynamic, "dynamic (before)", [1, 64, 256][: 1 if args.quick else 3], 128, 128, 1, 40)
         release(dynamic)
         del dynamic

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import shutil
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -175,14 +176,18 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
             ),
         ),
         (
-            "artifacts and engines",
+            "artifacts and engine families",
             (
                 "mistral_serving.artifacts",
                 "mistral_serving.prefetch",
                 "mistral_serving.engines.*",
+                "mistral_serving.engines.process.ipc",
                 "mistral_serving.watchdog",
             ),
         ),
+        ("engine choice", ("mistral_serving.engines.factory",)),
+        # The engine process's entry point: it starts its engine through the factory.
+        ("engine process", ("mistral_serving.engines.process.worker",)),
         ("service", ("mistral_serving.service",)),
         ("wire formats", ("mistral_serving.protocols", "mistral_serving.protocols.*")),
         ("frontend", ("mistral_serving.frontend",)),
@@ -249,13 +254,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
 # KNOWN cycles, each to be removed by the change that breaks it (and then from this list:
 # a listed cycle that is gone fails the test too). Each is an exact cycle: any further
 # import among its modules makes another cycle and fails.
-KNOWN_CYCLES: tuple[tuple[str, ...], ...] = (
-    (  # the worker process starts its engine through the factory
-        "mistral_serving.engines.factory",
-        "mistral_serving.engines.process.client",
-        "mistral_serving.engines.process.worker",
-    ),
-)
+KNOWN_CYCLES: tuple[tuple[str, ...], ...] = ()
 
 
 def package_modules(roots: Mapping[str, Path]) -> dict[str, Path]:
@@ -430,6 +429,49 @@ def test_every_module_imports_only_its_layer_or_lower_ones() -> None:
     assert layer_problems(full_import_graph(ROOTS), LAYERS, PACKAGE_DEPS) == []
 
 
+# Engine families: `engines/<family>/` (or one module, `engines/replay.py`). A family's
+# modules import their own family and the shared modules, never another family: only the
+# factory (a layer above them all) knows every family.
+ENGINES = "mistral_serving.engines"
+SHARED_ENGINE_MODULES = frozenset({ENGINES, f"{ENGINES}.base", f"{ENGINES}.sampling"})
+ENGINE_CHOICE = frozenset({f"{ENGINES}.factory"})
+
+
+def family_of(module: str, package: str) -> str | None:
+    """`pytorch` for package.pytorch.dynamic, `replay` for package.replay; None outside."""
+    if not module.startswith(package + "."):
+        return None
+    return module[len(package) + 1 :].split(".")[0]
+
+
+def family_problems(
+    graph: Mapping[str, set[str]],
+    package: str,
+    shared: frozenset[str],
+    choice: frozenset[str],
+) -> list[str]:
+    """One line per import from one engine family into another. The shared modules and
+    the choosing ones are no family; an import of a choosing module is the layers' to judge."""
+    problems = []
+    for module in sorted(graph):
+        mine = family_of(module, package)
+        if mine is None or module in shared or module in choice:
+            continue
+        for dep in sorted(graph[module]):
+            theirs = family_of(dep, package)
+            if theirs is None or dep in shared or dep in choice or theirs == mine:
+                continue
+            problems.append(f"{module} -> {dep}: engine family {mine} imports family {theirs}")
+    return problems
+
+
+def test_no_engine_family_imports_another() -> None:
+    graph = full_import_graph(ROOTS)
+    families = {family_of(m, ENGINES) for m in graph} - {None}
+    assert {"pytorch", "process", "trtllm", "replay"} <= families
+    assert family_problems(graph, ENGINES, SHARED_ENGINE_MODULES, ENGINE_CHOICE) == []
+
+
 # ---- the checks themselves, on planted packages -----------------------------------------
 
 
@@ -538,3 +580,77 @@ def test_the_layers_name_only_modules_that_exist(package: str) -> None:
     modules = package_modules(ROOTS)
     named = [e for _, entries in LAYERS[package] for e in entries if "*" not in e]
     assert [e for e in named if e not in modules] == []
+
+
+def test_a_planted_import_from_one_family_into_another_is_found(tmp_path: Path) -> None:
+    roots = plant(
+        tmp_path,
+        {
+            "base.py": "",
+            "choose.py": "import pkg.a.x\nimport pkg.b\n",
+            "a/__init__.py": "",
+            "a/x.py": "import pkg.base\nfrom . import y\n",
+            "a/y.py": "def f():\n    from pkg.b import z\n",
+            "b/__init__.py": "",
+            "b/z.py": "import pkg.choose\n",
+        },
+    )
+    graph = full_import_graph(roots)
+    shared, choice = frozenset({"pkg", "pkg.base"}), frozenset({"pkg.choose"})
+    assert family_problems(graph, "pkg", shared, choice) == [
+        "pkg.a.y -> pkg.b: engine family a imports family b",
+        "pkg.a.y -> pkg.b.z: engine family a imports family b",
+    ]
+
+
+def _serving_copy(tmp_path: Path) -> Path:
+    """The real serving library, copied: the real LAYERS then judge a planted import."""
+    copy = tmp_path / "mistral_serving"
+    shutil.copytree(SERVING, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    return copy
+
+
+def test_the_real_tree_with_a_planted_upward_import_fails(tmp_path: Path) -> None:
+    copy = _serving_copy(tmp_path)
+    base = copy / "engines" / "base.py"
+    base.write_text(
+        base.read_text()
+        + "\n\ndef _planted():\n    from mistral_serving.frontend import Frontend\n"
+    )
+    graph = full_import_graph({"mistral_serving": copy})
+    assert "upward import: mistral_serving.engines.base (foundation) -> " + (
+        "mistral_serving.frontend (frontend)"
+    ) in layer_problems(graph, LAYERS, PACKAGE_DEPS)
+    assert any(
+        "mistral_serving.engines.base -> mistral_serving.frontend" in p
+        for p in cycle_problems(graph)
+    )
+
+
+def test_the_real_tree_with_a_planted_cycle_among_engines_fails(tmp_path: Path) -> None:
+    copy = _serving_copy(tmp_path)
+    client = copy / "engines" / "process" / "client.py"
+    client.write_text(  # the cycle this tree broke: the proxy reaching the child's module
+        client.read_text()
+        + "\n\ndef _planted():\n    from mistral_serving.engines.process import worker\n"
+    )
+    dynamic = copy / "engines" / "pytorch" / "dynamic.py"
+    dynamic.write_text(
+        dynamic.read_text()
+        + "\n\ndef _planted():\n    import mistral_serving.engines.trtllm.engine\n"
+    )
+    graph = full_import_graph({"mistral_serving": copy})
+    cycles = cycle_problems(graph)
+    assert len(cycles) == 1 and "mistral_serving.engines.process.worker" in cycles[0], cycles
+    assert "mistral_serving.engines.factory -> mistral_serving.engines.process.client" in cycles[0]
+    layers = layer_problems(graph, LAYERS, PACKAGE_DEPS)
+    assert (
+        "upward import: mistral_serving.engines.process.client (artifacts and engine families) "
+        "-> mistral_serving.engines.process.worker (engine process)"
+    ) in layers
+    assert family_problems(graph, ENGINES, SHARED_ENGINE_MODULES, ENGINE_CHOICE) == [
+        "mistral_serving.engines.pytorch.dynamic -> mistral_serving.engines.trtllm: "
+        "engine family pytorch imports family trtllm",
+        "mistral_serving.engines.pytorch.dynamic -> mistral_serving.engines.trtllm.engine: "
+        "engine family pytorch imports family trtllm",
+    ]

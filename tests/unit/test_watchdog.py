@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from mistral_serving.engines.base import EngineLimits, SamplingOptions
 from mistral_serving.engines.factory import start_torch_engine
+from mistral_serving.engines.process import ipc
 from mistral_serving.engines.process.client import ProcessEngine
-from mistral_serving.engines.process.worker import decode, encode
 from mistral_serving.engines.replay import ReplayEngine
 from mistral_serving.frontend import Frontend
 from mistral_serving.metrics import Metrics
@@ -180,7 +180,7 @@ class _FakeProc:
 def proxy() -> Iterator[tuple[ProcessEngine, Connection, _FakeProc]]:
     ours, theirs = socket.socketpair()
     proc = _FakeProc()
-    ready = ("ready", LIMITS, "pytorch", {}, 2, 100)
+    ready = ipc.Ready(LIMITS, "pytorch", {}, 2, 100)
     engine = ProcessEngine(proc, Connection(ours.detach()), ready)  # type: ignore[arg-type]
     child = Connection(theirs.detach())
     yield engine, child, proc
@@ -209,9 +209,9 @@ def _pending_request(engine: ProcessEngine, child: Connection) -> tuple[asyncio.
 
     threading.Thread(target=run, daemon=True).start()
     assert started.wait(DEADLINE_S)
-    message = decode(child.recv_bytes())
-    assert message[0] == "add"
-    return box["task"], message[1]  # type: ignore[return-value]
+    message = ipc.decode_to_engine(child.recv_bytes())
+    assert isinstance(message, ipc.Add)
+    return box["task"], message.key  # type: ignore[return-value]
 
 
 def test_a_silent_engine_process_is_stalled(proxy) -> None:
@@ -219,20 +219,20 @@ def test_a_silent_engine_process_is_stalled(proxy) -> None:
     assert engine.stalled_for() == 0.0  # no request pending: silence is fine
     _, key = _pending_request(engine, child)
     wait_until(lambda: engine.stalled_for() > 0.3, "silence to count")  # SIGSTOPped: no word
-    child.send_bytes(encode(("beat", 0.0)))  # it speaks again: alive, progressing
+    child.send_bytes(ipc.encode(ipc.Beat(0.0)))  # it speaks again: alive, progressing
     wait_until(lambda: engine.stalled_for() < 0.3, "the beat to count")
-    child.send_bytes(encode(("step", [(key, [7], "length", None, None, None)], 0.0, 0)))
+    child.send_bytes(ipc.encode(ipc.Step([ipc.Event(key, [7], "length")], 0.0, 0)))
     wait_until(lambda: engine.stalled_for() == 0.0, "the request to finish")
 
 
 def test_a_wedged_engine_in_a_live_process_is_stalled_by_its_own_report(proxy) -> None:
     engine, child, _ = proxy
     _, key = _pending_request(engine, child)
-    child.send_bytes(encode(("beat", 50.0)))  # its monitor beats; its step loop is stuck
+    child.send_bytes(ipc.encode(ipc.Beat(50.0)))  # its monitor beats; its step loop is stuck
     wait_until(lambda: engine.stalled_for() >= 50.0, "the reported stall")
-    child.send_bytes(encode(("step", [(key, [7], None, None, None, None)], 0.0, 1)))
+    child.send_bytes(ipc.encode(ipc.Step([ipc.Event(key, [7])], 0.0, 1)))
     wait_until(lambda: engine.stalled_for() < 50.0, "a step to reset it")
-    child.send_bytes(encode(("step", [(key, [], "length", None, None, None)], 0.0, 0)))
+    child.send_bytes(ipc.encode(ipc.Step([ipc.Event(key, [], "length")], 0.0, 0)))
 
 
 def test_shutdown_kills_a_silent_engine_process_at_once(proxy) -> None:
@@ -244,15 +244,15 @@ def test_shutdown_kills_a_silent_engine_process_at_once(proxy) -> None:
 
 def test_the_worker_monitor_beats_with_its_engines_own_stall() -> None:
     """The engine process's monitor thread (alive while the step loop is wedged) sends
-    ("beat", engine.stalled_for()) every HEARTBEAT_S, idle or busy."""
+    a Beat with engine.stalled_for() every HEARTBEAT_S, idle or busy."""
     from mistral_serving.engines.process import worker
 
     engine = ScriptedEngine(limits=LIMITS)
     engine.stalled_s = 42.0
-    sent: list[tuple] = []
+    sent: list[ipc.FromEngine] = []
 
     class Outbox:
-        def send(self, message: tuple) -> None:
+        def send(self, message: ipc.FromEngine) -> None:
             sent.append(message)
 
         def send_gauges_if_changed(self) -> None:
@@ -264,7 +264,7 @@ def test_the_worker_monitor_beats_with_its_engines_own_stall() -> None:
     )
     monitor.start()
     try:
-        wait_until(lambda: ("beat", 42.0) in sent, "a beat")
+        wait_until(lambda: ipc.Beat(42.0) in sent, "a beat")
     finally:
         stopping.set()
         monitor.join(DEADLINE_S)

@@ -7,8 +7,6 @@ its own error shape, so a route answers every failure in one shape.
 
 from __future__ import annotations
 
-from typing import Any
-
 # Why a request ended, as counted in `request_finished_total{finished_reason=...}`.
 # stop/length/abort/error come from generation; the rest end it before the engine.
 REFUSAL_REASONS = {
@@ -46,29 +44,3 @@ class RequestError(ValueError):
     def finish_reason(self) -> str:
         """The reason this refusal is counted under."""
         return REFUSAL_REASONS.get(self.status, "error")
-
-
-# OpenAI's error `type` for each status we answer with.
-OPENAI_ERROR_TYPES = {
-    400: "invalid_request_error",
-    404: "not_found_error",
-    408: "invalid_request_error",
-    413: "invalid_request_error",
-    431: "invalid_request_error",
-    429: "rate_limit_error",
-    499: "invalid_request_error",
-    500: "server_error",
-    503: "service_unavailable",
-}
-
-
-def openai_error_body(err: RequestError) -> dict[str, Any]:
-    """The refusal in OpenAI's error shape (the OpenAI routes and our GET routes)."""
-    return {
-        "error": {
-            "message": err.message,
-            "type": OPENAI_ERROR_TYPES.get(err.status, "server_error"),
-            "param": err.param,
-            "code": err.code,
-        }
-    }

@@ -44,7 +44,8 @@ import h11
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from uvicorn.protocols.http import h11_impl, httptools_impl
 
-from mistral_serving.errors import RequestError, openai_error_body
+from mistral_serving.errors import RequestError
+from mistral_serving.protocols.openai_types import openai_error_body
 from mistral_serving.scope_keys import CUT_EXTENSION
 from mistral_serving.settings import Settings
 

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from mistral_serving import __version__, driver
 from mistral_serving.auth import ApiKeyGuard, load_keys
-from mistral_serving.errors import RequestError, openai_error_body
+from mistral_serving.errors import RequestError
 from mistral_serving.prefetch import prefetch_artifact
 from mistral_serving.scope_keys import HANDLED
 from mistral_serving.settings import Settings, SettingsError
@@ -90,6 +90,10 @@ def route_of(path: str) -> str | None:
 def error_json(route: str | None, status: int, message: str, code: str | None = None) -> bytes:
     """An error body in the route's shape (OpenAI's for its routes, else predict's: what
     `protocols/` answers for the same refusal)."""
+    # Imported here: the wire formats pull in the service, which the launcher must not
+    # load before the read-ahead starts.
+    from mistral_serving.protocols.openai_types import openai_error_body
+
     if route in ("chat_completions", "completions") or route is None:
         body = openai_error_body(RequestError(message, status, code=code))
     else:
@@ -239,6 +243,8 @@ def add_routes(app: FastAPI) -> None:
     from fastapi.routing import APIRoute
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+    from mistral_serving.protocols.openai_types import ModelCard, ModelList, openai_error_body
+
     def unavailable(message: str) -> JSONResponse:
         return JSONResponse(status_code=503, content=openai_error_body(RequestError(message, 503)))
 
@@ -246,20 +252,13 @@ def add_routes(app: FastAPI) -> None:
         frontend = _current()
         if frontend is None or frontend.service is None:
             return unavailable("the model is loading")
-        return JSONResponse(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": frontend.settings.served_model_name,
-                        "object": "model",
-                        "created": _started,
-                        "owned_by": "mistral-trt-truss",
-                        "max_model_len": frontend.service.engine.limits.max_seq_len,
-                    }
-                ],
-            }
+        card = ModelCard(
+            id=frontend.settings.served_model_name,
+            created=_started,
+            owned_by="mistral-trt-truss",
+            max_model_len=frontend.service.engine.limits.max_seq_len,
         )
+        return JSONResponse(ModelList(data=[card]).wire())
 
     async def health() -> Response:
         frontend = _current()

@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -173,6 +173,19 @@ Item = TokenDelta | BaseException
 StreamQueue: TypeAlias = "asyncio.Queue[Item]"
 
 
+class Loop(Protocol):
+    """Where an engine thread hands a step over: the event loop a stream is read on (or
+    the engine process's outbox, which sends the step to the server instead)."""
+
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> object: ...
+
+
+class Sink(Protocol):
+    """One request's stream as an engine thread sees it: a `StreamQueue`, or a stand-in."""
+
+    def put_nowait(self, item: Item) -> None: ...
+
+
 def stop_ids_for(eos_token_id: int, sampling: SamplingOptions) -> frozenset[int]:
     """Tokens that end generation: EOS (unless ignore_eos) and the request's stop ids."""
     eos = () if sampling.ignore_eos else (eos_token_id,)
@@ -200,16 +213,16 @@ def merge_ready(first: TokenDelta, queue: StreamQueue) -> tuple[TokenDelta, Base
     return TokenDelta(tokens, reason, logprobs, prompt), None
 
 
-def put_all(items: Iterable[tuple[StreamQueue, Item]]) -> None:
+def put_all(items: Iterable[tuple[Sink, Item]]) -> None:
     """Runs on the event loop: hand each item to its stream's queue."""
     for queue, item in items:
         queue.put_nowait(item)
 
 
-def deliver(items: Iterable[tuple[asyncio.AbstractEventLoop, StreamQueue, Item]]) -> None:
+def deliver(items: Iterable[tuple[Loop, Sink, Item]]) -> None:
     """From the engine thread: one thread-safe call per event loop for a whole step,
     not one per stream (each call wakes the loop)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[StreamQueue, Item]]] = {}
+    by_loop: dict[Loop, list[tuple[Sink, Item]]] = {}
     for loop, queue, item in items:
         by_loop.setdefault(loop, []).append((queue, item))
     for loop, batch in by_loop.items():

@@ -50,12 +50,18 @@ NO_LOGPROB = -9999.0  # what a -inf log-probability is reported as (JSON has no 
 class Row(Protocol):
     """What the sampler reads of a sequence (the engines' `_Sequence`)."""
 
-    prompt: list[int]
-    generated: list[int]
-    sampling: SamplingOptions
-    generator: torch.Generator
-    stop_ids: Collection[int]
-    mask_fn: Callable[[torch.Tensor], None] | None
+    @property
+    def prompt(self) -> list[int]: ...
+    @property
+    def generated(self) -> list[int]: ...
+    @property
+    def sampling(self) -> SamplingOptions: ...
+    @property
+    def generator(self) -> torch.Generator: ...
+    @property
+    def stop_ids(self) -> Collection[int]: ...
+    @property
+    def mask_fn(self) -> Callable[[torch.Tensor], None] | None: ...
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+from msgspec import UNSET, UnsetType
 from pydantic import Field, model_validator
 
 from mistral_serving.chat import (
@@ -42,7 +43,7 @@ from mistral_serving.chat import (
     ToolResultMessage,
 )
 from mistral_serving.engines.base import GuidedDecoding, SamplingOptions, TokenLogprob
-from mistral_serving.errors import RequestError, openai_error_body
+from mistral_serving.errors import RequestError
 from mistral_serving.grammar import tool_call_grammar
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.fields import (
@@ -57,6 +58,28 @@ from mistral_serving.protocols.fields import (
     Temperature,
     TopK,
     validate,
+)
+from mistral_serving.protocols.openai_types import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatLogprobs,
+    ChatTokenLogprob,
+    Completion,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionChunkChoice,
+    CompletionLogprobs,
+    Delta,
+    FunctionCall,
+    FunctionDelta,
+    ToolCall,
+    ToolCallDelta,
+    TopLogprob,
+    Usage,
+    openai_error_body,
 )
 from mistral_serving.service import Chunk, GenerationRequest
 from mistral_serving.telemetry import RequestRecord
@@ -329,51 +352,52 @@ class OpenAIFormat:
 
     # ---- answer ----
 
-    def _ids(self, record: RequestRecord) -> tuple[str, str]:
-        if self.chat:
-            return "chatcmpl-" + record.engine_id, "chat.completion"
-        return "cmpl-" + record.engine_id, "text_completion"
+    def _id(self, record: RequestRecord) -> str:
+        return ("chatcmpl-" if self.chat else "cmpl-") + record.engine_id
 
     def response_body(
         self, call: OpenAICall, record: RequestRecord, logprobs: list[TokenLogprob] | None
     ) -> dict[str, Any]:
-        rid, obj = self._ids(record)
-        choice: dict[str, Any] = {"index": 0}
-        finish_reason = record.finish_reason
+        answer: ChatCompletion | Completion
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": record.output}
-            answer = self._tool_answer(call, record.output, record)
-            if answer is not None and answer.calls:
-                choice["message"] = {
-                    "role": "assistant",
-                    "content": answer.content or None,
-                    "tool_calls": [
-                        {
-                            "id": cid,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        }
-                        for cid, c in zip(self._call_ids(answer), answer.calls)
-                    ],
-                }
+            message = AssistantMessage(content=record.output)
+            finish_reason = record.finish_reason
+            parsed = self._tool_answer(call, record.output, record)
+            if parsed is not None and parsed.calls:
+                calls = [
+                    ToolCall(id=cid, function=FunctionCall(name=c.name, arguments=c.arguments))
+                    for cid, c in zip(self._call_ids(parsed), parsed.calls)
+                ]
+                message = AssistantMessage(content=parsed.content or None, tool_calls=calls)
                 finish_reason = _calls_finish(finish_reason)
-            choice["logprobs"] = self._logprobs(logprobs, 0)
-        elif call.echo:
+            answer = ChatCompletion(
+                id=self._id(record),
+                created=call.created,
+                model=self._model_name,
+                choices=[
+                    ChatChoice(
+                        message=message,
+                        logprobs=self._chat_logprobs(logprobs),
+                        finish_reason=finish_reason,
+                    )
+                ],
+                usage=_usage(record),
+            )
+            return answer.wire()
+        if call.echo:
             prompt = self._prompt_text(call)
-            choice["text"] = prompt + record.output
-            choice["logprobs"] = self._echo_logprobs(logprobs, record.prompt_tokens, len(prompt))
+            text = prompt + record.output
+            lps = self._echo_logprobs(logprobs, record.prompt_tokens, len(prompt))
         else:
-            choice["text"] = record.output
-            choice["logprobs"] = self._logprobs(logprobs, 0)
-        choice["finish_reason"] = finish_reason
-        return {
-            "id": rid,
-            "object": obj,
-            "created": call.created,
-            "model": self._model_name,
-            "choices": [choice],
-            "usage": record.usage,
-        }
+            text, lps = record.output, self._completion_logprobs(logprobs, 0)
+        answer = Completion(
+            id=self._id(record),
+            created=call.created,
+            model=self._model_name,
+            choices=[CompletionChoice(text=text, logprobs=lps, finish_reason=record.finish_reason)],
+            usage=_usage(record),
+        )
+        return answer.wire()
 
     def _tool_answer(
         self, call: OpenAICall, text: str, record: RequestRecord
@@ -397,54 +421,109 @@ class OpenAIFormat:
 
     def _echo_logprobs(
         self, logprobs: list[TokenLogprob] | None, n_prompt: int, prompt_chars: int
-    ) -> dict[str, Any] | None:
+    ) -> CompletionLogprobs | None:
         """The prompt's entries (offsets from 0, over their token texts), then the
         output's (offsets from the end of the prompt text, as in `text`)."""
         if logprobs is None:
             return None
-        head = self._logprobs(logprobs[:n_prompt], 0)
-        tail = self._logprobs(logprobs[n_prompt:], prompt_chars)
+        head = self._completion_logprobs(logprobs[:n_prompt], 0)
+        tail = self._completion_logprobs(logprobs[n_prompt:], prompt_chars)
         assert head is not None and tail is not None
-        return {key: head[key] + tail[key] for key in head}
+        return CompletionLogprobs(
+            tokens=head.tokens + tail.tokens,
+            token_logprobs=head.token_logprobs + tail.token_logprobs,
+            top_logprobs=head.top_logprobs + tail.top_logprobs,
+            text_offset=head.text_offset + tail.text_offset,
+        )
 
-    def _logprobs(self, logprobs: list[TokenLogprob] | None, offset: int) -> dict[str, Any] | None:
+    def _chat_logprobs(self, logprobs: list[TokenLogprob] | None) -> ChatLogprobs | None:
         if logprobs is None:
             return None
-        if self.chat:
-            return {
-                "content": [
-                    self._chat_entry(lp.token_id, lp.logprob)
-                    | {"top_logprobs": [self._chat_entry(t, v) for t, v in lp.top]}
-                    for lp in logprobs
-                ],
-                "refusal": None,
-            }
+        pair = self._token_pair
+        content = []
+        for lp in logprobs:
+            top = []
+            for token_id, value in lp.top:
+                text, raw = pair(token_id)
+                top.append(TopLogprob(token=text, logprob=value, bytes=raw))
+            text, raw = pair(lp.token_id)
+            content.append(
+                ChatTokenLogprob(token=text, logprob=lp.logprob, bytes=raw, top_logprobs=top)
+            )
+        return ChatLogprobs(content=content)
+
+    def _stream_logprobs(
+        self, logprobs: list[TokenLogprob], offset: int
+    ) -> ChatLogprobs | CompletionLogprobs:
+        lps = (
+            self._chat_logprobs(logprobs)
+            if self.chat
+            else self._completion_logprobs(logprobs, offset)
+        )
+        assert lps is not None
+        return lps
+
+    def _completion_logprobs(
+        self, logprobs: list[TokenLogprob] | None, offset: int
+    ) -> CompletionLogprobs | None:
+        if logprobs is None:
+            return None
         tokens, offsets = [], []
         for lp in logprobs:
             text = self._token_text(lp.token_id)
             tokens.append(text)
             offsets.append(offset)
             offset += len(text)
-        return {
-            "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [
+        return CompletionLogprobs(
+            tokens=tokens,
+            token_logprobs=[lp.logprob for lp in logprobs],
+            top_logprobs=[
                 None if lp.logprob is None else {self._token_text(t): v for t, v in lp.top}
                 for lp in logprobs
             ],
-            "text_offset": offsets,
-        }
+            text_offset=offsets,
+        )
 
     def _token_text(self, token_id: int) -> str:
         return self._token_bytes(token_id).decode("utf-8", errors="replace")
 
-    def _chat_entry(self, token_id: int, logprob: float | None) -> dict[str, Any]:
+    def _token_pair(self, token_id: int) -> tuple[str, list[int]]:
+        """A chat logprob entry's `token` and `bytes`."""
         raw = self._token_bytes(token_id)
-        return {
-            "token": raw.decode("utf-8", errors="replace"),
-            "logprob": logprob,
-            "bytes": list(raw),
-        }
+        return raw.decode("utf-8", errors="replace"), list(raw)
+
+    def _chunk(
+        self,
+        call: OpenAICall,
+        rid: str,
+        text: str | None,
+        finish: str | None = None,
+        logprobs: list[TokenLogprob] | None = None,
+        offset: int = 0,
+        role: bool = False,
+        usage: Usage | None | UnsetType = UNSET,
+    ) -> ChatCompletionChunk | CompletionChunk:
+        """One stream chunk of one choice; `text` None ends the answer."""
+        if self.chat:
+            delta = (
+                Delta(role="assistant", content="")
+                if role
+                else (Delta() if text is None else Delta(content=text))
+            )
+            choice = ChatChunkChoice(
+                delta=delta, logprobs=self._chat_logprobs(logprobs), finish_reason=finish
+            )
+            return ChatCompletionChunk(
+                id=rid, created=call.created, model=self._model_name, choices=[choice], usage=usage
+            )
+        text_choice = CompletionChunkChoice(
+            text=text or "",
+            logprobs=self._completion_logprobs(logprobs, offset),
+            finish_reason=finish,
+        )
+        return CompletionChunk(
+            id=rid, created=call.created, model=self._model_name, choices=[text_choice], usage=usage
+        )
 
     async def stream_events(
         self, call: OpenAICall, chunks: AsyncIterator[Chunk], record: RequestRecord
@@ -452,71 +531,95 @@ class OpenAIFormat:
         """OpenAI's stream: a role chunk first (chat), content deltas, a chunk with the
         finish_reason (`abort` when the answer was cut), the usage chunk when asked,
         then `data: [DONE]`."""
-        rid, obj = self._ids(record)
-        obj += ".chunk" if self.chat else ""
-        base = {"id": rid, "object": obj, "created": call.created, "model": self._model_name}
-        usage_field = {"usage": None} if call.include_usage else {}
+        rid = self._id(record)
+        # `usage` is absent unless asked; then null, or the counts so far (continuous).
+        no_usage: None | UnsetType = None if call.include_usage else UNSET
 
-        def usage_so_far() -> dict[str, Any]:
-            # The role chunk keeps None: it is sent before the prompt is counted.
-            return {"usage": record.usage} if call.continuous_usage else usage_field
-
-        def choice(content: str | None, finish: str | None, role: bool = False) -> dict[str, Any]:
-            if self.chat:
-                delta: dict[str, Any] = (
-                    {"role": "assistant", "content": ""}
-                    if role
-                    else ({} if content is None else {"content": content})
-                )
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}
+        def usage_so_far() -> Usage | None | UnsetType:
+            # The role chunk keeps null: it is sent before the prompt is counted.
+            return _usage(record) if call.continuous_usage else no_usage
 
         if self.chat:
-            yield _sse(base | {"choices": [choice(None, None, role=True)]} | usage_field)
-        # Every content event is the same JSON around its text: render it once with a
-        # marker in the text's place and splice each text in (byte-identical, ~3x cheaper).
+            yield _sse(self._chunk(call, rid, None, role=True, usage=no_usage).wire())
+        # Every content event is the same JSON around its text (and logprobs): render
+        # the chunk once with a marker in the text's place and splice each text in
+        # (byte-identical to rendering each, ~3x cheaper: the stream is the hot path).
         marker = "\x00text\x00"
-        head, tail = _sse(base | {"choices": [choice(marker, None)]} | usage_field).split(
-            json.dumps(marker)
-        )
+        template = _sse(self._chunk(call, rid, marker, usage=no_usage).wire())
+        head, tail = template.split(json.dumps(marker))
+        lp_head, lp_tail = tail.split(_NO_LOGPROBS)  # once: the one choice's
         offset = 0
+        continuous = call.continuous_usage
         # With tools, text that may be a call is held back until it parses (or does not).
         calls = CallStream(self.tool_format, call.constrained) if call.tools else None
         try:
             async for chunk in chunks:
                 text = chunk.text if calls is None else calls.feed(chunk.text)
-                if not text and calls is not None:
+                if calls is not None and not text:
                     continue
-                if chunk.logprobs is None and not call.continuous_usage:
+                if chunk.logprobs is None and not continuous:
                     yield f"{head}{json.dumps(text, ensure_ascii=False)}{tail}"
+                    continue
+                if continuous:
+                    event = self._chunk(
+                        call, rid, text, None, chunk.logprobs, offset, usage=usage_so_far()
+                    )
+                    yield _sse(event.wire())
                 else:
-                    event = choice(text, None)
-                    event["logprobs"] = self._logprobs(chunk.logprobs, offset)
-                    offset += len(text)
-                    yield _sse(base | {"choices": [event]} | usage_so_far())
+                    assert chunk.logprobs is not None
+                    text_json = json.dumps(text, ensure_ascii=False)
+                    lps = self._stream_logprobs(chunk.logprobs, offset)
+                    lp_json = json.dumps(lps.wire(), ensure_ascii=False)
+                    yield f'{head}{text_json}{lp_head}"logprobs": {lp_json}{lp_tail}'
+                offset += len(text)
         except RequestError as exc:
             yield _sse(self.error_body(exc))
             yield "data: [DONE]\n\n"
             return
         finish_reason = record.finish_reason
         if calls is not None:
-            answer, rest = calls.finish()
-            _log_broken(answer, record)
+            parsed, rest = calls.finish()
+            _log_broken(parsed, record)
             if rest:
                 yield f"{head}{json.dumps(rest, ensure_ascii=False)}{tail}"
-            for i, (cid, c) in enumerate(zip(self._call_ids(answer), answer.calls)):
+            for i, (cid, c) in enumerate(zip(self._call_ids(parsed), parsed.calls)):
                 for delta in _call_deltas(i, cid, c.name, c.arguments):
-                    event = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
-                    yield _sse(base | {"choices": [event]} | usage_so_far())
-            if answer.calls:
+                    event = ChatCompletionChunk(
+                        id=rid,
+                        created=call.created,
+                        model=self._model_name,
+                        choices=[ChatChunkChoice(delta=delta)],
+                        usage=usage_so_far(),
+                    )
+                    yield _sse(event.wire())
+            if parsed.calls:
                 finish_reason = _calls_finish(finish_reason)
-        yield _sse(base | {"choices": [choice(None, finish_reason)]} | usage_so_far())
+        yield _sse(self._chunk(call, rid, None, finish_reason, usage=usage_so_far()).wire())
         if call.include_usage:
-            yield _sse(base | {"choices": [], "usage": record.usage})
+            last = (ChatCompletionChunk if self.chat else CompletionChunk)(
+                id=rid,
+                created=call.created,
+                model=self._model_name,
+                choices=[],
+                usage=_usage(record),
+            )
+            yield _sse(last.wire())
         yield "data: [DONE]\n\n"
 
     def error_body(self, err: RequestError) -> dict[str, Any]:
         return openai_error_body(err)
+
+
+# How a chunk without logprobs says so; the stream splices logprobs in its place.
+_NO_LOGPROBS = '"logprobs": null'
+
+
+def _usage(record: RequestRecord) -> Usage:
+    return Usage(
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
+        total_tokens=record.prompt_tokens + record.completion_tokens,
+    )
 
 
 def _completion_prompt(
@@ -540,16 +643,16 @@ def _completion_prompt(
 ARGUMENT_FRAGMENT_CHARS = 32  # a streamed call's arguments go out in pieces this long
 
 
-def _call_deltas(index: int, call_id: str, name: str, arguments: str) -> list[dict[str, Any]]:
+def _call_deltas(index: int, call_id: str, name: str, arguments: str) -> list[Delta]:
     """OpenAI's stream shape for one call: index, id, type and name first (arguments ""),
     then the arguments in fragments that, joined, are the non-streamed `arguments`."""
-    first = {"index": index, "id": call_id, "type": "function"}
-    out: list[dict[str, Any]] = [
-        {"tool_calls": [first | {"function": {"name": name, "arguments": ""}}]}
-    ]
+    first = ToolCallDelta(
+        index=index, id=call_id, type="function", function=FunctionDelta(name=name, arguments="")
+    )
+    out = [Delta(tool_calls=[first])]
     for at in range(0, len(arguments), ARGUMENT_FRAGMENT_CHARS):
-        piece = arguments[at : at + ARGUMENT_FRAGMENT_CHARS]
-        out.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
+        piece = FunctionDelta(arguments=arguments[at : at + ARGUMENT_FRAGMENT_CHARS])
+        out.append(Delta(tool_calls=[ToolCallDelta(index=index, function=piece)]))
     return out
 
 

@@ -4,26 +4,29 @@ Why: the PyTorch engine's step loop is Python (admission, sampling, bookkeeping)
 server's event loop is Python (HTTP, detokenizing, SSE). In one process they share one
 GIL, and under load the server's time to first token and throughput fall behind the
 engine's (docs/performance.md). As in vLLM's engine core, the model and its step loop run
-in a child process (`worker.py`) and the server keeps only this proxy:
+in a child process (`worker.py`) and the server keeps only this proxy. The messages are
+the typed ones of `ipc.py` (msgspec Structs in MessagePack; nothing is pickled):
 
-- `generate` sends (key, request id, prompt ids, SamplingOptions) and reads the request's
-  deltas from an asyncio queue, as the in-process engine's `generate` does.
-- The child sends ONE message per engine step holding every request's new token ids,
-  finish reason, logprobs (prompt logprobs on a first step, when asked) or error. One reader thread here receives it and hands the
-  whole step to each event loop with a single `call_soon_threadsafe` (`base.deliver`), so
-  the event loop wakes once per step, not once per token.
-- KV-cache usage and the running count ride on the step messages (and on a gauges message
-  when they change between steps); limits, info and the EOS id come once, at start-up.
+- `generate` sends an Add (key, request id, prompt ids, SamplingOptions) and reads the
+  request's deltas from an asyncio queue, as the in-process engine's `generate` does.
+- The child sends ONE Step per engine step holding every request's new token ids, finish
+  reason, logprobs (prompt logprobs on a first step, when asked) or error. One reader
+  thread here receives it and hands the whole step to each event loop with a single
+  `call_soon_threadsafe` (`base.deliver`), so the event loop wakes once per step, not
+  once per token.
+- KV-cache usage and the running count ride on the Steps (and on a Gauges message when
+  they change between steps); limits, info and the EOS id come once, in Ready.
 - A request the child refuses (its prompt, its response_format schema) raises
   `EngineRequestError` from its stream; a request that fails in the engine raises
   `EngineError`; the other requests go on.
-- Heartbeat: the child sends a "beat" (with its engine's own `stalled_for`) every
-  `worker.HEARTBEAT_S`; every message heard counts as a sign of life. `stalled_for` here is
+- Heartbeat: the child sends a Beat (with its engine's own `stalled_for`) every
+  `ipc.HEARTBEAT_S`; every message heard counts as a sign of life. `stalled_for` here is
   the longer of the silence since the last message and the child's own report, while a
   request is pending: a SIGSTOPped or wedged child that says nothing is noticed too.
 - If the child dies (a crash, an OOM kill, SIGKILL), every live request fails with
   `EngineError` and `is_healthy()` turns False: the frontend then drains and stops the
-  server, and Kubernetes restarts the pod.
+  server, and Kubernetes restarts the pod. So does a message that is not one of
+  `ipc.FromEngine`: the child is killed rather than trusted further.
 - `shutdown` asks the child to stop (its pending streams end with EngineError), waits,
   and kills it after `SHUTDOWN_TIMEOUT_S`.
 
@@ -50,19 +53,22 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 from mistral_serving.engines.base import (
     EngineError,
     EngineInfo,
     EngineLimits,
     EngineRequestError,
+    Item,
     SamplingOptions,
+    StreamQueue,
     TokenDelta,
-    TokenLogprob,
     deliver,
     read_stream,
 )
-from mistral_serving.engines.process.worker import HEARTBEAT_S, decode, encode
+from mistral_serving.engines.process import ipc
+from mistral_serving.engines.process.ipc import HEARTBEAT_S
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -105,20 +111,19 @@ def _exit_description(code: int | None) -> str:
 @dataclass(eq=False)
 class _Stream:
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    queue: StreamQueue
 
 
 class ProcessEngine:
     """The `Engine` interface over a PyTorch engine running in a child process."""
 
-    def __init__(self, proc: subprocess.Popen, conn: Connection, ready: tuple) -> None:
-        _, limits, name, details, eos_token_id, vocab_size = ready
+    def __init__(self, proc: subprocess.Popen[Any], conn: Connection, ready: ipc.Ready) -> None:
         self._proc = proc
         self._conn = conn
-        self.limits: EngineLimits = limits
-        self.info = EngineInfo(name, {**details, "engine_process": proc.pid})
-        self.eos_token_id: int = eos_token_id
-        self._vocab = vocab_size
+        self.limits: EngineLimits = ready.limits
+        self.info = EngineInfo(ready.name, {**ready.details, "engine_process": proc.pid})
+        self.eos_token_id: int = ready.eos_token_id
+        self._vocab = ready.vocab_size
         self._keys = itertools.count()
         self._lock = threading.Lock()  # the streams, the failure, closing
         self._send_lock = threading.Lock()  # sends from any event loop thread
@@ -157,14 +162,14 @@ class ProcessEngine:
             theirs.close()  # the child holds its own copy; ours would hide its EOF
         conn = Connection(ours.detach())
         try:
-            spec = {
-                "model_dir": str(Path(model_dir).resolve()),
-                "settings": settings.model_dump(),
-                "eos_token_id": eos_token_id,
-                "log_level": logging.getLogger().getEffectiveLevel(),
-                "log_json": _logs_json(),
-            }
-            conn.send_bytes(encode(spec))
+            start = ipc.Start(
+                model_dir=str(Path(model_dir).resolve()),
+                settings_json=settings.model_dump_json(),
+                eos_token_id=eos_token_id,
+                log_level=logging.getLogger().getEffectiveLevel(),
+                log_json=_logs_json(),
+            )
+            conn.send_bytes(ipc.encode(start))
             ready = cls._wait_ready(proc, conn)
         except BaseException:
             conn.close()
@@ -176,20 +181,27 @@ class ProcessEngine:
         return cls(proc, conn, ready)
 
     @staticmethod
-    def _wait_ready(proc: subprocess.Popen, conn: Connection) -> tuple:
+    def _wait_ready(proc: subprocess.Popen[Any], conn: Connection) -> ipc.Ready:
         while True:
             try:
                 if conn.poll(_POLL_S):
-                    message = decode(conn.recv_bytes())
-                    if message[0] == "ready":
+                    message = ipc.decode_from_engine(conn.recv_bytes())
+                    if isinstance(message, ipc.Ready):
                         return message
-                    raise EngineError(f"the engine process could not start: {message[1]}")
+                    why = (
+                        message.describe()
+                        if isinstance(message, ipc.Failed)
+                        else f"it sent a {type(message).__name__.lower()} before it was ready"
+                    )
+                    raise EngineError(f"the engine process could not start: {why}")
                 if proc.poll() is not None:
                     break  # it exited without a word (a descendant may hold its socket open)
             except (EOFError, OSError):  # it closed the socket without a word: it is exiting
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(SHUTDOWN_TIMEOUT_S)
                 break
+            except ipc.IpcError as exc:
+                raise EngineError(f"the engine process could not start: {exc}") from None
         raise EngineError(
             f"the engine process {_exit_description(proc.returncode)} while loading "
             "(its log above says why)"
@@ -200,7 +212,8 @@ class ProcessEngine:
     async def generate(
         self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
     ) -> AsyncIterator[TokenDelta]:
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        queue: StreamQueue = asyncio.Queue()
+        stream = _Stream(asyncio.get_running_loop(), queue)
         key = next(self._keys)
         with self._lock:
             if self._failure is not None or self._closing:
@@ -208,7 +221,7 @@ class ProcessEngine:
             self._streams[key] = stream
         finished = False
         try:
-            self._send(("add", key, request_id, list(prompt_ids), sampling))
+            self._send(ipc.Add(key, request_id, list(prompt_ids), sampling))
             async for delta in read_stream(stream.queue, "the engine process"):
                 finished = delta.finish_reason is not None
                 yield delta
@@ -223,7 +236,7 @@ class ProcessEngine:
 
     def abort(self, request_id: str) -> None:
         with contextlib.suppress(EngineError):  # a dead engine holds no request anyway
-            self._send(("abort", request_id))
+            self._send(ipc.Abort(request_id))
 
     def is_healthy(self) -> bool:
         return self._failure is None and not self._closing and self._proc.poll() is None
@@ -262,7 +275,7 @@ class ProcessEngine:
             log.warning("the engine process has been silent: killing it")
             self._proc.kill()
         with contextlib.suppress(EngineError):
-            self._send(("shutdown",))
+            self._send(ipc.Shutdown())
         try:
             self._proc.wait(SHUTDOWN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -276,9 +289,12 @@ class ProcessEngine:
 
     # ---- the reader thread ----
 
-    def _send(self, message: tuple) -> None:
-        data = encode(message)
-        with self._send_lock:
+    def _send(self, message: ipc.ToEngine) -> None:
+        with self._send_lock:  # sends come from any event loop thread; so does encoding
+            try:
+                data = ipc.encode(message)
+            except (OverflowError, TypeError, ValueError) as exc:  # e.g. an int past 64 bits
+                raise EngineError(f"cannot send this to the engine process: {exc!r}") from exc
             try:
                 self._conn.send_bytes(data)
             except (OSError, ValueError) as exc:  # ValueError: closed by shutdown
@@ -292,23 +308,27 @@ class ProcessEngine:
                     if self._proc.poll() is not None:
                         break  # exited, yet no EOF: a descendant holds its socket open
                     continue
-                message = decode(self._conn.recv_bytes())
+                message = ipc.decode_from_engine(self._conn.recv_bytes())
                 self._heard_at = time.monotonic()
-                kind = message[0]
-                if kind == "step":
-                    _, events, self._kv_usage, self._n_running = message
+                if isinstance(message, ipc.Step):
+                    self._kv_usage, self._n_running = message.kv_cache_usage, message.num_running
                     self._child_stall = 0.0  # a step finished: progress
-                    self._dispatch(events)
-                elif kind == "beat":
-                    self._child_stall = message[1]
-                elif kind == "gauges":
-                    _, self._kv_usage, self._n_running = message
-                elif kind == "fatal":
-                    why = message[1]
+                    self._dispatch(message.events)
+                elif isinstance(message, ipc.Beat):
+                    self._child_stall = message.stalled_for
+                elif isinstance(message, ipc.Gauges):
+                    self._kv_usage, self._n_running = message.kv_cache_usage, message.num_running
+                elif isinstance(message, ipc.Fatal):
+                    why = message.text
         except (EOFError, OSError):
             pass  # the child exited
-        except Exception:  # noqa: BLE001 - a message we cannot read: treat as dead
-            log.exception("unreadable message from the engine process")
+        except ipc.IpcError as exc:  # not a message of ours: trust the child no further
+            log.error("%s; killing the engine process", exc)
+            why = "it sent an unreadable message"
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+        except Exception:  # noqa: BLE001 - a message we cannot act on: treat as dead
+            log.exception("unusable message from the engine process")
             with contextlib.suppress(OSError):
                 self._proc.kill()
         self._kv_usage, self._n_running = 0.0, 0
@@ -322,27 +342,19 @@ class ProcessEngine:
         log.error("%s; failing its requests and reporting unhealthy", failure)
         self._fail_all(failure)
 
-    def _dispatch(self, events: list[tuple]) -> None:
+    def _dispatch(self, events: list[ipc.Event]) -> None:
         """One step's events to their streams' event loops (one wake-up per loop)."""
-        items = []
+        items: list[tuple[asyncio.AbstractEventLoop, StreamQueue, Item]] = []
         with self._lock:
             streams = self._streams
-            for key, token_ids, reason, logprobs, error, prompt_lps in events:
-                if reason is None and error is None:
-                    stream = streams.get(key)
+            for event in events:
+                if ipc.is_last(event):
+                    stream = streams.pop(event.key, None)
                 else:
-                    stream = streams.pop(key, None)  # its last event
+                    stream = streams.get(event.key)
                 if stream is None:
                     continue  # its consumer is gone
-                item: TokenDelta | BaseException
-                if error is not None:
-                    kind, text = error
-                    item = EngineRequestError(text) if kind == "request" else EngineError(text)
-                elif logprobs is None and prompt_lps is None:
-                    item = TokenDelta(token_ids, reason)
-                else:
-                    item = TokenDelta(token_ids, reason, _lps(logprobs), _lps(prompt_lps))
-                items.append((stream.loop, stream.queue, item))
+                items.append((stream.loop, stream.queue, ipc.event_item(event)))
         deliver(items)
 
     def _fail_all(self, why: str) -> None:
@@ -351,7 +363,3 @@ class ProcessEngine:
                 self._failure = why
             streams, self._streams = self._streams, {}
         deliver((s.loop, s.queue, EngineError(why)) for s in streams.values())
-
-
-def _lps(tuples: list[tuple] | None) -> list[TokenLogprob] | None:
-    return None if tuples is None else [TokenLogprob(*lp) for lp in tuples]

@@ -1,34 +1,17 @@
 """The engine process: the PyTorch engine (model, KV cache, step loop, sampling, the
 structured-output matcher) in a process of its own, so the server's event loop and the
-step loop do not share one GIL. The server side is `process.py`, which starts this module
-as `python -m mistral_serving.engines.process.worker FD` (a fresh interpreter, as multiprocessing's
-`spawn` method: CUDA cannot be forked) with one end of a socket pair as FD.
+step loop do not share one GIL. The server side is `client.py`, which starts this module
+as `python -m mistral_serving.engines.process.worker FD` (a fresh interpreter, as
+multiprocessing's `spawn` method: CUDA cannot be forked) with one end of a socket pair as FD.
 
-Messages are pickled tuples over a `multiprocessing.connection.Connection` (length-framed).
-
-Server -> engine process:
-    spec dict (first message: model dir, settings, EOS id, log level)
-    ("add", key, request_id, prompt_ids, SamplingOptions)
-    ("abort", request_id)
-    ("shutdown",)
-Engine process -> server:
-    ("ready", EngineLimits, info name, info details, eos_token_id, vocab_size) or
-    ("failed", "Type: message")                       start-up failed; the process exits
-    ("step", events, kv_cache_usage, num_running)     one per engine step
-    ("gauges", kv_cache_usage, num_running)           when they change between steps
-    ("beat", stalled_for)                             every HEARTBEAT_S: the engine's own
-                                                      stalled_for (a stopped or wedged
-                                                      process sends none: the server
-                                                      counts the silence)
-    ("fatal", message)                                the step loop died; the process exits
-
-An event is (key, token_ids, finish_reason, logprobs, error, prompt_logprobs): logprobs
-and prompt_logprobs as (token_id, logprob, top) tuples or None; error None or
-("engine" | "request", message). The SamplingOptions of "add" carries `prompt_logprobs`.
+The messages are the typed ones of `ipc.py` (MessagePack, length-framed by a
+`multiprocessing.connection.Connection`): a Start, then Add / Abort / Shutdown from the
+server; Ready or Failed, then Step / Gauges / Beat / Fatal from here.
 
 The engine process ignores SIGINT and SIGTERM: the server decides when it stops (a Ctrl-C
-or a pod's SIGTERM reaches the server, which drains and then sends "shutdown"). If the
-server dies, the socket reads EOF and the engine process shuts down too.
+or a pod's SIGTERM reaches the server, which drains and then sends Shutdown). If the
+server dies, the socket reads EOF and the engine process shuts down too; so does an
+unreadable message from it.
 """
 
 from __future__ import annotations
@@ -37,50 +20,29 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import signal
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mistral_serving.collector import freeze_loaded_objects, thaw_loaded_objects
-from mistral_serving.engines.base import (
-    EngineError,
-    EngineRequestError,
-    TokenDelta,
-)
+from mistral_serving.engines.base import EngineError, Item, TokenDelta
+from mistral_serving.engines.process import ipc
 from mistral_serving.settings import Settings
+
+if TYPE_CHECKING:
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine
 
 log = logging.getLogger("mistral_serving.engines.process.worker")  # not __main__ when run as -m
 
 GAUGE_POLL_S = 0.05  # how often the gauges (and the engine's health) are checked
-HEARTBEAT_S = 0.5  # how often a "beat" goes to the server, busy or idle
+HEARTBEAT_S = ipc.HEARTBEAT_S
 _SHUTDOWN_JOIN_S = 30.0
-
-
-def encode(message: tuple) -> bytes:
-    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def decode(data: bytes):
-    return pickle.loads(data)  # noqa: S301 - our own child process over a private socket pair
-
-
-def error_event(key: int, exc: BaseException) -> tuple:
-    """What the server raises from that request's stream: EngineRequestError for its
-    inputs (a 4xx), EngineError for anything else (as `base.read_stream` words it)."""
-    if isinstance(exc, EngineRequestError):
-        return (key, None, None, None, ("request", str(exc)), None)
-    if isinstance(exc, EngineError):
-        return (key, None, None, None, ("engine", str(exc)), None)
-    return (key, None, None, None, ("engine", f"PyTorch engine failed: {exc!r}"), None)
-
-
-def _lp_tuples(lps: list | None) -> list[tuple] | None:
-    return None if lps is None else [(p.token_id, p.logprob, p.top) for p in lps]
 
 
 class _RequestOut:
@@ -91,20 +53,11 @@ class _RequestOut:
     def __init__(self, key: int, outbox: Outbox) -> None:
         self.key, self.outbox = key, outbox
 
-    def put_nowait(self, item: TokenDelta | BaseException) -> None:
+    def put_nowait(self, item: Item) -> None:
         if isinstance(item, TokenDelta):
-            self.outbox.pending.append(
-                (
-                    self.key,
-                    item.token_ids,
-                    item.finish_reason,
-                    _lp_tuples(item.logprobs),
-                    None,
-                    _lp_tuples(item.prompt_logprobs),
-                )
-            )
+            self.outbox.pending.append(ipc.delta_event(self.key, item))
         else:
-            self.outbox.pending.append(error_event(self.key, item))
+            self.outbox.pending.append(ipc.error_event(self.key, item))
 
 
 class Outbox:
@@ -115,29 +68,29 @@ class Outbox:
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
         self._lock = threading.Lock()  # the engine thread, the main thread, the monitor
-        self.pending: list[tuple] = []
-        self.engine = None  # set once loaded: the gauges are read from it
+        self.pending: list[ipc.Event] = []
+        self.engine: TorchEngine | None = None  # set once loaded: the gauges are read from it
         self.gauges = (0.0, 0)  # the last values sent
 
-    def call_soon_threadsafe(self, callback, *args) -> None:
+    def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
         with self._lock:
             callback(*args)  # base.put_all: every item to its _RequestOut
             events, self.pending = self.pending, []
             self.gauges = self._read_gauges()
-            self._send(("step", events, *self.gauges))
+            self._send(ipc.Step(events, *self.gauges))
 
     def send_error(self, key: int, exc: BaseException) -> None:
         with self._lock:
-            self._send(("step", [error_event(key, exc)], *self.gauges))
+            self._send(ipc.Step([ipc.error_event(key, exc)], *self.gauges))
 
     def send_gauges_if_changed(self) -> None:
         with self._lock:
             now = self._read_gauges()
             if now != self.gauges:
                 self.gauges = now
-                self._send(("gauges", *now))
+                self._send(ipc.Gauges(*now))
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: ipc.FromEngine) -> None:
         with self._lock:
             self._send(message)
 
@@ -145,13 +98,26 @@ class Outbox:
         engine = self.engine
         return (0.0, 0) if engine is None else (engine.kv_cache_usage(), engine.num_running())
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message: ipc.FromEngine) -> None:
         # OSError: the server is gone; the main thread reads EOF and shuts down.
         with contextlib.suppress(OSError):
-            self._conn.send_bytes(encode(message))
+            self._conn.send_bytes(ipc.encode(message))
 
 
-def _monitor(engine, outbox: Outbox, stopping: threading.Event) -> None:
+class _Monitored(Protocol):
+    """What the monitor reads of the engine (a TorchEngine; a double in tests)."""
+
+    def is_healthy(self) -> bool: ...
+    def stalled_for(self) -> float: ...
+    def shutdown(self) -> None: ...
+
+
+class _MonitorOut(Protocol):
+    def send(self, message: ipc.FromEngine) -> None: ...
+    def send_gauges_if_changed(self) -> None: ...
+
+
+def _monitor(engine: _Monitored, outbox: _MonitorOut, stopping: threading.Event) -> None:
     """Send the gauges when they change between steps (the last step of a batch leaves
     them stale), and report a dead step loop: its streams have already been failed by the
     engine; the server marks the engine unhealthy, and this process exits. Beat every
@@ -162,12 +128,12 @@ def _monitor(engine, outbox: Outbox, stopping: threading.Event) -> None:
         # `stopping` is set before a deliberate shutdown stops the loop.
         if not engine.is_healthy() and not stopping.is_set():
             engine.shutdown()  # waits for the dying loop to fail its streams, frees memory
-            outbox.send(("fatal", "the PyTorch engine's step loop died (see the engine log)"))
+            outbox.send(ipc.Fatal("the PyTorch engine's step loop died (see the engine log)"))
             os._exit(1)
         outbox.send_gauges_if_changed()
         if time.monotonic() >= next_beat:
             next_beat = time.monotonic() + HEARTBEAT_S
-            outbox.send(("beat", engine.stalled_for()))
+            outbox.send(ipc.Beat(engine.stalled_for()))
 
 
 class _JsonLines(logging.Formatter):
@@ -196,37 +162,38 @@ def _configure_logging(level: int, as_json: bool) -> None:
 
 
 def serve(conn: Connection) -> int:
-    """Load the engine the spec asks for, then serve requests until shutdown or EOF."""
-    spec = decode(conn.recv_bytes())
-    _configure_logging(spec.get("log_level", logging.INFO), spec.get("log_json", False))
+    """Load the engine the Start message asks for, then serve requests until Shutdown or
+    EOF."""
+    start = ipc.decode_to_engine(conn.recv_bytes())
+    if not isinstance(start, ipc.Start):
+        raise ipc.IpcError(f"the first message must be a start, not {type(start).__name__}")
+    _configure_logging(start.log_level, start.log_json)
     outbox = Outbox(conn)
     try:
         from mistral_serving.engines.factory import start_guided_torch_engine
         from mistral_serving.tokenizer import load_tokenizer
 
-        model_dir = Path(spec["model_dir"])
-        settings = Settings(**spec["settings"])
+        model_dir = Path(start.model_dir)
+        settings = Settings.model_validate_json(start.settings_json)
         tokenizer = load_tokenizer(model_dir)
-        if tokenizer.eos_id != spec["eos_token_id"]:
+        if tokenizer.eos_id != start.eos_token_id:
             raise EngineError(
                 f"the tokenizer in {model_dir} has EOS {tokenizer.eos_id}, "
-                f"the server's has {spec['eos_token_id']}"
+                f"the server's has {start.eos_token_id}"
             )
         engine = start_guided_torch_engine(model_dir, settings, tokenizer)
     except BaseException as exc:  # noqa: BLE001 - any start-up failure goes to the server
         log.exception("the engine could not start")
-        message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        outbox.send(("failed", message))
+        outbox.send(ipc.Failed(type(exc).__name__, str(exc)))
         return 1
     outbox.engine = engine
     freeze_loaded_objects()  # this process's step loop: no full walk of torch's objects
     info = engine.info
     outbox.send(
-        (
-            "ready",
+        ipc.Ready(
             engine.limits,
             info.name,
-            dict(info.details),
+            {k: _detail(v) for k, v in info.details.items()},
             engine.eos_token_id,
             engine.vocab_size,
         )
@@ -244,23 +211,36 @@ def serve(conn: Connection) -> int:
     return 0
 
 
-def _serve_requests(conn: Connection, engine, outbox: Outbox) -> None:
+def _detail(value: object) -> ipc.Detail:
+    """An info detail as the Ready message carries it: plain values as they are."""
+    return value if value is None or isinstance(value, str | int | float | bool) else str(value)
+
+
+def _serve_requests(conn: Connection, engine: TorchEngine, outbox: Outbox) -> None:
     while True:
         try:
-            message = decode(conn.recv_bytes())
+            message = ipc.decode_to_engine(conn.recv_bytes())
         except (EOFError, OSError):
             log.warning("the server closed the connection: shutting the engine down")
             return
-        kind = message[0]
-        if kind == "add":
-            _, key, request_id, prompt_ids, sampling = message
+        except ipc.IpcError as exc:  # not our server speaking: stop rather than guess
+            log.error("%s: shutting the engine down", exc)
+            return
+        if isinstance(message, ipc.Add):
+            key = message.key
             try:
-                engine.submit(request_id, prompt_ids, sampling, outbox, _RequestOut(key, outbox))
+                engine.submit(
+                    message.request_id,
+                    message.prompt_ids,
+                    message.sampling,
+                    outbox,
+                    _RequestOut(key, outbox),
+                )
             except Exception as exc:  # noqa: BLE001 - refused: this request's error
                 outbox.send_error(key, exc)
-        elif kind == "abort":
-            engine.abort(message[1])
-        elif kind == "shutdown":
+        elif isinstance(message, ipc.Abort):
+            engine.abort(message.request_id)
+        elif isinstance(message, ipc.Shutdown):
             return
 
 

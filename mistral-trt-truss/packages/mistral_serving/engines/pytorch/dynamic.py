@@ -30,7 +30,7 @@ Structured output (`guided`) needs `engine.guided` set (a `mistral_serving.engin
 decoder: its per-request matcher masks each row before sampling and is told each chosen
 token); without it such a request is refused with a 4xx.
 
-The fast path is `pytorch_static.py` (preallocated KV slots, our own Llama/Mistral forward
+The fast path is `static.py` (preallocated KV slots, our own Llama/Mistral forward
 pass, CUDA graphs): 6.4x this engine's throughput at 256 concurrent requests and 13x for
 one stream on an H200. `factory.py` picks (`pytorch_kv_cache: auto`: static on a CUDA GPU
 for the architectures it supports).
@@ -48,6 +48,7 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import torch
 import torch.nn.functional as F
@@ -57,8 +58,11 @@ from mistral_serving.engines.base import (
     EngineInfo,
     EngineLimits,
     EngineRequestError,
+    FinishReason,
     Heartbeat,
+    Loop,
     SamplingOptions,
+    Sink,
     TokenDelta,
     TokenLogprob,
     deliver,
@@ -76,6 +80,11 @@ from mistral_serving.engines.pytorch.prefill import (
 from mistral_serving.engines.sampling import Sampled, sample_next_tokens
 from mistral_serving.settings import Settings
 
+if TYPE_CHECKING:
+    from transformers import DynamicCache
+
+    from mistral_serving.engines.pytorch.guided import GuidedDecoder, GuidedMatcher
+
 log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -90,8 +99,8 @@ class _Sequence:
     max_new_tokens: int
     generator: torch.Generator
     # Where this sequence's deltas go: a queue read on the event loop `loop`.
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    loop: Loop
+    queue: Sink
     stop_ids: frozenset[int] = frozenset()
     generated: list[int] = field(default_factory=list)
     # Structured output: `mask_fn` edits the row's logits in place before sampling
@@ -169,24 +178,39 @@ def load_model(
     return LoadedModel(model, max_seq, max_input)
 
 
+@dataclass(frozen=True)
+class TorchOptions:
+    """The settings a PyTorch engine is built with, beyond its limits (defaults: Settings')."""
+
+    max_num_tokens: int = Settings.model_fields["max_num_tokens"].default
+    prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default
+    cuda_graphs: bool = Settings.model_fields["cuda_graphs"].default  # the static engine's
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> TorchOptions:
+        return cls(settings.max_num_tokens, settings.prefill_logits_bytes, settings.cuda_graphs)
+
+
 class TorchEngine:
     def __init__(
         self,
-        model,
+        model: torch.nn.Module,
         eos_token_id: int,
         limits: EngineLimits,
-        max_num_tokens: int,
-        prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
+        options: TorchOptions = TorchOptions(),
     ) -> None:
-        self._model = model
+        self._prepare(model, limits, options)
+        # A transformers model or the static path's own modules: called and probed by
+        # name (torch types a module's attributes as `Tensor | Module`).
+        self._model: Any = cast(Any, model)
         self._device = next(model.parameters()).device
-        self._vocab = model.get_input_embeddings().num_embeddings
+        self._vocab: int = self._model.get_input_embeddings().num_embeddings
         # lm_head: the static engine's own modules have no get_output_embeddings().
         head = getattr(model, "lm_head", None)
-        self._head = head if head is not None else model.get_output_embeddings()
+        self._head: Any = head if head is not None else self._model.get_output_embeddings()
         self._budget = PrefillBudget(
-            max_num_tokens,
-            prefill_logits_bytes,
+            options.max_num_tokens,
+            options.prefill_logits_bytes,
             self._head.weight.shape[0],
             self._head.weight.element_size(),
         )
@@ -198,9 +222,10 @@ class TorchEngine:
                 "device": str(self._device),
                 "dtype": str(next(model.parameters()).dtype),
                 "max_batch_size": limits.max_batch_size,
-                "max_num_tokens": max_num_tokens,
+                "max_num_tokens": options.max_num_tokens,
                 "prefill_logits_chunk": self._budget.chunk,
                 "threads": torch.get_num_threads(),
+                **self._details(),
             },
         )
         self._committed = False  # whether the prefill under way has joined the batch
@@ -219,14 +244,14 @@ class TorchEngine:
         self._heartbeat = Heartbeat()  # beats once per step-loop pass (the watchdog reads it)
         # Structured output, when set: `.matcher(GuidedDecoding)` gives a per-request
         # object with `mask(row_logits)` and `accept(token_id)` (`mistral_serving.engines.pytorch.guided`).
-        self.guided = None
+        self.guided: GuidedDecoder | None = None
         # Read from other threads (gauges): plain values the engine thread replaces.
         self._kv_usage = 0.0
         self._n_running = 0
         # Running batch (engine thread only).
         self._running: list[_Sequence] = []
         self._admitting: list[_Sequence] = []
-        self._cache = None  # a transformers DynamicCache: per layer [B, H, T, D]
+        self._cache: DynamicCache | None = None  # per layer [B, H, T, D]
         self._mask = torch.zeros((0, 0), dtype=torch.long, device=self._device)
         self._last = torch.zeros(0, dtype=torch.long, device=self._device)
         self._pos = torch.zeros(0, dtype=torch.long, device=self._device)
@@ -238,15 +263,23 @@ class TorchEngine:
         return cls.for_model(load_model(model_dir, settings), settings, eos_token_id)
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, settings: Settings, eos_token_id: int) -> TorchEngine:
-        limits = EngineLimits(loaded.max_input_len, loaded.max_seq_len, settings.max_batch_size)
-        return cls(
-            loaded.model,
-            eos_token_id,
-            limits,
-            settings.max_num_tokens,
-            settings.prefill_logits_bytes,
-        )
+    def for_model(cls, loaded: LoadedModel, settings: Settings, eos_token_id: int) -> Self:
+        limits = cls.limits_for(loaded, settings)
+        return cls(loaded.model, eos_token_id, limits, TorchOptions.from_settings(settings))
+
+    # ---- what a subclass (the static engine) adds ----
+
+    @classmethod
+    def limits_for(cls, loaded: LoadedModel, settings: Settings) -> EngineLimits:
+        """The engine's limits for this model: the model's positions, lowered by settings."""
+        return EngineLimits(loaded.max_input_len, loaded.max_seq_len, settings.max_batch_size)
+
+    def _prepare(self, model: torch.nn.Module, limits: EngineLimits, options: TorchOptions) -> None:
+        """Check and set up `model` before the engine is built around it (nothing here)."""
+
+    def _details(self) -> dict[str, object]:
+        """What the engine adds to its `info.details`."""
+        return {}
 
     # ---- the async interface (event loop side) ----
 
@@ -273,8 +306,8 @@ class TorchEngine:
         request_id: str,
         prompt_ids: list[int],
         sampling: SamplingOptions,
-        loop: asyncio.AbstractEventLoop,
-        queue: asyncio.Queue,
+        loop: Loop,
+        queue: Sink,
     ) -> None:
         """Check a request and queue it. Its deltas (or its error) go to `queue.put_nowait`
         through `loop.call_soon_threadsafe`, one call per step for all of a loop's requests
@@ -316,7 +349,7 @@ class TorchEngine:
             self._waiting.append(seq)
         self._wake.set()
 
-    def _guided_ready(self, seq: _Sequence, matcher) -> None:
+    def _guided_ready(self, seq: _Sequence, matcher: GuidedMatcher | BaseException) -> None:
         """On the grammar thread: queue `seq` with its matcher, or end it (its schema's
         error, an abort that came during the compile, or an engine that stopped)."""
         with self._lock:
@@ -604,7 +637,7 @@ class TorchEngine:
             echo = seq.sampling.prompt_logprobs is not None
             return TokenDelta([], "stop", lps if echo else None, prompt)
         seq.generated.append(token)
-        reason = "length" if len(seq.generated) >= seq.max_new_tokens else None
+        reason: FinishReason | None = "length" if len(seq.generated) >= seq.max_new_tokens else None
         return TokenDelta([token], reason, lps, prompt)
 
     def _store_tokens(self, first_row: int, tokens: list[int]) -> None:
@@ -614,7 +647,13 @@ class TorchEngine:
 
     # ---- the shared, left-padded batch ----
 
-    def _join(self, seqs, kv, mask, lengths) -> None:
+    def _join(
+        self,
+        seqs: list[_Sequence],
+        kv: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> None:
         """Add prefilled rows to the batch: everything is built first, then assigned, so
         a failure (an allocation) leaves the batch as it was."""
         if not self._running:
@@ -678,7 +717,7 @@ class TorchEngine:
         self._pos = self._pos.index_select(0, index)
 
 
-def _new_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]):
+def _new_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -687,5 +726,8 @@ def _new_cache(kv: list[tuple[torch.Tensor, torch.Tensor]]):
     return cache
 
 
-def _cache_tensors(cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
+def _cache_tensors(cache: DynamicCache | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    assert cache is not None  # only asked of a running batch
+    # Our caches hold full-attention layers only (`_new_cache`): each has keys and values.
+    layers: list[Any] = cache.layers
+    return [(layer.keys, layer.values) for layer in layers]

@@ -1,7 +1,7 @@
 """A Llama/Mistral decoder's modules as the static engine reads them, without
 transformers' modeling code.
 
-The static engine runs its own forward pass (`pytorch_static._forward`) over the
+The static engine runs its own forward pass (`static._forward`) over the
 checkpoint's modules; it needs their parameters, the RMSNorms, the activation and the
 rotary tables, not transformers' `MistralForCausalLM`. Importing that class pulls in
 transformers' generation and tensor-parallel code (torch.distributed.tensor's custom-op

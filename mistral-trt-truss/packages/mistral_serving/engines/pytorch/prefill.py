@@ -1,5 +1,5 @@
-"""The prefill rule both PyTorch engines share (dynamic `pytorch.py`, static
-`pytorch_static.py`): what one step may prefill together, and how prompt logprobs (echo)
+"""The prefill rule both PyTorch engines share (`dynamic.py`, `static.py`):
+what one step may prefill together, and how prompt logprobs (echo)
 are computed without materialising logits for positions nobody asked about.
 
 A prefill of `rows` prompts padded to `width` columns costs:

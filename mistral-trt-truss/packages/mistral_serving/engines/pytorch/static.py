@@ -39,23 +39,32 @@ import math
 import time
 import types
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 
 from mistral_serving.engines.base import EngineError, EngineLimits
 from mistral_serving.engines.pytorch import llama
-from mistral_serving.engines.pytorch.dynamic import LoadedModel, TorchEngine, _Sequence, load_model
+from mistral_serving.engines.pytorch.dynamic import (
+    LoadedModel,
+    TorchEngine,
+    TorchOptions,
+    _Sequence,
+    load_model,
+)
 from mistral_serving.engines.pytorch.weights import copy_shards, read_header
 from mistral_serving.settings import Settings
+
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
 
 log = logging.getLogger(__name__)
 
 LENGTH_BUCKET = 256  # decode attends to the first ceil(len / 256) * 256 columns
 
 
-def supports_static_path(model) -> str | None:
+def supports_static_path(model: torch.nn.Module) -> str | None:
     """None if `model` is a decoder this fast path can run, else why not."""
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
@@ -97,7 +106,7 @@ class _NotDirect(Exception):
 
 
 def load_safetensors_direct(
-    model_dir: Path, config, dtype: torch.dtype, device: torch.device
+    model_dir: Path, config: Any, dtype: torch.dtype, device: torch.device
 ) -> torch.nn.Module | None:
     """The decoder's modules (`engines/pytorch/llama.py`, not transformers' modeling code) made
     without memory (meta device), given uninitialised tensors on `device`, and every
@@ -113,7 +122,9 @@ def load_safetensors_direct(
         return None  # load_model's own from_pretrained path
 
 
-def _load_direct(model_dir: Path, config, dtype: torch.dtype, device: torch.device):
+def _load_direct(
+    model_dir: Path, config: Any, dtype: torch.dtype, device: torch.device
+) -> torch.nn.Module:
     shards = sorted(model_dir.glob("*.safetensors"))
     if not shards:
         raise _NotDirect("no safetensors files")
@@ -165,48 +176,38 @@ def load_static_model(model_dir: Path, settings: Settings) -> LoadedModel:
 
 
 class StaticTorchEngine(TorchEngine):
-    def __init__(
-        self,
-        model,
-        eos_token_id: int,
-        limits: EngineLimits,
-        max_num_tokens: int,
-        cuda_graphs: bool = True,
-        prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default,
-    ) -> None:
+    def _prepare(self, model: torch.nn.Module, limits: EngineLimits, options: TorchOptions) -> None:
         why = supports_static_path(model)
         if why is not None:
             raise EngineError(f"pytorch_kv_cache=static cannot run this model: {why}")
-        cfg = model.config
-        self._layers = list(model.model.layers)
+        probed: Any = cast(Any, model)  # a decoder's modules, read by name
+        cfg = probed.config
+        self._layers: list[Any] = list(probed.model.layers)
         self._n_heads = cfg.num_attention_heads
         self._n_kv = llama.kv_heads_of(cfg)
         self._head_dim = llama.head_dim_of(cfg)
         self._slots = limits.max_batch_size
         self._cols = limits.max_seq_len
         p = next(model.parameters())
-        self._use_graphs = cuda_graphs and p.device.type == "cuda"
+        self._use_graphs = options.cuda_graphs and p.device.type == "cuda"
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
-        self._pool = None
+        self._pool: _POOL_HANDLE | None = None
         self._lens: list[int] = []  # per running row: tokens in its slot (CPU mirror)
+        self._k: torch.Tensor | None = None  # the KV cache: made on the engine thread
+        self._v: torch.Tensor | None = None
+        self._wqkv: list[torch.Tensor] = []
+        self._wgu: list[torch.Tensor] = []
         self._fuse_weights()
-        super().__init__(model, eos_token_id, limits, max_num_tokens, prefill_logits_bytes)
-        self.info.details.update(
-            kv_cache="static", kv_columns=self._cols, cuda_graphs=self._use_graphs
-        )
+
+    def _details(self) -> dict[str, object]:
+        return {"kv_cache": "static", "kv_columns": self._cols, "cuda_graphs": self._use_graphs}
 
     @classmethod
-    def for_model(
-        cls, loaded: LoadedModel, settings: Settings, eos_token_id: int
-    ) -> StaticTorchEngine:
+    def limits_for(cls, loaded: LoadedModel, settings: Settings) -> EngineLimits:
+        """The static KV cache's columns bound the sequence (and the prompt, one below)."""
         columns = static_kv_columns(loaded.model, settings, loaded.max_seq_len)
-        return cls(
-            loaded.model,
-            eos_token_id,
-            EngineLimits(min(loaded.max_input_len, columns - 1), columns, settings.max_batch_size),
-            settings.max_num_tokens,
-            cuda_graphs=settings.cuda_graphs,
-            prefill_logits_bytes=settings.prefill_logits_bytes,
+        return EngineLimits(
+            min(loaded.max_input_len, columns - 1), columns, settings.max_batch_size
         )
 
     def _kv_tokens(self) -> int:
@@ -220,8 +221,8 @@ class StaticTorchEngine(TorchEngine):
         super()._free()
 
     @staticmethod
-    def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
-        return (
+    def kv_bytes_per_token(config: Any, dtype: torch.dtype) -> int:
+        return int(
             2
             * config.num_hidden_layers
             * llama.kv_heads_of(config)
@@ -243,7 +244,7 @@ class StaticTorchEngine(TorchEngine):
             self._wgu.append(self._fuse([mlp.gate_proj, mlp.up_proj]))
 
     @staticmethod
-    def _fuse(linears) -> torch.Tensor:
+    def _fuse(linears: list[torch.nn.Linear]) -> torch.Tensor:
         fused = torch.cat([lin.weight for lin in linears])
         start = 0
         for lin in linears:
@@ -266,9 +267,16 @@ class StaticTorchEngine(TorchEngine):
         self._inv_freq = rot.inv_freq.to(device=dev, dtype=torch.float32)
         self._rope_scale = float(getattr(rot, "attention_scaling", 1.0))
 
+    def _kv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The KV cache [layers, slots, kv heads, columns, head dim], keys and values."""
+        assert self._k is not None and self._v is not None  # made at the thread's start
+        return self._k, self._v
+
     # ---- our own forward pass over the model's modules ----
 
-    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+    def _rope(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self._inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (
@@ -299,15 +307,16 @@ class StaticTorchEngine(TorchEngine):
         x = self._model.model.embed_tokens(ids)
         cos, sin = self._rope(positions, x.dtype)
         slots = torch.arange(row0, row0 + n, device=ids.device)[:, None].expand(n, t)
+        k_cache, v_cache = self._kv()
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
             h = layer.input_layernorm(x)
-            q, k, v = F.linear(h, self._wqkv[i]).split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k, v = torch.split(F.linear(h, self._wqkv[i]), [hq * d, hkv * d, hkv * d], dim=-1)
             q = q.reshape(n, t, hq, d).transpose(1, 2)
             k = k.reshape(n, t, hkv, d).transpose(1, 2)
             v = v.reshape(n, t, hkv, d)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
-            kc, vc = self._k[i], self._v[i]
+            kc, vc = k_cache[i], v_cache[i]
             kc[slots, :, positions] = k.transpose(1, 2)  # [n, T, hkv, d] at (slot, :, pos)
             vc[slots, :, positions] = v
             if decode_mask is not None:
@@ -332,13 +341,15 @@ class StaticTorchEngine(TorchEngine):
             x = x + attn.o_proj(o)
             gate, up = F.linear(layer.post_attention_layernorm(x), self._wgu[i]).chunk(2, dim=-1)
             x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        return self._model.model.norm(x)
+        normed: torch.Tensor = self._model.model.norm(x)
+        return normed
 
     def _decode_logits(self, n: int, width: int) -> torch.Tensor:
         ids = self._tok[:n, None]
         pos = self._posv[:n, None]
         mask = (self._cols_range[:width][None, :] <= pos)[:, None, None, :]
-        return self._model.lm_head(self._forward(ids, pos, 0, width, mask)[:, 0])
+        logits: torch.Tensor = self._model.lm_head(self._forward(ids, pos, 0, width, mask)[:, 0])
+        return logits
 
     # ---- the batch ----
 
@@ -394,7 +405,7 @@ class StaticTorchEngine(TorchEngine):
     def _capture(self, bucket: int, width: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
         # Rows past the running ones hold free slots: whatever a graph writes there
         # is overwritten by the prefill that takes the slot.
-        stream = torch.cuda.Stream()
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]  # torch: Stream.__new__ is unannotated
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm up kernels / autotuning outside the capture
@@ -420,10 +431,11 @@ class StaticTorchEngine(TorchEngine):
         m = len(rows)
         holes = [i for i in range(m) if i not in keep]
         movers = [i for i in rows if i >= m]  # kept rows that must move down
+        k_cache, v_cache = self._kv()
         for dst, src in zip(holes, movers):
             cols = self._lens[src]
-            self._k[:, dst, :, :cols] = self._k[:, src, :, :cols]
-            self._v[:, dst, :, :cols] = self._v[:, src, :, :cols]
+            k_cache[:, dst, :, :cols] = k_cache[:, src, :, :cols]
+            v_cache[:, dst, :, :cols] = v_cache[:, src, :, :cols]
             self._running[dst], self._lens[dst] = self._running[src], self._lens[src]
         if holes:
             dst_t = torch.tensor(holes, device=self._device)
@@ -433,7 +445,7 @@ class StaticTorchEngine(TorchEngine):
         del self._running[m:], self._lens[m:]
 
 
-def static_kv_columns(model, settings: Settings, max_seq: int) -> int:
+def static_kv_columns(model: torch.nn.Module, settings: Settings, max_seq: int) -> int:
     """Columns (tokens per sequence) of the static KV cache: `max_seq_len` when set, else
     what `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for
     `max_batch_size` slots (8 GiB on the CPU), never above the model's positions."""

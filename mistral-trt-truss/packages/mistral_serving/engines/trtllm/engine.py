@@ -3,7 +3,7 @@
 `LlmApiEngine` holds everything both TensorRT-LLM engine kinds share: the sampling mapping,
 streaming, abort, per-request errors, health, shutdown and the KV-cache gauge.
 `TrtLlmEngine` (here) serves a TensorRT engine directory; `TrtLlmPytorchEngine`
-(`trtllm_pytorch.py`) serves a Hugging Face checkpoint with the PyTorch backend.
+(`pytorch_backend.py`) serves a Hugging Face checkpoint with the PyTorch backend.
 
 What is called, and the source file (NVIDIA/TensorRT-LLM) each fact was read from:
 
@@ -268,6 +268,17 @@ def scheduler_config(settings: Settings) -> Any:
 
     policy = CapacitySchedulerPolicy[settings.trtllm_capacity_scheduler_policy.upper()]
     return SchedulerConfig(capacity_scheduler_policy=policy)
+
+
+def kv_cache_config(settings: Settings) -> Any:
+    """`KvCacheConfig(free_gpu_memory_fraction=..., enable_block_reuse=...)`
+    (llmapi/llm_args.py) from settings: the same for both engine kinds."""
+    from tensorrt_llm.llmapi import KvCacheConfig
+
+    return KvCacheConfig(
+        free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
+        enable_block_reuse=settings.trtllm_kv_block_reuse,
+    )
 
 
 class LlmApiEngine:
@@ -595,7 +606,7 @@ class TrtLlmEngine(LlmApiEngine):
         try:
             import tensorrt_llm
             from tensorrt_llm._tensorrt_engine import LLM
-            from tensorrt_llm.llmapi import KvCacheConfig, RequestError
+            from tensorrt_llm.llmapi import RequestError
         except ImportError as exc:
             raise EngineCheckError(
                 f"{engine_dir} is a TensorRT-LLM engine but tensorrt_llm cannot be imported "
@@ -630,10 +641,7 @@ class TrtLlmEngine(LlmApiEngine):
         # Prompt logprobs (echo) come from the context logits, gathered only if built so.
         gathers_context = bool(build_config.get("gather_context_logits"))
         kwargs: dict[str, Any] = {
-            "kv_cache_config": KvCacheConfig(
-                free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
-                enable_block_reuse=settings.trtllm_kv_block_reuse,
-            ),
+            "kv_cache_config": kv_cache_config(settings),
             "scheduler_config": scheduler_config(settings),
             "enable_chunked_prefill": chunked,
             "guided_decoding_backend": "xgrammar",

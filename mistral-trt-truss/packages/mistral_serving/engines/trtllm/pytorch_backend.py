@@ -36,7 +36,11 @@ from typing import Any
 
 from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
 from mistral_serving.engines.trtllm.checks import EngineCheckError
-from mistral_serving.engines.trtllm.engine import LlmApiEngine, scheduler_config
+from mistral_serving.engines.trtllm.engine import (
+    LlmApiEngine,
+    kv_cache_config,
+    scheduler_config,
+)
 from mistral_serving.settings import Settings
 
 # Setting trtllm_sampler -> TorchLlmArgs.sampler_type.
@@ -82,7 +86,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
         try:
             import tensorrt_llm
             from tensorrt_llm import LLM
-            from tensorrt_llm.llmapi import KvCacheConfig, RequestError
+            from tensorrt_llm.llmapi import RequestError
             from tensorrt_llm.llmapi.llm_args import CudaGraphConfig
         except ImportError as exc:
             raise EngineCheckError(
@@ -106,10 +110,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
             llm = LLM(
                 model=str(checkpoint_dir),
                 tokenizer=str(checkpoint_dir),  # xgrammar builds its tables from it
-                kv_cache_config=KvCacheConfig(
-                    free_gpu_memory_fraction=settings.kv_cache_free_gpu_memory_fraction,
-                    enable_block_reuse=settings.trtllm_kv_block_reuse,
-                ),
+                kv_cache_config=kv_cache_config(settings),
                 scheduler_config=scheduler_config(settings),
                 max_seq_len=limits.max_seq_len,
                 max_batch_size=limits.max_batch_size,
