@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import Any
 
+import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -16,6 +17,7 @@ from mistral_serving.grammar import tool_call_schema
 from mistral_serving.metrics import Metrics
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.openai import OpenAICall, OpenAIFormat
+from mistral_serving.protocols.openai_types import ChatCompletion, ChatCompletionChunk
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.telemetry import RequestRecord
@@ -74,10 +76,15 @@ async def _run(fmt: OpenAIFormat, service: GenerationService, call: OpenAICall, 
     prepared = await service.prepare(call.gen)
     if not stream:
         logprobs = await service.complete(prepared, record)
-        return fmt.response_body(call, record, logprobs)
+        whole = fmt.response_body(call, record, logprobs)
+        msgspec.convert(whole, ChatCompletion)  # strictly OpenAI's shape, as typed
+        return whole
     events = [e async for e in fmt.stream_events(call, service.stream(prepared, record), record)]
     assert events[-1] == "data: [DONE]\n\n"
-    return [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    decoded = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    for event in decoded:
+        msgspec.convert(event, ChatCompletionChunk)
+    return decoded
 
 
 def joined(events: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]], str | None]:
