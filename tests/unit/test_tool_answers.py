@@ -10,6 +10,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from mistral_serving.engines.base import EngineLimits
@@ -310,3 +312,50 @@ def test_the_tool_grammar_is_checked_by_the_gate_and_named_tools(tok: Tokenizer)
     finally:
         service.shutdown()
     assert err.value.param == "tools" and not engine.calls
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=8), c, max_size=3),
+    max_leaves=10,
+)
+TOOL_FIELDS = st.fixed_dictionaries(
+    {},
+    optional={
+        "tools": st.one_of(JSONISH, st.lists(st.just(WEATHER) | JSONISH, max_size=3)),
+        "tool_choice": st.sampled_from(["none", "auto", "required", "x"]) | JSONISH,
+        "parallel_tool_calls": JSONISH,
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["user", "assistant", "tool", "system", "x"])},
+                optional={
+                    "content": JSONISH,
+                    "tool_calls": JSONISH
+                    | st.just([{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]),
+                    "tool_call_id": JSONISH | st.just("c1"),
+                },
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+    },
+)  # fmt: skip
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=TOOL_FIELDS)
+def test_any_tool_body_is_parsed_or_a_400_naming_a_field(
+    tok: Tokenizer, body: dict[str, Any]
+) -> None:
+    from mistral_serving.errors import RequestError
+
+    try:
+        call = fmt_for(tok).parse({"messages": USER} | body, CTX)
+    except RequestError as err:
+        assert err.status == 400 and err.param
+        return
+    assert isinstance(call, OpenAICall)
+    if call.tools is not None:  # what was accepted is well formed
+        assert call.tools.tools and call.tools.choice in ("auto", "required", "named")

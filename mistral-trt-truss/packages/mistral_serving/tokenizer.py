@@ -320,6 +320,13 @@ def _render_chat(
     special = {t.content for t in tok.added_tokens_decoder.values() if t.special}
     special.update(tok.all_special_tokens)
     extra: dict[str, Any] = {"tools": tools} if tools else {}
+    # Tool definitions and past calls are rendered by the template as JSON, with no place
+    # to encode them as plain text: one that spells a special token is refused.
+    structured = json.dumps([tools, [m.get("tool_calls") for m in messages]], ensure_ascii=False)
+    if any(s and s in structured for s in special):
+        raise ChatTemplateRefused(
+            "a tool definition or tool call holds a special token's text; remove it"
+        )
     texts = [m.get("content") for m in messages]
     if not any(isinstance(c, str) and s in c for c in texts for s in special if s):
         # tokenize=True tokenizes the rendered text without adding special tokens (the
