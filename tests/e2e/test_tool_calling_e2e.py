@@ -230,3 +230,53 @@ def test_readme_langchain_tools_row(server_url: str) -> None:
     ai = eval(row.local(server_url), {"ChatOpenAI": ChatOpenAI})  # the README's command
     assert ai.tool_calls[0]["name"] == "get_weather"
     assert ai.tool_calls[0]["args"]["city"] in ("Paris", "Lyon")
+
+
+# -- SmolLM2 (a real model; its template takes no tools: the fallback format) ------------
+
+CITY_TOOL = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Get the current weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2_client(start_server: Any) -> openai.OpenAI:
+    from tests.smollm2_files import smollm2_artifact
+
+    server = start_server(artifact=str(smollm2_artifact()))
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_smollm2_required_call_has_the_right_argument(smollm2_client: openai.OpenAI) -> None:
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = smollm2_client.chat.completions.create(
+        model="m", messages=question, tools=CITY_TOOL, tool_choice="required",
+        parallel_tool_calls=False, max_tokens=60, temperature=0,
+    )  # fmt: skip
+    (call,) = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}  # a real model's choice
+
+
+def test_smollm2_auto_answers_in_text_without_markup(smollm2_client: openai.OpenAI) -> None:
+    # 135M parameters do not follow the fallback's instruction to call: the answer is text,
+    # parsed as such, with the tools in its prompt (not dropped).
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    r = smollm2_client.chat.completions.create(
+        model="m", messages=question, tools=CITY_TOOL, max_tokens=60, temperature=0
+    )
+    message = r.choices[0].message
+    assert message.tool_calls is None and message.content and "Paris" in message.content
+    assert r.usage.prompt_tokens > 100  # the tool description is in the prompt
