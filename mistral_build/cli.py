@@ -16,6 +16,7 @@ SUBCOMMAND_MODULES = [
     "mistral_build.image",
     "mistral_build.truss_config",
     "mistral_build.k8s",
+    "mistral_build.k8s_bucket",
     "mistral_build.verify_gpu",
 ]
 

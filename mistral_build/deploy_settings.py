@@ -54,7 +54,97 @@ _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _DOC_PLACEHOLDERS = ("my-gcp-project", "my-hf-org")
 
 # Serving settings that are deploy fields of their own (they differ per deployment).
-_DEPLOY_OWNED = ("artifact", "artifact_revision")
+_DEPLOY_OWNED = ("artifact", "artifact_revision", "artifact_manifest_sha256")
+
+# Where a mounted artifact (gcsfuse, volume) appears in the pod: MTT_ARTIFACT points here.
+ARTIFACT_MOUNT_PATH = "/models/artifact"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Cloud Storage bucket names (dots allowed, 3-222 characters) and an object prefix.
+_BUCKET_PATTERN = r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$"
+_PREFIX_PATTERN = r"^([A-Za-z0-9._-]+/)*[A-Za-z0-9._-]+$"
+_GSA_PATTERN = (
+    r"^[a-z][a-z0-9-]{4,28}[a-z0-9]@[a-z][a-z0-9-]{4,28}[a-z0-9]\.iam\.gserviceaccount\.com$"
+)
+_QUANTITY_PATTERN = r"^[0-9]+(Ki|Mi|Gi|Ti)$"
+
+ArtifactSource = Literal["hub", "gcsfuse", "volume"]
+
+
+def _no_dot_components(value: str | None) -> str | None:
+    if value is not None and any(part in (".", "..") for part in value.split("/")):
+        raise ValueError(f"{value!r}: no '.' or '..' folder (a path inside the bucket or volume)")
+    return value
+
+
+class GcsFuseSource(BaseModel):
+    """A Cloud Storage bucket mounted read-only by the GCS FUSE CSI driver (GKE add-on)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bucket: str = Field(..., pattern=_BUCKET_PATTERN, description="Bucket name (no gs://).")
+    path: str = Field(
+        ...,
+        pattern=_PREFIX_PATTERN,
+        description="Folder in the bucket holding the artifact (what `build.py copy-to-bucket` "
+        "wrote); only it is mounted (gcsfuse only-dir).",
+    )
+    service_account: str | None = Field(
+        None,
+        pattern=_GSA_PATTERN,
+        description="Google service account the pods read the bucket as (Workload Identity "
+        "annotation on their Kubernetes service account); none: grant the Kubernetes "
+        "service account's own principal roles/storage.objectViewer.",
+    )
+    file_cache_size: str = Field(
+        "60Gi",
+        pattern=_QUANTITY_PATTERN,
+        description="gcsfuse file cache (fileCacheCapacity): the artifact is read from it "
+        "after the first read; at least the artifact's size.",
+    )
+    file_cache_medium: Literal["disk", "memory"] = Field(
+        "disk",
+        description="Where the file cache lives: the node's ephemeral disk (Local SSD where "
+        "the node pool has it) or memory (counts against the pod's memory).",
+    )
+    parallel_downloads_per_file: int = Field(
+        16, ge=1, le=256, description="gcsfuse parallel downloads per file into the file cache."
+    )
+    download_chunk_size_mb: int = Field(
+        64, ge=1, le=1024, description="Size of each parallel download's chunk."
+    )
+
+    _path = field_validator("path")(_no_dot_components)
+
+
+class VolumeSource(BaseModel):
+    """A ReadOnlyMany volume filled once (Hyperdisk ML): `k8s/weights/` creates and fills it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    claim: str | None = Field(
+        None,
+        pattern=_NAME_PATTERN,
+        description="The ReadOnlyMany PersistentVolumeClaim the pods mount (default "
+        "NAME-weights, which k8s/weights/ creates).",
+    )
+    path: str | None = Field(
+        None,
+        pattern=_PREFIX_PATTERN,
+        description="Folder of the artifact inside the volume (default: artifact_revision, "
+        "where the fill Job writes it).",
+    )
+    size: str = Field("100Gi", pattern=_QUANTITY_PATTERN, description="Volume size.")
+    storage_class: str = Field(
+        "hyperdisk-ml", pattern=_NAME_PATTERN, description="StorageClass k8s/weights/ renders."
+    )
+    throughput_mib_per_s: int = Field(
+        2400,
+        ge=400,
+        le=1_200_000,
+        description="Hyperdisk ML provisioned throughput (provisioned-throughput-on-create).",
+    )
+
+    _path = field_validator("path")(_no_dot_components)
 
 
 class DeploySettingsError(ValueError):
@@ -93,6 +183,19 @@ class DeploySettings(BaseModel):
     artifact_revision: str | None = Field(
         None,
         description="40-hex commit sha of the artifact (`build.py engine --push` prints it).",
+    )
+    artifact_source: ArtifactSource = Field(
+        "hub",
+        description="Where the pods read the artifact: `hub` (each pod downloads "
+        "artifact@artifact_revision into its cache), `gcsfuse` (a bucket mounted read-only) "
+        "or `volume` (a ReadOnlyMany volume filled once). Mounted ones never touch the Hub.",
+    )
+    gcsfuse: GcsFuseSource | None = Field(None, description="With artifact_source: gcsfuse.")
+    volume: VolumeSource | None = Field(None, description="With artifact_source: volume.")
+    artifact_manifest_sha256: str | None = Field(
+        None,
+        description="sha256 of the artifact's build_manifest.json: pins a mounted artifact "
+        "(`build.py copy-to-bucket` and the fill Job print it). Required with gcsfuse.",
     )
     hf_token_secret: str = Field(
         "mistral-7b-instruct-trt-hf-token",
@@ -188,6 +291,13 @@ class DeploySettings(BaseModel):
             )
         return value
 
+    @field_validator("artifact_manifest_sha256")
+    @classmethod
+    def _manifest_sha(cls, value: str | None) -> str | None:
+        if value is not None and not _SHA256.fullmatch(value):
+            raise ValueError(f"{value!r} is not a 64-hex sha256 (lower case)")
+        return value
+
     @field_validator("serving", mode="before")
     @classmethod
     def _known_serving_keys(cls, value: Any) -> Any:
@@ -207,6 +317,12 @@ class DeploySettings(BaseModel):
     def _check(self) -> DeploySettings:
         if self.max_replicas < self.replicas:
             raise ValueError("max_replicas must be at least replicas")
+        if self.artifact_source == "gcsfuse" and self.gcsfuse is None:
+            raise ValueError("artifact_source gcsfuse needs a gcsfuse: {bucket, path} block")
+        if self.gcsfuse is not None and self.artifact_source != "gcsfuse":
+            raise ValueError("a gcsfuse block is only read with artifact_source: gcsfuse")
+        if self.volume is not None and self.artifact_source != "volume":
+            raise ValueError("a volume block is only read with artifact_source: volume")
         # The pod's settings must be valid, and its cache must be a path we can mount.
         self.cache_mount_path  # noqa: B018 - raises on a relative path
         return self
@@ -214,13 +330,37 @@ class DeploySettings(BaseModel):
     # --- the pod's serving settings ------------------------------------------------------
 
     def serving_env(self) -> dict[str, str]:
-        """Serving settings the pod gets, by Settings field name (MTT_<NAME> upper-cased)."""
+        """Serving settings the pod gets, by Settings field name (MTT_<NAME> upper-cased).
+        A mounted artifact is served from its mount, pinned by its manifest's sha256."""
         env = {}
-        if self.artifact is not None:
-            env["artifact"] = self.artifact
-        if self.artifact_revision is not None:
-            env["artifact_revision"] = self.artifact_revision
+        if self.mounted:
+            env["artifact"] = ARTIFACT_MOUNT_PATH
+        else:
+            if self.artifact is not None:
+                env["artifact"] = self.artifact
+            if self.artifact_revision is not None:
+                env["artifact_revision"] = self.artifact_revision
+        if self.artifact_manifest_sha256 is not None:
+            env["artifact_manifest_sha256"] = self.artifact_manifest_sha256
         return {**env, **self.serving}
+
+    @property
+    def mounted(self) -> bool:
+        """The artifact is a read-only mount in the pod (no Hub, no token)."""
+        return self.artifact_source != "hub"
+
+    @property
+    def volume_source(self) -> VolumeSource:
+        return self.volume or VolumeSource()
+
+    @property
+    def volume_claim(self) -> str:
+        return self.volume_source.claim or f"{self.name[:55]}-weights"
+
+    @property
+    def volume_path(self) -> str | None:
+        """Folder of the artifact inside the volume: where the fill Job writes it."""
+        return self.volume_source.path or self.artifact_revision
 
     @property
     def serving_settings(self) -> Settings:
@@ -275,8 +415,15 @@ class DeploySettings(BaseModel):
         )
 
     def missing_for_deploy(self) -> list[str]:
-        """Fields a deployment needs that are not set (no placeholder stands in for them)."""
-        return [f for f in ("image", "artifact", "artifact_revision") if getattr(self, f) is None]
+        """Fields a deployment needs that are not set (no placeholder stands in for them):
+        the Hub source (and the volume's fill) needs the repo and its commit; a bucket is
+        pinned by its manifest's sha256 instead."""
+        needed = {
+            "hub": ("image", "artifact", "artifact_revision"),
+            "gcsfuse": ("image", "artifact_manifest_sha256"),
+            "volume": ("image", "artifact", "artifact_revision"),
+        }[self.artifact_source]
+        return [f for f in needed if getattr(self, f) is None]
 
     def require_deployable(self) -> None:
         missing = self.missing_for_deploy()

@@ -2,15 +2,20 @@
 
 A plain Service balances connections round-robin. An LLM pod's cost per request varies by
 orders of magnitude (prompt length, output length, what its KV cache holds), so with many
-replicas the Gateway API Inference Extension routes each request through an endpoint
-picker (EPP) that scrapes every pod's queue and KV-cache gauges and picks the least loaded.
+replicas the load balancer asks an endpoint picker (EPP) where to send each request: it
+scrapes every pod's queue and KV-cache gauges and scores queue length, KV-cache use and
+prefix-cache affinity. The Gateway API Inference Extension handed its picker to the llm-d
+project: the picker is llm-d's router (`llm-d/llm-d-router`, ROUTER_VERSION), the pool is
+still the Inference Extension's InferencePool (`inference.networking.k8s.io/v1`).
 
-What is rendered, following the pinned release's `inferencepool` Helm chart with
-`provider.name=gke` (config/charts/inferencepool at INFERENCE_EXTENSION_VERSION):
-- `inferencepool.yaml`: InferencePool selecting our pods on the server port, pointing at
-  the EPP Service;
-- `epp-*.yaml`: the EPP Deployment, Service, ServiceAccount, Role/RoleBinding (read pods
-  and InferencePools) and ConfigMap (its scheduling plugins), with our metric names;
+What is rendered, following the router's `llm-d-router-gateway` Helm chart with
+`provider.name=gke` (config/charts/ at ROUTER_VERSION):
+- `inferencepool.yaml`: InferencePool selecting our pods on the server port (HTTP/1.1),
+  pointing at the EPP Service;
+- `epp-*.yaml`: the EPP Deployment, Service, ServiceAccount, Role/RoleBinding (read pods,
+  InferencePools, InferenceObjectives) and ConfigMap: its EndpointPickerConfig, whose
+  `core-metrics-extractor` reads our metric names as a model-server type (see
+  `picker_engine`), and whose `metrics-data-source` scrapes our metrics path;
 - `gateway.yaml`, `httproute.yaml`: a Gateway of class `gateway_class` (GKE's internal
   regional L7 load balancer, `gke-l7-rilb`) and an HTTPRoute sending `/` to the pool;
 - `gke-healthcheckpolicy.yaml`, `gke-backendpolicy.yaml`: the load balancer's health check
@@ -21,6 +26,8 @@ What is rendered, following the pinned release's `inferencepool` Helm chart with
 from __future__ import annotations
 
 from typing import Any
+
+import yaml
 
 from mistral_build.deploy_settings import DeploySettings
 from mistral_build.k8s_objects import (
@@ -34,37 +41,26 @@ from mistral_build.k8s_objects import (
 )
 from mistral_build.truss_config import truss_config
 
-# The Gateway API Inference Extension release: the EPP image and the CRDs the objects are
-# validated against (tests/data/crds) come from the same tag.
-INFERENCE_EXTENSION_VERSION = "v1.3.1"
-EPP_IMAGE = f"registry.k8s.io/gateway-api-inference-extension/epp:{INFERENCE_EXTENSION_VERSION}"
+# llm-d's router: the endpoint picker image and the chart its objects follow.
+ROUTER_VERSION = "v0.10.0"
+EPP_IMAGE = f"ghcr.io/llm-d/llm-d-router-endpoint-picker:{ROUTER_VERSION}"
+# The Gateway API Inference Extension release whose CRDs the pool is validated against
+# (tests/data/crds): the newest, at least the one the router's release installs (v1.5.0).
+INFERENCE_EXTENSION_VERSION = "v1.6.0"
 INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 GATEWAY_API = "gateway.networking.k8s.io/v1"
+PICKER_CONFIG_API = "llm-d.ai/v1alpha1"  # EndpointPickerConfig at ROUTER_VERSION
 
 EPP_GRPC_PORT = 9002  # ext-proc: the load balancer asks the EPP where to send a request
-EPP_HEALTH_PORT = 9003
+EPP_HEALTH_PORT = 9003  # GKE's controller health-checks the EPP here by default
 EPP_METRICS_PORT = 9090
 EPP_CONFIG_FILE = "default-plugins.yaml"
 HEALTH_PATH = "/health"  # 200 only when the pod can serve (503 loading or draining)
 
-# The chart's default scheduling profile: queue length, KV-cache use and prefix-cache hits.
-EPP_PLUGINS = """\
-apiVersion: inference.networking.x-k8s.io/v1alpha1
-kind: EndpointPickerConfig
-plugins:
-- type: queue-scorer
-- type: kv-cache-utilization-scorer
-- type: prefix-cache-scorer
-schedulingProfiles:
-- name: default
-  plugins:
-  - pluginRef: queue-scorer
-    weight: 2
-  - pluginRef: kv-cache-utilization-scorer
-    weight: 2
-  - pluginRef: prefix-cache-scorer
-    weight: 3
-"""
+# The picker's model-server type for each `metrics_names` mode. `vllm` and `trtllm-serve`
+# are the router's built-in engine configs (core-metrics-extractor, factories.go:
+# `defaultEngineConfigs`); our own `mtt:` names get an engine config of their own.
+PICKER_ENGINES = {"mtt": "mistral-trt-truss", "vllm": "vllm", "trtllm": "trtllm-serve"}
 
 
 def pool_name(s: DeploySettings) -> str:
@@ -94,32 +90,75 @@ def _epp_selector(s: DeploySettings) -> dict[str, str]:
 
 
 def epp_args(s: DeploySettings) -> list[str]:
-    args = [
+    """The chart's flags (routerlib `_deployment.yaml`): the metric names are no longer
+    flags (deprecated for engineConfigs) but the config file's."""
+    return [
         "--pool-name",
         pool_name(s),
         "--pool-namespace",
         "$(NAMESPACE)",
-        "--config-file",
-        f"/config/{EPP_CONFIG_FILE}",
+        "--pool-group",
+        INFERENCE_POOL_API.split("/")[0],
         "--zap-encoder",
         "json",
-        "--model-server-metrics-path",
-        METRICS_PATH,
-        "--total-queued-requests-metric",
-        metric_name(s, GAUGE_WAITING),
-        "--total-running-requests-metric",
-        metric_name(s, GAUGE_RUNNING),
-        "--kv-cache-usage-percentage-metric",
-        metric_name(s, GAUGE_KV_CACHE),
-        # We export neither LoRA nor cache-config info: an empty name turns the scrape off.
-        "--lora-info-metric",
-        "",
-        "--cache-info-metric",
-        "",
+        "--config-file",
+        f"/config/{EPP_CONFIG_FILE}",
+        "--grpc-health-port",
+        str(EPP_HEALTH_PORT),
         "--tracing=false",
         "--metrics-endpoint-auth=false",
     ]
-    return args
+
+
+def picker_engine(names: str) -> str:
+    """The model-server type the picker reads a `metrics_names` mode as."""
+    return PICKER_ENGINES[names]
+
+
+def engine_config(s: DeploySettings) -> dict[str, Any]:
+    """Our `mtt:` names as a model-server type: the three gauges the scorers read, and the
+    KV-cache block size and count (`cache_config_info` labels, which the TensorRT-LLM engines
+    export) for prefix-aware scoring."""
+    return {
+        "name": PICKER_ENGINES["mtt"],
+        "queuedRequestsSpec": metric_name(s, GAUGE_WAITING),
+        "runningRequestsSpec": metric_name(s, GAUGE_RUNNING),
+        "kvUsageSpec": metric_name(s, GAUGE_KV_CACHE),
+        "cacheInfoSpec": metric_name(s, "cache_config_info"),
+    }
+
+
+def picker_config(s: DeploySettings) -> dict[str, Any]:
+    """The EndpointPickerConfig: the chart's default scheduling profile (queue length,
+    KV-cache use, prefix-cache affinity) over metrics scraped from our metrics path and
+    read as our model-server type."""
+    names = s.serving_settings.metrics_names
+    extractor: dict[str, Any] = {"defaultEngine": picker_engine(names)}
+    if names == "mtt":
+        extractor["engineConfigs"] = [engine_config(s)]
+    scorers = ["queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"]
+    return {
+        "apiVersion": PICKER_CONFIG_API,
+        "kind": "EndpointPickerConfig",
+        "plugins": [
+            *({"type": t} for t in scorers),
+            {
+                "type": "metrics-data-source",
+                "parameters": {"scheme": "http", "path": METRICS_PATH, "insecureSkipVerify": True},
+            },
+            {"type": "core-metrics-extractor", "parameters": extractor},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "queue-scorer", "weight": 2},
+                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                ],
+            }
+        ],
+    }
 
 
 def inference_pool(s: DeploySettings) -> dict[str, Any]:
@@ -130,6 +169,7 @@ def inference_pool(s: DeploySettings) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": labels(s)},
             "targetPorts": [{"number": s.port}],
+            "appProtocol": "http",  # HTTP/1.1 (uvicorn)
             "endpointPickerRef": {
                 "name": epp_name(s),
                 "port": {"number": EPP_GRPC_PORT},
@@ -155,9 +195,9 @@ def epp_role(s: DeploySettings) -> dict[str, Any]:
         "kind": "Role",
         "metadata": meta(s, epp_name(s), _epp_labels()),
         "rules": [
-            {
-                "apiGroups": ["inference.networking.x-k8s.io"],
-                "resources": ["inferenceobjectives"],
+            {  # the router reads them under its own group now, the old one still
+                "apiGroups": ["inference.networking.x-k8s.io", "llm-d.ai"],
+                "resources": ["inferenceobjectives", "inferencemodelrewrites"],
                 "verbs": read,
             },
             {
@@ -188,7 +228,7 @@ def epp_config(s: DeploySettings) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": meta(s, epp_name(s), _epp_labels()),
-        "data": {EPP_CONFIG_FILE: EPP_PLUGINS},
+        "data": {EPP_CONFIG_FILE: yaml.safe_dump(picker_config(s), sort_keys=False)},
     }
 
 
@@ -215,7 +255,8 @@ def epp_deployment(s: DeploySettings) -> dict[str, Any]:
             field_env("NAMESPACE", "metadata.namespace"),
             field_env("POD_NAME", "metadata.name"),
         ],
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+        # The chart asks 8 CPUs / 8Gi for large pools; a pool of a few GPU pods needs less.
+        "resources": {"requests": {"cpu": "2", "memory": "2Gi"}, "limits": {"memory": "8Gi"}},
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 65532,  # the image is distroless `nonroot` (uid 65532)
@@ -257,7 +298,12 @@ def epp_service(s: DeploySettings) -> dict[str, Any]:
             "type": "ClusterIP",
             "selector": _epp_selector(s),
             "ports": [
-                {"name": "grpc-ext-proc", "protocol": "TCP", "port": EPP_GRPC_PORT},
+                {
+                    "name": "grpc-ext-proc",
+                    "protocol": "TCP",
+                    "port": EPP_GRPC_PORT,
+                    "appProtocol": "kubernetes.io/h2c",
+                },
                 {"name": "http-metrics", "protocol": "TCP", "port": EPP_METRICS_PORT},
             ],
         },

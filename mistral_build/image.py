@@ -72,6 +72,7 @@ TRTLLM_PINS: tuple[str, ...] = (
     "tensorrt~=10.14.1",
     "triton==3.5.1",
     "pydantic>=2.9.1",
+    "pydantic-settings",  # unpinned there ([yaml] extra)
     "sentencepiece>=0.1.99",
     "prometheus_client",
     "mistral-common==1.8.6",

@@ -40,20 +40,27 @@ from mistral_build.gateway import render_gateway
 from mistral_build.k8s_objects import (
     GAUGE_RUNNING,
     GAUGE_WAITING,
+    HF_SECRET_KEY,
     LIVE_PATH,
     METRICS_PATH,
     NON_ROOT_UID,
     READY_PATH,
+    hf_token_env,
     labels,
     meta,
     metric_name,
 )
+from mistral_build.k8s_weights import (
+    SERVICE_ACCOUNT_FILE,
+    WEIGHTS_DIR,
+    apply_source,
+    fill_job_name,
+    render_weights,
+    service_account,
+)
 from mistral_build.paths import K8S_DIR, REPO_ROOT
 from mistral_build.release import BASE_IMAGE_PYTHON, RAISE_NOFILE, TINI
 from mistral_serving.settings import ENV_PREFIX
-
-HF_SECRET_KEY = "hf_access_token"  # Truss secret name (config.yaml `secrets`).
-HF_SECRET_ENV = "TRUSS_SECRET_" + HF_SECRET_KEY  # how Truss reads a secret from the env.
 
 PROBE_PERIOD_STARTUP = 10
 SECRET_TEMPLATE_FILE = "hf-token-secret.yaml.example"
@@ -110,6 +117,7 @@ def _resources(s: DeploySettings) -> dict[str, Any]:
 # multi-GPU pod.
 MULTI_GPU_ENV = {"NCCL_CUMEM_ENABLE": "0"}
 GKE_DRIVER_LABEL = "cloud.google.com/gke-gpu-driver-version"
+PIN_ENV = ENV_PREFIX + "ARTIFACT_MANIFEST_SHA256"
 VERIFY_JOB_FILE = "verify/job.yaml"  # in a subfolder: `kubectl apply -f k8s/` skips it
 
 
@@ -125,18 +133,11 @@ def server_env(s: DeploySettings) -> list[dict[str, Any]]:
     ]
     if s.gpu_count > 1:
         env += [{"name": k, "value": v} for k, v in MULTI_GPU_ENV.items()]
-    env.append(
-        {
-            "name": HF_SECRET_ENV,
-            "valueFrom": {
-                "secretKeyRef": {
-                    "name": s.hf_token_secret,
-                    "key": HF_SECRET_KEY,
-                    "optional": False,
-                }
-            },
-        }
-    )
+    if s.mounted:
+        # The artifact is a read-only mount: no token, and the Hub is never asked.
+        env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
+    else:
+        env.append(hf_token_env(s))
     return env
 
 
@@ -214,6 +215,13 @@ def pod_spec(s: DeploySettings, container: dict[str, Any]) -> dict[str, Any]:
 
 def deployment(s: DeploySettings) -> dict[str, Any]:
     pod_labels = labels(s)
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(s.port),
+        "prometheus.io/path": METRICS_PATH,
+    }
+    pod = pod_spec(s, server_container(s))
+    apply_source(s, pod, annotations)  # the artifact's volume (gcsfuse, volume) if mounted
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -229,15 +237,8 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
             },
             "selector": {"matchLabels": pod_labels},
             "template": {
-                "metadata": {
-                    "labels": pod_labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(s.port),
-                        "prometheus.io/path": METRICS_PATH,
-                    },
-                },
-                "spec": pod_spec(s, server_container(s)),
+                "metadata": {"labels": pod_labels, "annotations": annotations},
+                "spec": pod,
             },
         },
     }
@@ -272,7 +273,10 @@ def verify_job(s: DeploySettings) -> dict[str, Any]:
         # raises it, and said (what the container gave, what the server gets).
         "command": [TINI, "--", "/bin/sh", "-c", VERIFY_SHELL, "verify-gpu"],
         "args": ["--kind", "all", "--out", VERIFY_OUT],
-        **{k: server[k] for k in ("env", "resources", "securityContext", "volumeMounts")},
+        # The pin names the deployment's artifact, not the tiny engines verify-gpu builds
+        # and serves (its server inherits the environment).
+        "env": [e for e in server["env"] if e["name"] != PIN_ENV],
+        **{k: server[k] for k in ("resources", "securityContext", "volumeMounts")},
     }
     spec = pod_spec(s, container)
     spec["restartPolicy"] = "Never"
@@ -404,6 +408,11 @@ def render_manifests(s: DeploySettings) -> dict[str, dict[str, Any]]:
         SECRET_TEMPLATE_FILE: secret_template(s),
         VERIFY_JOB_FILE: verify_job(s),
     }
+    if s.artifact_source == "gcsfuse":
+        rendered[SERVICE_ACCOUNT_FILE] = service_account(s)
+    if s.artifact_source == "volume":
+        pod = pod_spec(s, server_container(s))
+        rendered.update({f"{WEIGHTS_DIR}/{k}": v for k, v in render_weights(s, pod).items()})
     if s.metrics_adapter == "gke-managed-prometheus":
         rendered[PODMONITORING_FILE] = pod_monitoring(s)
     if s.gateway:
@@ -429,6 +438,15 @@ class _Dumper(yaml.SafeDumper):
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+def _str(dumper: yaml.SafeDumper, data: str) -> yaml.ScalarNode:
+    """A multi-line string (a config file in a ConfigMap) as a literal block, readable."""
+    style = "|" if "\n" in data and not data.startswith(" ") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+_Dumper.add_representer(str, _str)
 
 
 def dump(s: DeploySettings, obj: dict[str, Any], filename: str, values_file: Path | None) -> str:
@@ -501,8 +519,22 @@ def run_manifests(
         f"  image {s.image_ref}, artifact {s.artifact}@{s.artifact_revision}, "
         f"{s.gpu_count}x {s.gke_accelerator}, replicas {s.replicas}..{s.max_replicas}"
     )
-    print(f"  next: {create_secret_command(s)}")
-    print(f"        kubectl apply -f {out_dir}/")
+    if s.artifact_source == "gcsfuse":
+        g = s.gcsfuse
+        assert g is not None
+        print(f"  artifact: gs://{g.bucket}/{g.path} mounted read-only (GCS FUSE), no Hub")
+        print(f"  next: kubectl apply -f {out_dir}/")
+    elif s.artifact_source == "volume":
+        print(f"  artifact: ReadOnlyMany claim {s.volume_claim}, folder {s.volume_path}, no Hub")
+        print(f"  next: {create_secret_command(s)}   (the fill Job reads the Hub once)")
+        print(
+            f"        kubectl apply -f {out_dir}/{WEIGHTS_DIR}/ (in the order docs/deploy.md "
+            f"gives), then kubectl logs job/{fill_job_name(s)} for the pin"
+        )
+        print(f"        kubectl apply -f {out_dir}/")
+    else:
+        print(f"  next: {create_secret_command(s)}")
+        print(f"        kubectl apply -f {out_dir}/")
     print(
         f"  check the GPU node first: kubectl apply -f {out_dir}/{VERIFY_JOB_FILE} && "
         f"kubectl logs -f job/{verify_job_name(s)}   (docs/verify-on-gpu.md)"

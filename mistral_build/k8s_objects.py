@@ -11,6 +11,9 @@ from typing import Any
 
 from mistral_build.deploy_settings import DeploySettings
 
+HF_SECRET_KEY = "hf_access_token"  # Truss secret name (config.yaml `secrets`).
+HF_SECRET_ENV = "TRUSS_SECRET_" + HF_SECRET_KEY  # how Truss reads a secret from the env.
+
 # Truss server routes (truss/templates/server/truss_server.py; model name is "model").
 LIVE_PATH = "/"
 READY_PATH = "/v1/models/model"
@@ -47,3 +50,9 @@ def meta(s: DeploySettings, name: str, extra_labels: dict[str, str] | None = Non
 def metric_name(s: DeploySettings, gauge: str) -> str:
     """The name the pod exports a gauge under (Settings.metrics_names picks the prefix)."""
     return s.serving_settings.metrics_prefix + gauge
+
+
+def hf_token_env(s: DeploySettings) -> dict[str, Any]:
+    """The Hub token from the deployment's Secret; the pod waits until the Secret exists."""
+    ref = {"name": s.hf_token_secret, "key": HF_SECRET_KEY, "optional": False}
+    return {"name": HF_SECRET_ENV, "valueFrom": {"secretKeyRef": ref}}

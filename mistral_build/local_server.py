@@ -129,6 +129,11 @@ def wait_ready(
     raise RuntimeError(f"server not ready in {timeout:.0f}s:\n{tail()}")
 
 
+# uvicorn's words when its listener cannot bind (the server then exits with status 1).
+PORT_TAKEN = "address already in use"
+PORT_ATTEMPTS = 3
+
+
 @dataclass
 class LocalServer:
     """A real Truss server run as a child process on a free loopback port."""
@@ -149,19 +154,27 @@ class LocalServer:
         timeout: float = 300.0,
     ) -> LocalServer:
         """Launch (`prepare_app_dir(context_dir)` must have run) and, with `wait`, wait
-        until ready."""
-        port = free_port()
+        until ready. The port is free when picked but bound only seconds later, by the
+        server: one another process took meanwhile is retried on a new port."""
         log_path = log_path or Path(tempfile.mkstemp(prefix="server-", suffix=".log")[1])
         settings = {"host": "127.0.0.1"} | settings  # tests and benchmarks: loopback only
-        process = launch_server(context_dir, port, settings, log_path.open("w"), extra_env)
-        server = cls(f"http://127.0.0.1:{port}", port, process, log_path)
-        if wait:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port()
+            with log_path.open("w") as log:  # the child holds its own copy of the file
+                process = launch_server(context_dir, port, settings, log, extra_env)
+            server = cls(f"http://127.0.0.1:{port}", port, process, log_path)
+            if not wait:
+                return server
             try:
                 wait_ready(server.url, process, timeout, log_path)
-            except BaseException:
+            except BaseException as exc:
                 server.kill()
-                raise
-        return server
+                taken = isinstance(exc, RuntimeError) and PORT_TAKEN in server.log()
+                if not taken or attempt == PORT_ATTEMPTS:
+                    raise
+            else:
+                return server
+        raise AssertionError("unreachable")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

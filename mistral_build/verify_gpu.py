@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -1071,16 +1072,17 @@ def build_engine(checkpoint: Path, out_dir: Path, gpu: str | None, examples_dir:
     """`build.py engine --checkpoint-dir <tiny checkpoint>`, through the same functions."""
     from mistral_build import engine
 
+    output_dir, workdir = out_dir / "engine", out_dir / "engine.work"
     opts = engine.EngineOptions(
         checkpoint_dir=checkpoint,
-        output_dir=out_dir / "engine",
-        workdir=out_dir / "engine.work",
+        output_dir=output_dir,
+        workdir=workdir,
         dtype="float16",
         gpu=pick_gpu_target(gpu),
         examples_dir=examples_dir,
         **ENGINE_LIMITS,
     )
-    for path in (opts.output_dir, opts.workdir):
+    for path in (output_dir, workdir):
         shutil.rmtree(path, ignore_errors=True)  # ours: a previous verify-gpu run
     model = engine.read_model_facts(opts, None)
     facts = engine.gather_facts(opts)
@@ -1220,8 +1222,8 @@ def verify_kind(kind: Kind, opts: VerifyOptions, context: Callable[[], Path]) ->
             max_num_tokens=max_num_tokens_of(kind, artifact, settings),
             tokenize=make_tokenize(artifact),
         )
-        for name, fn in CHECKS:
-            report.checks.append(run_check(name, lambda fn=fn: fn(ctx)))
+        for name, check in CHECKS:
+            report.checks.append(run_check(name, functools.partial(check, ctx)))
         if opts.bench_prompts > 0:
             report.checks.append(
                 run_check("benchmark", lambda: _bench(ctx, opts.bench_prompts, report))

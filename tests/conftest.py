@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from mistral_build.dev_model import build_dev_model
 from mistral_build.local_server import (
@@ -22,6 +23,12 @@ from tests.smollm2_files import smollm2_tokenizer_dir
 from tests.tokenizer_cache import tokenizer_at
 
 READY_TIMEOUT_S = 180
+
+# Every property test: no per-example deadline (hypothesis' 200 ms fails on a busy 2-core
+# CI machine, not on a bug; with none, its too-slow check allows 30 s of data generation),
+# and no example database written into the checkout.
+settings.register_profile("busy-machine", deadline=None, database=None)
+settings.load_profile("busy-machine")
 
 
 @pytest.fixture(scope="session")

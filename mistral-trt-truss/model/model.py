@@ -10,8 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from mistral_serving.frontend import Frontend, register
-from mistral_serving.settings import Settings
+from mistral_serving.frontend import frontend_for
 
 HF_TOKEN_SECRET = "hf_access_token"
 
@@ -25,9 +24,8 @@ def _secret(secrets: Any, name: str) -> str | None:
 
 class Model:
     def __init__(self, config: dict, secrets: Any = None, **_: Any) -> None:
-        self._frontend = Frontend(Settings.load(config.get("model_metadata")))
+        self._frontend = frontend_for(config)  # the launcher's, with its settings
         self._secrets = secrets
-        register(self._frontend)  # for the routes Truss does not have (/health, ...)
 
     def load(self) -> None:
         self._frontend.load(_secret(self._secrets, HF_TOKEN_SECRET))

@@ -97,7 +97,10 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
         r"^python -m client bench --one-at-a-time --num-prompts 20",
         NotHere("20 x 128 tokens one after another: minutes on a CPU; the mode is unit-tested"),
     ),  # fmt: skip
-    (r"^python -m client bench plot bench/results/ours", NotHere("plots results of two earlier runs")),
+    (
+        r"^python -m client bench plot bench/results/ours",
+        NotHere("plots results of two earlier runs"),
+    ),
     (
         r"^python -m client bench --url http://127\.0\.0\.1:8931",
         Covered("tests/e2e/test_bench_e2e.py"),
@@ -110,6 +113,14 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     (r"^python build\.py serve --artifact", WEIGHTS),
     (r"^python build\.py truss-config --check$", Run(120, r"", 0)),
     (r"^cp k8s/values\.yaml\.example my\.yaml$", Covered("tests/unit/test_k8s.py")),
+    (
+        r"^cp k8s/values-(gcsfuse|volume)\.yaml\.example my\.yaml$",
+        Covered("tests/unit/test_k8s_sources.py"),
+    ),
+    (
+        r"^python build\.py copy-to-bucket --artifact-dir ENGINE_DIR ",
+        Covered("tests/unit/test_k8s_bucket.py"),
+    ),
     (r"^python build\.py (--values|image|manifests)", Covered("tests/unit/test_k8s.py")),
     (r"^kubernetes-validate --strict k8s/\*\.yaml$", Run(300, r"")),
     (r"^kubectl ", CLUSTER),
@@ -202,15 +213,30 @@ def test_command_runs_as_the_docs_say(
     rule = verdict(command, doc)
     assert isinstance(rule, Run)
     line = pointed_at(command, smollm2_url, tmp_path)
-    run = subprocess.run(
+    # Its own process group: past the limit the command and all it started are killed
+    # (subprocess.run's timeout kills only the shell; its children would run on).
+    run = subprocess.Popen(
         in_fresh_shell(line),
         cwd=ROOT,
         env=fresh_shell_env(),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=rule.timeout_s,
+        start_new_session=True,
     )
-    out = run.stdout + run.stderr
+    try:
+        stdout, stderr = run.communicate(timeout=rule.timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGKILL)
+        stdout, stderr = run.communicate(timeout=60)
+        pytest.fail(
+            f"{line} did not finish within {rule.timeout_s} s:\n{(stdout + stderr)[-3000:]}"
+        )
+    finally:
+        if run.poll() is None:  # interrupted otherwise (the test's own limit)
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    out = stdout + stderr
     assert run.returncode == rule.returncode, (doc, line, out[-3000:])
     assert re.search(rule.expect, out), (doc, line, out[-3000:])
 
@@ -238,7 +264,7 @@ def test_make_serve_starts_as_the_readme_says(doc: str, command: str) -> None:
         while time.monotonic() < deadline and proc.poll() is None:
             try:
                 ready = requests.get(f"http://127.0.0.1:{port}/v1/models/model", timeout=5).ok
-            except requests.ConnectionError:
+            except requests.RequestException:  # not up yet, or too busy loading to answer
                 ready = False
             if ready:
                 break

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.e2e.util import wait_for
+from tests.e2e.util import unready, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -92,16 +92,9 @@ def test_a_killed_engine_process_stops_the_server(start_server):
     os.kill(child, signal.SIGKILL)
     # The health check sees the dead engine, the server drains and exits (Kubernetes
     # restarts the pod); what clients get meanwhile is a refusal, never a hang.
-    wait_for(lambda: requests_fail_or_unready(server.url), 60, "the server to report unhealthy")
+    wait_for(lambda: unready(server.url), what="the server to report unhealthy")
     server.process.wait(120)
     assert "the engine process was killed by SIGKILL" in server.log()
-
-
-def requests_fail_or_unready(url: str) -> bool:
-    try:
-        return requests.get(f"{url}/v1/models/model", timeout=5).status_code != 200
-    except requests.ConnectionError:
-        return True
 
 
 def test_a_stopped_server_leaves_no_engine_process(start_server):
@@ -109,7 +102,7 @@ def test_a_stopped_server_leaves_no_engine_process(start_server):
     (child,) = engine_processes(server.process.pid)
     assert predict(server.url, **BODY)["output"]
     server.stop(signal.SIGTERM)
-    wait_for(lambda: not alive(child), 30, "the engine process to exit")
+    wait_for(lambda: not alive(child), what="the engine process to exit")
     # The engine process logs in the server's format (JSON lines), and it said goodbye.
     lines = [line for line in server.log().splitlines() if "[engine process]" in line]
     assert any("engine process exiting" in json.loads(line)["message"] for line in lines)

@@ -34,16 +34,17 @@ def test_a_stopped_engine_process_is_unready_until_it_continues(start_server):
     os.kill(child, signal.SIGSTOP)
     try:
         sock = raw_post(server.url, "/v1/models/model:predict", BODY)  # pending in the engine
-        wait_for(lambda: readiness(server.url) == 503, 60, "readiness to fail")
-        wait_for(lambda: "readiness fails until it moves" in server.log(), 60, "the warning")
+        wait_for(lambda: readiness(server.url) == 503, what="readiness to fail")
+        wait_for(lambda: "readiness fails until it moves" in server.log(), what="the warning")
         assert server.process.poll() is None
     finally:
         os.kill(child, signal.SIGCONT)
-    wait_for(lambda: readiness(server.url) == 200, 60, "readiness to come back")
+    wait_for(lambda: readiness(server.url) == 200, what="readiness to come back")
+    sock.settimeout(120)  # an answer that never comes fails here, not at the test's limit
     answer = sock.makefile("rb").readline()  # the pending request was answered after all
     sock.close()
     assert answer.startswith(b"HTTP/1.1 200"), answer
-    wait_for(lambda: "readiness restored" in server.log(), 60, "the watchdog to see it move")
+    wait_for(lambda: "readiness restored" in server.log(), what="the watchdog to see it move")
     server.stop()
 
 
@@ -63,4 +64,4 @@ def test_a_stopped_engine_process_past_the_exit_limit_ends_the_server(start_serv
     last = server.log().strip().splitlines()[-1]
     assert "engine stalled: no progress for" in last, last
     assert "exiting with status 1" in last
-    wait_for(lambda: not alive(child), 30, "the stopped engine process to be killed")
+    wait_for(lambda: not alive(child), what="the stopped engine process to be killed")

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import pytest
 import requests
 
 from mistral_build.local_server import raw_post
-from tests.e2e.util import scrape, value, wait_for
+from tests.e2e.util import refuses_connections, scrape, value, wait_for, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -36,6 +35,7 @@ METRIC_NAMES = [
 
 
 def test_metrics_count_tokens_and_requests(server_url):
+    wait_idle(server_url)
     before = scrape(server_url)
     r = requests.post(
         server_url + PREDICT, json={"prompt": "count me", "max_new_tokens": 5}, timeout=60
@@ -111,9 +111,9 @@ def test_a_waiting_request_whose_client_left_is_dropped(start_server):
     assert next(reader)
     # A raw request: it waits for the single slot, so no response headers would come.
     waiter = raw_post(server.url, PREDICT, {"prompt": "wait", "max_new_tokens": 10})
-    wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 1, 30, "a waiter")
+    wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 1, what="a waiter")
     waiter.close()
-    wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 0, 30, "the waiter to go")
+    wait_for(lambda: value(server.url, "mtt:num_requests_waiting") == 0, what="the waiter to go")
     assert value(server.url, "mtt:num_requests_running") == 1
     holder.close()
     server.stop()
@@ -126,9 +126,8 @@ def test_sigterm_drains_streams_within_the_grace_period(start_server):
     for reader in readers:
         assert next(reader)
     server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.5)
-    with pytest.raises(requests.ConnectionError):  # the listener is closed: not ready
-        requests.get(server.url + "/v1/models/model", timeout=5)
+    # The listener is closed (not ready) once the server has handled the signal.
+    wait_for(lambda: refuses_connections(server.url), what="the listener to close")
     texts = [b"".join(reader) for reader in readers]
     assert server.process.wait(60) in EXITED_ON_SIGTERM
     log = server.log()

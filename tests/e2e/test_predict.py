@@ -12,7 +12,7 @@ import requests
 
 from mistral_build.local_server import raw_post
 from mistral_serving.tokenizer import load_tokenizer
-from tests.e2e.util import aborted, value, wait_for
+from tests.e2e.util import aborted, value, wait_for, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -212,7 +212,7 @@ def test_request_id_is_taken_from_the_header_and_logged(server, server_url):
         timeout=60,
     )
     assert r.headers["x-request-id"] == rid
-    wait_for(lambda: rid in server.log(), 10, "the request's log line")
+    wait_for(lambda: rid in server.log(), what="the request's log line")
     line = next(json.loads(x) for x in server.log().splitlines() if rid in x and '"event"' in x)
     assert line["route"] == "predict" and line["output_tokens"] == 3
     assert line["finish_reason"] == "length" and "prompt" not in line  # text is not logged
@@ -243,6 +243,7 @@ def _open_streams(url: str, n: int, max_new_tokens: int):
 def test_sixteen_streams_are_generated_together(server_url):
     # Each of 16 streams has produced text while all 16 are still open: the engine is
     # running them at once (not one after another).
+    wait_idle(server_url)
     before = aborted(server_url)
     responses, _readers, firsts = _open_streams(server_url, 16, 2048)
     try:
@@ -252,7 +253,7 @@ def test_sixteen_streams_are_generated_together(server_url):
         for r in responses:
             r.close()
     wait_for(
-        lambda: value(server_url, "mtt:num_requests_running") == 0, 30, "streams to be aborted"
+        lambda: value(server_url, "mtt:num_requests_running") == 0, what="streams to be aborted"
     )
     assert aborted(server_url) - before == 16
 
@@ -278,6 +279,7 @@ def test_concurrent_greedy_answers_equal_sequential_ones(server_url):
 
 
 def test_client_disconnect_mid_stream_aborts_the_engine_request(server_url):
+    wait_idle(server_url)
     before = aborted(server_url)
     r = requests.post(
         f"{server_url}/v1/models/model:predict",
@@ -287,17 +289,18 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(server_url):
     )
     assert next(r.iter_content(chunk_size=None))
     r.close()
-    wait_for(lambda: aborted(server_url) == before + 1, 30, "the abort")
-    wait_for(lambda: value(server_url, "mtt:num_requests_running") == 0, 30, "a free engine")
+    wait_for(lambda: aborted(server_url) == before + 1, what="the abort")
+    wait_for(lambda: value(server_url, "mtt:num_requests_running") == 0, what="a free engine")
     assert predict(server_url, prompt="after", max_new_tokens=2).status_code == 200
 
 
 def test_client_disconnect_during_a_non_streaming_request_aborts_it(server_url):
+    wait_idle(server_url)
     before = aborted(server_url)
     body = {"prompt": "long", "max_new_tokens": 4000}
     with raw_post(server_url, "/v1/models/model:predict", body):
         wait_for(
-            lambda: value(server_url, "mtt:num_requests_running") == 1, 30, "the request to start"
+            lambda: value(server_url, "mtt:num_requests_running") == 1, what="the request to start"
         )
-    wait_for(lambda: aborted(server_url) == before + 1, 30, "the abort")
+    wait_for(lambda: aborted(server_url) == before + 1, what="the abort")
     assert predict(server_url, prompt="after", max_new_tokens=2).status_code == 200

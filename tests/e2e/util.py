@@ -24,7 +24,14 @@ def value(url: str, name: str, **labels: str) -> float:
     return scrape(url).get((name, tuple(sorted(labels.items()))), 0.0)
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+# How long a test waits for the server to reach a state before calling it a failure: a
+# bound, never a measurement (a loaded 2-core machine can stall a process for seconds).
+PATIENCE_S = 120.0
+
+
+def wait_for(
+    check: Callable[[], bool], timeout: float = PATIENCE_S, what: str = "condition"
+) -> None:
     """Poll until `check()` holds (bounded), for state the server reaches asynchronously."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -32,6 +39,41 @@ def wait_for(check: Callable[[], bool], timeout: float = 30.0, what: str = "cond
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def wait_idle(url: str) -> None:
+    """Nothing running or waiting on a shared server: a request an earlier test left (a
+    client that went away is aborted only when the server notices) is over, so counters
+    and gauges read from here on move for this test's requests alone."""
+    wait_for(
+        lambda: (
+            value(url, "mtt:num_requests_running") == 0
+            and value(url, "mtt:num_requests_waiting") == 0
+        ),
+        what="the shared server to be idle",
+    )
+
+
+def unready(url: str) -> bool:
+    """The readiness probe fails: no listener, a probe that times out, or not 200 (a
+    kubelet counts all three as a failure)."""
+    try:
+        return requests.get(f"{url}/v1/models/model", timeout=10).status_code != 200
+    except requests.RequestException:
+        return True
+
+
+def refuses_connections(url: str) -> bool:
+    """Nothing accepts a connection at `url` any more (the listener is closed)."""
+    try:
+        requests.get(f"{url}/v1/models/model", timeout=30)
+    except requests.ConnectTimeout:
+        return False  # not answered in time is not refused
+    except requests.ConnectionError:
+        return True
+    except requests.Timeout:
+        return False  # accepted, answered late
+    return False
 
 
 def aborted(url: str) -> float:

@@ -161,7 +161,7 @@ def test_draining_refuses_new_and_waiting_requests() -> None:
         with pytest.raises(Draining):
             await adm.acquire()
         with pytest.raises(Draining):
-            await asyncio.wait_for(waiter, 1)
+            await asyncio.wait_for(waiter, 60)
         assert (adm.waiting, gauge(reg, "waiting")) == (0, 0)
         held.release()
         assert adm.inflight == 0
@@ -185,7 +185,7 @@ def test_waiting_client_that_leaves_is_dropped() -> None:
         assert not waiter.done()  # still connected: still waiting
         gone = True
         with pytest.raises(ClientGone):
-            await asyncio.wait_for(waiter, 1)
+            await asyncio.wait_for(waiter, 60)
         assert (adm.waiting, gauge(reg, "waiting")) == (0, 0)
         held.release()
         assert adm.inflight == 0  # nobody was handed the slot
@@ -223,7 +223,7 @@ def test_waiter_cancelled_after_hand_off_passes_the_slot_on() -> None:
         a.cancel()  # ... which is cancelled before it can take it
         with pytest.raises(asyncio.CancelledError):
             await a
-        ticket = await asyncio.wait_for(b, 1)  # the slot went on to `b`, not lost
+        ticket = await asyncio.wait_for(b, 60)  # the slot went on to `b`, not lost
         assert adm.inflight == 1
         ticket.release()
         assert adm.inflight == 0

@@ -106,7 +106,7 @@ def test_the_truss_adapter_is_thin_and_only_forwards() -> None:
         if isinstance(node, ast.ImportFrom) and node.module
     }
     ours = {m for m in imported if m.startswith("mistral_serving")}
-    assert ours == {"mistral_serving.frontend", "mistral_serving.settings"}, ours
+    assert ours == {"mistral_serving.frontend"}, ours  # settings come with its frontend
 
 
 def test_build_tooling_is_not_in_the_serving_packages() -> None:
@@ -151,6 +151,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.tokenizer",
                 "mistral_serving.shutdown",
                 "mistral_serving.driver",
+                "mistral_serving.startup",
                 "mistral_serving.scope_keys",
                 "mistral_serving.engines",
                 "mistral_serving.engines.base",
@@ -169,6 +170,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.admission",
                 "mistral_serving.engines.pytorch.guided",
                 "mistral_serving.engines.trtllm.checks",
+                "mistral_serving.artifact_sources",
                 "mistral_serving.grammar_pool",
                 "mistral_serving.grammar",
                 "mistral_serving.tool_calls",
@@ -179,7 +181,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
             "artifacts and engine families",
             (
                 "mistral_serving.artifacts",
-                "mistral_serving.prefetch",
+                "mistral_serving.artifact_fill",
                 "mistral_serving.engines.*",
                 "mistral_serving.engines.process.ipc",
                 "mistral_serving.watchdog",
@@ -244,6 +246,8 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_build.truss_config",
                 "mistral_build.k8s",
                 "mistral_build.gateway",
+                "mistral_build.k8s_weights",
+                "mistral_build.k8s_bucket",
                 "mistral_build.diagrams",
             ),
         ),

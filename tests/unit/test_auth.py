@@ -10,8 +10,11 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from mistral_serving.auth import ApiKeyError, key_matches, load_keys
+from mistral_serving.frontend import Frontend
+from mistral_serving.metrics import Metrics
 from mistral_serving.server import extend
 from mistral_serving.settings import Settings
 
@@ -36,7 +39,8 @@ def app_with(tmp_path: Path, keys_text: str | None) -> TestClient:
         keys = tmp_path / "keys"
         keys.write_text(keys_text)
         path = str(keys)
-    return TestClient(extend(app, Settings(api_keys_file=path)))
+    frontend = Frontend(Settings(api_keys_file=path), Metrics(CollectorRegistry()))
+    return TestClient(extend(app, frontend))
 
 
 def test_off_by_default_every_route_is_open(tmp_path: Path) -> None:

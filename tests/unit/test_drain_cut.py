@@ -37,7 +37,7 @@ def test_a_non_streamed_answer_cut_by_the_drain_is_a_503_with_the_partial_text(
         await asyncio.sleep(0.05)  # the scripted text is out; the request waits
         served.frontend.drainer.draining = True
         assert served.frontend._abort_all() == 1  # the grace period is over
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 60)
 
     asyncio.run(main())
     assert client.status == 503

@@ -134,6 +134,14 @@ def test_a_truncated_or_mutated_frame_is_an_ipc_error_or_a_message(
     _decodes_or_refuses(bytes(frame))
 
 
+def test_a_string_that_is_not_utf8_is_an_ipc_error() -> None:
+    """msgspec raises UnicodeDecodeError (not a DecodeError) for one: found by fuzzing."""
+    frame = ipc.encode(ipc.Abort("r"))
+    assert frame.endswith(b"\xa1r")
+    with pytest.raises(ipc.IpcError, match="unreadable"):
+        ipc.decode_to_engine(frame[:-1] + b"\x80")
+
+
 def test_each_decoder_takes_only_its_own_directions_messages() -> None:
     with pytest.raises(ipc.IpcError, match="unreadable"):
         ipc.decode_to_engine(ipc.encode(ipc.Beat(1.0)))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from fastapi import HTTPException
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -27,7 +28,14 @@ from mistral_serving.engines.base import (
     SamplingOptions,
     TokenDelta,
 )
-from mistral_serving.frontend import REQUEST_ID_HEADER, Frontend, one_line, request_id_from
+from mistral_serving.frontend import (
+    FRONTEND_CONFIG_KEY,
+    REQUEST_ID_HEADER,
+    Frontend,
+    frontend_for,
+    one_line,
+    request_id_from,
+)
 from mistral_serving.metrics import Metrics
 from mistral_serving.scope_keys import CUT_EXTENSION
 from mistral_serving.service import GenerationService
@@ -359,7 +367,7 @@ def test_a_client_that_leaves_while_queued_is_counted_gone(tok: Tokenizer) -> No
         while served.frontend.admission.waiting == 0:
             await asyncio.sleep(0.001)
         client.leave()
-        response = await asyncio.wait_for(task, 5)
+        response = await asyncio.wait_for(task, 60)
         held.release()
         return response
 
@@ -383,7 +391,7 @@ def test_non_streaming_client_gone_aborts_the_engine(tok: Tokenizer) -> None:
         while not engine.calls:
             await asyncio.sleep(0.001)
         client.leave()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 60)
 
     asyncio.run(main())
     assert engine.aborted == [engine.calls[0].request_id]
@@ -402,7 +410,7 @@ def test_a_predict_stream_cut_by_abort_ends_incomplete(tok: Tokenizer) -> None:
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.01)
         assert served.frontend._abort_all() == 1  # the drain's grace period is over
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 60)
 
     asyncio.run(main())
     assert client.status == 200
@@ -424,7 +432,7 @@ def test_a_chat_stream_cut_by_abort_says_so_in_band(tok: Tokenizer) -> None:
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.01)
         served.frontend._abort_all()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 60)
 
     asyncio.run(main())
     assert client.complete
@@ -453,7 +461,7 @@ def test_a_stream_whose_client_leaves_is_aborted_and_counted_once(
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.01)
         client.leave()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 60)
         for _ in range(3):  # let a closed generator's cleanup run
             await asyncio.sleep(0)
 
@@ -479,7 +487,7 @@ def test_a_chat_stream_left_after_the_role_chunk_is_counted_once(tok: Tokenizer)
 
     async def main() -> None:
         response = await served.frontend.handle("chat_completions", client.request())
-        await asyncio.wait_for(response(client.scope, client.receive, send), 5)
+        await asyncio.wait_for(response(client.scope, client.receive, send), 60)
         del response
         for _ in range(3):
             await asyncio.sleep(0)
@@ -790,7 +798,7 @@ def test_tokens_are_counted_while_a_stream_runs(tok: Tokenizer) -> None:
             await asyncio.sleep(0.001)
         assert tokens() > 0  # before the stream ended
         served.frontend._abort_all()
-        await asyncio.wait_for(task, 5)
+        await asyncio.wait_for(task, 60)
 
     asyncio.run(main())
     assert tokens() == len(tok.encode(TEXT))  # and each counted once
@@ -808,3 +816,19 @@ def test_the_load_failure_line_keeps_the_whole_cause() -> None:
     assert (
         line == "RuntimeError: cannot load the engine: config.json | caused by: OSError: disk full"
     )
+
+
+def test_frontend_for_serves_the_launchers_frontend_else_makes_one() -> None:
+    made = Frontend(Settings(served_model_name="launched"), Metrics(CollectorRegistry()))
+    config: dict[str, Any] = {"model_metadata": {"served_model_name": "other"}}
+    assert frontend_for(config | {FRONTEND_CONFIG_KEY: made}) is made
+    alone = frontend_for(config)  # Truss's own main.py: no launcher, the config's settings
+    assert alone is not made and alone.settings.served_model_name == "other"
+
+
+def test_a_request_before_load_is_a_503_not_a_crash() -> None:
+    frontend = Frontend(Settings(), Metrics(CollectorRegistry()))  # nothing attached
+    client = Client(json.dumps({"prompt": "hi"}).encode())
+    with pytest.raises(HTTPException) as refused:
+        asyncio.run(frontend.handle("predict", client.request()))
+    assert refused.value.status_code == 503 and "loading" in refused.value.detail

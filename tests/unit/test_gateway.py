@@ -6,6 +6,7 @@ enforces (the vendored CRDs of the pinned releases, with unknown fields refused 
 from __future__ import annotations
 
 import copy
+import typing
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from mistral_build import gateway, k8s
 from mistral_build.deploy_settings import DeploySettings, load_deploy_settings
 from mistral_build.paths import K8S_DIR, REPO_ROOT
 from mistral_serving.metrics import Metrics
+from mistral_serving.settings import Settings
 
 CRD_DIR = REPO_ROOT / "tests" / "data" / "crds"
 EXAMPLE = load_deploy_settings(k8s.EXAMPLE_VALUES_FILE)
@@ -138,11 +140,16 @@ def test_other_settings_render_valid_gateway_objects(values: dict[str, Any]) -> 
             assert obj["metadata"]["namespace"] == s.namespace, name
 
 
-def test_the_vendored_crds_are_the_release_the_endpoint_picker_runs() -> None:
+def test_the_vendored_crds_are_the_current_releases() -> None:
     crd = yaml.safe_load((CRD_DIR / "inference.networking.k8s.io_inferencepools.yaml").read_text())
     bundle = crd["metadata"]["annotations"]["inference.networking.k8s.io/bundle-version"]
     assert bundle == gateway.INFERENCE_EXTENSION_VERSION
-    assert gateway.EPP_IMAGE.endswith(":" + bundle)
+    # At least the Inference Extension the router's release installs (v1.5.0 for v0.10.0).
+    assert tuple(int(x) for x in bundle[1:].split(".")) >= (1, 5, 0)
+    assert gateway.EPP_IMAGE.endswith(":" + gateway.ROUTER_VERSION)
+    assert gateway.EPP_IMAGE.startswith("ghcr.io/llm-d/llm-d-router-endpoint-picker:")
+    readme = (CRD_DIR / "README.md").read_text()
+    assert bundle in readme and gateway.ROUTER_VERSION in readme
 
 
 # --- the pieces fit together ------------------------------------------------------------
@@ -201,33 +208,65 @@ def epp_flags(s: DeploySettings) -> dict[str, str]:
     return flags
 
 
-@pytest.mark.parametrize("names", ["mtt", "vllm"])
+# The router's built-in model-server types (core-metrics-extractor, factories.go,
+# defaultEngineConfigs at ROUTER_VERSION).
+ROUTER_ENGINES = {"vllm", "sglang", "trtllm-serve", "triton-tensorrt-llm", "triton"}
+NAME_MODES = typing.get_args(Settings.model_fields["metrics_names"].annotation)
+
+
+def picker_config(s: DeploySettings) -> dict[str, Any]:
+    data = gateway.epp_config(s)["data"]
+    return yaml.safe_load(data[gateway.EPP_CONFIG_FILE])
+
+
+def plugin(config: dict[str, Any], kind: str) -> dict[str, Any]:
+    (found,) = [p for p in config["plugins"] if p["type"] == kind]
+    return found.get("parameters", {})
+
+
+@pytest.mark.parametrize("names", NAME_MODES)
 def test_endpoint_picker_reads_the_gauges_the_server_exports(names: str) -> None:
     s = DeploySettings(**{**EXAMPLE.model_dump(), "serving": {"metrics_names": names}})
+    config = picker_config(s)
+    assert config["apiVersion"] == "llm-d.ai/v1alpha1"
+    assert plugin(config, "metrics-data-source")["path"] == k8s.METRICS_PATH
+    extractor = plugin(config, "core-metrics-extractor")
+    engine = extractor["defaultEngine"]
+    assert engine == gateway.picker_engine(names)
+    if names == "mtt":  # our own names: an engine config of ours, every name exported
+        (ours,) = extractor["engineConfigs"]
+        assert ours["name"] == engine and engine not in ROUTER_ENGINES
+        registry = CollectorRegistry()
+        Metrics(registry, prefix=s.serving_settings.metrics_prefix)
+        gauges = {m.name for m in registry.collect() if m.type == "gauge"}
+        picked = {ours[k] for k in ("queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec")}
+        assert picked == {
+            "mtt:num_requests_waiting",
+            "mtt:num_requests_running",
+            "mtt:kv_cache_usage_perc",
+        }
+        assert picked <= gauges
+        assert ours["cacheInfoSpec"] == "mtt:cache_config_info"  # the TensorRT-LLM engines'
+    else:  # a name set the router knows as its own model-server type
+        assert engine in ROUTER_ENGINES and "engineConfigs" not in extractor
     flags = epp_flags(s)
-    registry = CollectorRegistry()
-    Metrics(registry, prefix=f"{names}:")
-    gauges = {m.name for m in registry.collect() if m.type == "gauge"}
-    picked = {
-        flags["--total-queued-requests-metric"],
-        flags["--total-running-requests-metric"],
-        flags["--kv-cache-usage-percentage-metric"],
-    }
-    assert picked == {
-        f"{names}:num_requests_waiting",
-        f"{names}:num_requests_running",
-        f"{names}:kv_cache_usage_perc",
-    }
-    assert picked <= gauges
-    assert flags["--lora-info-metric"] == flags["--cache-info-metric"] == ""
-    assert flags["--model-server-metrics-path"] == k8s.METRICS_PATH
     assert flags["--pool-name"] == gateway.pool_name(s)
+    assert flags["--pool-group"] == "inference.networking.k8s.io"
+    assert not any("metric" in f for f in flags if f != "--metrics-endpoint-auth")  # deprecated
+
+
+def test_each_naming_mode_is_a_model_server_type_the_router_knows() -> None:
+    """`vllm` and `trtllm` (trtllm-serve's names) are the router's built-in types; `mtt`
+    is ours, configured in full."""
+    assert set(gateway.PICKER_ENGINES) >= set(NAME_MODES)
+    assert gateway.picker_engine("vllm") == "vllm"
+    assert gateway.picker_engine("trtllm") == "trtllm-serve"
+    assert {gateway.picker_engine(m) for m in ("vllm", "trtllm")} <= ROUTER_ENGINES
 
 
 def test_committed_endpoint_picker_uses_our_names() -> None:
     dep = committed()["epp-deployment.yaml"]
     (c,) = dep["spec"]["template"]["spec"]["containers"]
-    assert "mtt:num_requests_waiting" in c["args"]
     assert c["image"] == gateway.EPP_IMAGE
     # Its plugin configuration is mounted where --config-file points.
     config = committed()["epp-config.yaml"]
@@ -236,9 +275,15 @@ def test_committed_endpoint_picker_uses_our_names() -> None:
     assert Path(path).parent == Path(mount["mountPath"])
     plugins = yaml.safe_load(config["data"][Path(path).name])
     assert plugins["kind"] == "EndpointPickerConfig"
+    assert "mtt:num_requests_waiting" in config["data"][Path(path).name]
     types = {p["type"] for p in plugins["plugins"]}
     refs = {r["pluginRef"] for prof in plugins["schedulingProfiles"] for r in prof["plugins"]}
-    assert refs == types == {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
+    assert refs == {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
+    assert types == refs | {"metrics-data-source", "core-metrics-extractor"}
+    # The health port the probes and GKE's controller (9003 by default) ask.
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["grpc-health"] == gateway.EPP_HEALTH_PORT == 9003
+    assert c["readinessProbe"]["grpc"]["port"] == ports["grpc-health"]
 
 
 def test_endpoint_picker_may_read_pods_and_pools_only() -> None:
@@ -251,10 +296,50 @@ def test_endpoint_picker_may_read_pods_and_pools_only() -> None:
     for rule in role["rules"]:
         assert set(rule["verbs"]) == {"get", "list", "watch"}
     resources = {r for rule in role["rules"] for r in rule["resources"]}
-    assert resources == {"pods", "inferencepools", "inferenceobjectives"}
+    assert resources == {"pods", "inferencepools", "inferenceobjectives", "inferencemodelrewrites"}
 
 
 def test_gateway_is_off_unless_asked() -> None:
     plain = DeploySettings(**{**EXAMPLE.model_dump(), "gateway": False})
     assert not any(n.startswith("gateway/") for n in k8s.render_manifests(plain))
     assert EXAMPLE.gateway and any(n.startswith("gateway/") for n in k8s.render_manifests(EXAMPLE))
+
+
+# The router decodes its configuration strictly (DisallowUnknownFields: a misspelt key is a
+# start-up failure). The field names at ROUTER_VERSION, from its source:
+# apix/config/v1alpha1/endpointpickerconfig_types.go (the config, plugins, profiles),
+# pkg/epp/framework/plugins/datalayer/source/metrics/datasource.go (metricsDatasourceParams),
+# .../extractor/metrics/factories.go (modelServerExtractorParams, engineConfigParams).
+ROUTER_FIELDS: dict[str, set[str]] = {
+    "config": {"apiVersion", "kind", "featureGates", "plugins", "schedulingProfiles",
+               "dataLayer", "flowControl", "requestHandler", "saturationDetector", "parser"},
+    "plugin": {"name", "type", "parameters"},
+    "profile": {"name", "plugins"},
+    "profile plugin": {"pluginRef", "weight"},
+    "metrics-data-source": {"scheme", "path", "port", "insecureSkipVerify", "caCertPath",
+                            "clientCertPath", "clientKeyPath"},
+    "core-metrics-extractor": {"engineLabelKey", "defaultEngine", "engineConfigs"},
+    "engine config": {"name", "queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec",
+                      "loraSpec", "cacheInfoSpec", "cacheBlockSizeLabelName",
+                      "cacheNumBlocksLabelName", "cacheBlockSizeSpec", "cacheNumBlocksSpec",
+                      "customMetrics"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("names", NAME_MODES)
+def test_the_picker_config_uses_only_the_routers_field_names(names: str) -> None:
+    s = DeploySettings(**{**EXAMPLE.model_dump(), "serving": {"metrics_names": names}})
+    config = picker_config(s)
+    assert set(config) <= ROUTER_FIELDS["config"]
+    for p in config["plugins"]:
+        assert set(p) <= ROUTER_FIELDS["plugin"]
+        if p["type"] in ROUTER_FIELDS:
+            assert set(p.get("parameters", {})) <= ROUTER_FIELDS[p["type"]], p["type"]
+    for ec in plugin(config, "core-metrics-extractor").get("engineConfigs", []):
+        assert set(ec) <= ROUTER_FIELDS["engine config"]
+    for profile in config["schedulingProfiles"]:
+        assert set(profile) <= ROUTER_FIELDS["profile"]
+        assert all(set(r) <= ROUTER_FIELDS["profile plugin"] for r in profile["plugins"])
+        # Every profile refers to a declared plugin (the router refuses a dangling ref).
+        declared = {p.get("name", p["type"]) for p in config["plugins"]}
+        assert {r["pluginRef"] for r in profile["plugins"]} <= declared

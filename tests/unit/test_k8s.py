@@ -137,7 +137,8 @@ def test_k8s_folder_equals_what_the_example_values_render(tmp_path: Path) -> Non
     repo = {
         p.relative_to(K8S_DIR): p.read_text()
         for p in K8S_DIR.rglob("*")
-        if p.is_file() and p != values
+        # The example values files (this one and the other artifact sources') are inputs.
+        if p.is_file() and not (p.name.startswith("values") and p.name.endswith(".yaml.example"))
     }
     assert ours == repo
     for text in repo.values():

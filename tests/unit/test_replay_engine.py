@@ -78,7 +78,7 @@ def test_gauges_follow_the_live_requests_and_abort_ends_a_stream():
             eng.abort(f"g{i}")
             assert [d.finish_reason async for d in s][-1] == "abort"
         assert eng.num_running() == 0
-        for _ in range(500):  # the step thread clears the gauge on its next turn
+        for _ in range(6000):  # the step thread clears the gauge on its next turn
             if eng.kv_cache_usage() == 0.0:
                 break
             await asyncio.sleep(0.01)

@@ -19,7 +19,6 @@ from fastapi.testclient import TestClient
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, make_asgi_app
 
 from mistral_serving import __version__
-from mistral_serving import frontend as frontend_module
 from mistral_serving.engines.base import EngineLimits
 from mistral_serving.errors import RequestError
 from mistral_serving.frontend import Frontend
@@ -312,13 +311,12 @@ def test_non_http_scopes_pass_through() -> None:
 
 
 @pytest.fixture
-def registered(tok: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> Iterator[Frontend]:
+def registered(tok: Tokenizer) -> Iterator[Frontend]:
     metrics = Metrics(CollectorRegistry())
     settings = Settings(served_model_name="tiny-mistral", artifact="/models/dev")
     frontend = Frontend(settings, metrics)
     engine = ScriptedEngine(limits=LIMITS)
     frontend.attach(GenerationService(settings, tok, engine, metrics=metrics))
-    monkeypatch.setattr(frontend_module, "_current", frontend)
     yield frontend
 
 
@@ -342,7 +340,7 @@ def truss_like_app() -> FastAPI:
 
 def test_models_lists_the_served_model(registered: Frontend) -> None:
     app = truss_like_app()
-    add_routes(app)
+    add_routes(app, registered)
     answer = TestClient(app).get("/v1/models")
     assert answer.status_code == 200
     body = answer.json()
@@ -357,10 +355,10 @@ def test_models_lists_the_served_model(registered: Frontend) -> None:
     assert isinstance(model["created"], int)
 
 
-def test_models_and_health_before_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(frontend_module, "_current", None)
+def test_models_and_health_before_load() -> None:
+    loading = Frontend(Settings(), Metrics(CollectorRegistry()))  # no service attached yet
     app = FastAPI()
-    add_routes(app)
+    add_routes(app, loading)
     client = TestClient(app)
     answer = client.get("/v1/models")
     assert answer.status_code == 503
@@ -368,15 +366,11 @@ def test_models_and_health_before_load(monkeypatch: pytest.MonkeyPatch) -> None:
     assert client.get("/health").status_code == 503
     version = client.get("/version").json()
     assert version == {"version": __version__, "server": version["server"], "engine": None}
-    loading = Frontend(Settings(), Metrics(CollectorRegistry()))
-    monkeypatch.setattr(frontend_module, "_current", loading)
-    assert client.get("/v1/models").status_code == 503
-    assert client.get("/health").status_code == 503
 
 
 def test_health_and_version(registered: Frontend) -> None:
     app = FastAPI()
-    add_routes(app)
+    add_routes(app, registered)
     client = TestClient(app)
     assert client.get("/health").status_code == 200
     version = client.get("/version").json()
@@ -396,7 +390,7 @@ def test_health_and_version(registered: Frontend) -> None:
 def test_version_reports_each_startup_phase(registered: Frontend) -> None:
     registered.service.startup = {"artifact": 12.5, "tokenizer": 0.25, "engine": 7.0}
     app = FastAPI()
-    add_routes(app)
+    add_routes(app, registered)
     version = TestClient(app).get("/version").json()
     assert version["startup_seconds"] == {"artifact": 12.5, "tokenizer": 0.25, "engine": 7.0}
 
@@ -405,7 +399,7 @@ def test_health_with_a_dead_engine_is_503_and_stops_the_process(
     registered: Frontend, sigterm_recorder: list[int]
 ) -> None:
     app = FastAPI()
-    add_routes(app)
+    add_routes(app, registered)
     registered.service.engine.healthy = False  # type: ignore[union-attr]
     assert TestClient(app).get("/health").status_code == 503
     assert sigterm_recorder == [signal.SIGTERM]
@@ -418,7 +412,7 @@ def test_metrics_is_served_without_a_redirect() -> None:
     # The control: Truss's mount alone redirects /metrics to /metrics/.
     assert TestClient(plain).get("/metrics", follow_redirects=False).status_code in (307, 308)
     app = truss_like_app()
-    add_routes(app)
+    add_routes(app, Frontend(Settings(), Metrics(CollectorRegistry())))
     answer = TestClient(app).get("/metrics", follow_redirects=False)
     assert answer.status_code == 200
     assert answer.headers["content-type"] == CONTENT_TYPE_LATEST
@@ -433,7 +427,10 @@ def test_extend_guards_bodies_counts_refusals_and_shuts_down(registered: Fronten
         return JSONResponse({"got": len(await request.body())})
 
     settings = Settings(max_body_bytes=1024, body_timeout_seconds=5)
-    extend(app, settings)
+    assert registered.service is not None
+    guarded = Frontend(settings, registered.metrics)
+    guarded.attach(registered.service)
+    extend(app, guarded)
     with TestClient(app) as client:
         assert client.post("/v1/chat/completions", content=b"x" * 1024).json() == {"got": 1024}
         too_big = client.post("/v1/chat/completions", content=b"x" * 1025)
@@ -456,7 +453,7 @@ def test_extend_guards_bodies_counts_refusals_and_shuts_down(registered: Fronten
 
 def test_openapi_json_is_a_clean_404(registered: Frontend) -> None:
     app = truss_like_app()
-    add_routes(app)
+    add_routes(app, registered)
     answer = TestClient(app, raise_server_exceptions=True).get("/openapi.json")
     assert answer.status_code == 404
 

@@ -92,3 +92,66 @@ def test_same_uvicorn_settings_as_truss_but_the_parser_and_a_real_uvloop(
 def test_h11_can_be_chosen(app_context: Path) -> None:
     _, mine = started(app_context, {}, "h11")
     assert mine["http"] == "uvicorn.protocols.http.h11_impl"
+
+
+ONE_OWNER = r"""
+import json, sys
+from mistral_serving import server as ours
+from mistral_serving.frontend import FRONTEND_CONFIG_KEY, Frontend
+from mistral_serving.settings import Settings
+
+loads = []
+real_load = Settings.load.__func__
+
+def counted(cls, *args, **kwargs):
+    loads.append(1)
+    return real_load(cls, *args, **kwargs)
+
+Settings.load = classmethod(counted)
+Frontend.load = lambda self, hf_token: None  # no engine: only who made what matters here
+seen = {}
+
+def serve(server, settings):
+    server._model.load()  # what Truss's load thread does: model.py's Model is made here
+    model = server._model._model
+    app = server.create_application()
+    made = server._config[FRONTEND_CONFIG_KEY]
+    guard = next(m for m in app.user_middleware if m.cls.__name__ == "BodyGuard")
+    seen.update(
+        model_serves_the_launchers=model._frontend is made,
+        guard_asks_it=guard.kwargs["refuse"].__self__ is made,
+        its_settings_are_the_launchers=made.settings is settings,
+        settings_loads=len(loads),
+    )
+
+ours.serve = serve
+code = ours.main()
+print(json.dumps(seen | {"code": code}))
+"""
+
+
+def test_the_launcher_owns_the_one_frontend_and_loads_settings_once(app_context: Path) -> None:
+    """`server.main` loads the settings once and makes the one Frontend; Truss's real
+    ModelWrapper builds model.py's Model, which serves that same object, and so do the
+    body guard and our routes (no process-global lookup)."""
+    app = app_context / "app"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "mistral-trt-truss/packages"), str(app)])
+    env.pop("MTT_ARTIFACT", None)
+    out = subprocess.run(
+        [sys.executable, "-c", ONE_OWNER],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {
+        "model_serves_the_launchers": True,
+        "guard_asks_it": True,
+        "its_settings_are_the_launchers": True,
+        "settings_loads": 1,
+        "code": 0,
+    }

@@ -7,8 +7,22 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
-from mistral_serving.settings import ENV_PREFIX, Settings, SettingsError
+from mistral_serving.settings import (
+    ENV_PREFIX,
+    AdmissionSettings,
+    ArtifactSettings,
+    GrammarSettings,
+    LimitsSettings,
+    OpsSettings,
+    ReplaySettings,
+    ServerSettings,
+    Settings,
+    SettingsError,
+    TorchEngineSettings,
+    TrtllmSettings,
+)
 
 
 def test_defaults_with_nothing_given() -> None:
@@ -258,3 +272,64 @@ def test_any_env_value_loads_sanely_or_is_refused_in_one_line(name: str, raw: st
             value.encode("utf-8")
             assert value.isprintable(), field
     assert s.served_model_name and not any(c.isspace() for c in s.served_model_name)
+
+
+# ---- concerns ----
+
+CONCERNS = (
+    ArtifactSettings,
+    ServerSettings,
+    AdmissionSettings,
+    LimitsSettings,
+    TorchEngineSettings,
+    TrtllmSettings,
+    ReplaySettings,
+    GrammarSettings,
+    OpsSettings,
+)
+
+
+def test_every_setting_belongs_to_a_concern_and_settings_is_each_of_them() -> None:
+    s = Settings.load({}, env={})
+    assert all(isinstance(s, concern) for concern in CONCERNS)
+    # `engine` (which engine serves) is the only knob of the whole: the factory reads it.
+    covered = set().union(*(c.model_fields for c in CONCERNS))
+    assert set(Settings.model_fields) - covered == {"engine"}
+
+
+def test_an_engine_concern_holds_the_shared_limits_and_nothing_of_the_server() -> None:
+    limits = set(LimitsSettings.model_fields)
+    for engine in (TorchEngineSettings, TrtllmSettings):
+        assert limits <= set(engine.model_fields)
+        assert not set(engine.model_fields) & set(ServerSettings.model_fields)
+    own = [set(c.model_fields) - limits for c in CONCERNS if c is not LimitsSettings]
+    assert sum(map(len, own)) == len(set().union(*own))  # no knob in two concerns
+
+
+def test_each_concern_checks_its_own_rules_alone() -> None:
+    with pytest.raises(ValidationError, match="max_input_len must be below max_seq_len"):
+        TorchEngineSettings(max_input_len=8, max_seq_len=8)
+    with pytest.raises(ValidationError, match="probe_reserve_connections"):
+        ServerSettings(max_connections=8, probe_reserve_connections=8)
+    with pytest.raises(ValidationError, match="engine_stall_exit_seconds"):
+        OpsSettings(engine_stall_unready_seconds=10, engine_stall_exit_seconds=5)
+
+
+def test_env_names_are_matched_exactly_in_upper_case() -> None:
+    s = Settings.load(
+        {}, env={"mtt_max_inflight": "3", "Mtt_Max_Waiting": "4", "MTT_max_inflight": "5"}
+    )
+    assert (s.max_inflight, s.max_waiting) == (256, 512)
+    assert Settings.load({}, env={"MTT_MAX_INFLIGHT": "3"}).max_inflight == 3
+
+
+def test_the_environment_is_read_by_pydantic_settings_own_source() -> None:
+    from pydantic_settings import EnvSettingsSource
+
+    from mistral_serving.settings import _Environment
+
+    assert issubclass(_Environment, EnvSettingsSource)
+    assert _Environment(Settings, {"MTT_MAX_SEQ_LEN": "", "MTT_HOST": "::1"})() == {
+        "max_seq_len": None,
+        "host": "::1",
+    }

@@ -51,7 +51,7 @@ options_strategy = st.builds(
     max_new_tokens=st.integers(1, 32768),
     temperature=st.floats(0.0, 2.0),
     top_k=st.integers(0, 200),
-    top_p=st.floats(0.0, 1.0),
+    top_p=st.floats(0.0, 1.0, exclude_min=True),  # SamplingOptions' range: 1.0 is off
     seed=st.none() | st.integers(0, 2**31 - 1),
     repetition_penalty=st.floats(0.5, 2.0),
     presence_penalty=st.floats(-2.0, 2.0),
@@ -115,8 +115,14 @@ def test_sampling_off_switches_map_to_explicit_values(fake_trtllm):
 
 
 def test_top_p_zero_means_off_not_greedy(fake_trtllm):
-    sp = to_sampling_params(SamplingOptions(max_new_tokens=8, temperature=0.8, top_p=0.0), EOS, 0)
-    assert sp.top_p == 1.0
+    # "0 is off" is the predict route's spelling, mapped where the route is parsed.
+    from mistral_serving.protocols import ParseContext
+    from mistral_serving.protocols.predict import PredictFormat
+
+    body = {"prompt": "hi", "max_new_tokens": 8, "temperature": 0.8, "top_k": 0, "top_p": 0}
+    options = PredictFormat().parse(body, ParseContext(default_max_tokens=16)).gen.sampling
+    sp = to_sampling_params(options, EOS, 0)
+    assert sp.top_p == 1.0 and not sp._greedy_decoding
 
 
 def test_seed_is_passed_through(fake_trtllm):

@@ -110,7 +110,6 @@ def test_the_servers_shutdown_stops_the_executor(fake_trtllm, tmp_path, dev_mode
     from prometheus_client import CollectorRegistry
     from starlette.testclient import TestClient
 
-    from mistral_serving import frontend as frontend_module
     from mistral_serving.frontend import Frontend
     from mistral_serving.metrics import Metrics
     from mistral_serving.server import extend
@@ -123,15 +122,10 @@ def test_the_servers_shutdown_stops_the_executor(fake_trtllm, tmp_path, dev_mode
     metrics = Metrics(CollectorRegistry())
     front = Frontend(settings, metrics)
     front.attach(GenerationService(settings, load_tokenizer(dev_model), engine, metrics=metrics))
-    previous = frontend_module.current()
-    frontend_module.register(front)
-    try:
-        with TestClient(extend(FastAPI(), settings)) as client:
-            assert client.get("/health").status_code == 200
-            assert executor.shutdown_calls == 0
-        assert executor.shutdown_calls == 1 and executor.is_shutdown()
-    finally:
-        frontend_module.register(previous)
+    with TestClient(extend(FastAPI(), front)) as client:
+        assert client.get("/health").status_code == 200
+        assert executor.shutdown_calls == 0
+    assert executor.shutdown_calls == 1 and executor.is_shutdown()
 
 
 def test_pytorch_kind_pads_batches_to_cuda_graphs(fake_trtllm, tmp_path):

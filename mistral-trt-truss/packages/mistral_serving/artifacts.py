@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from mistral_serving.artifact_sources import check_source
 from mistral_serving.file_bounds import check_parsed_files
 from mistral_serving.manifest import (
     CONFIG_NAME,
@@ -46,7 +47,7 @@ from mistral_serving.manifest import (
     scan_files,
     shown,
 )
-from mistral_serving.settings import Settings, SettingsError
+from mistral_serving.settings import ArtifactSettings, SettingsError
 
 __all__ = ["Artifact", "ArtifactError", "ArtifactKind", "load_artifact", "resolve_artifact"]
 
@@ -68,7 +69,7 @@ class Artifact:
     config: dict[str, Any]  # config.json, parsed (engine or checkpoint config); do not mutate
 
 
-def load_artifact(settings: Settings, hf_token: str | None) -> Artifact:
+def load_artifact(settings: ArtifactSettings, hf_token: str | None) -> Artifact:
     """Resolve, confine, read and verify the artifact the settings name."""
     return open_artifact(resolve_artifact(settings, hf_token), settings)
 
@@ -76,7 +77,7 @@ def load_artifact(settings: Settings, hf_token: str | None) -> Artifact:
 # ---- resolve -------------------------------------------------------------------------
 
 
-def resolve_artifact(settings: Settings, hf_token: str | None) -> Path:
+def resolve_artifact(settings: ArtifactSettings, hf_token: str | None) -> Path:
     """The local directory holding the artifact (downloaded first if it is a repo id)."""
     if not settings.artifact:
         raise SettingsError(
@@ -222,12 +223,13 @@ def _transport_errors() -> tuple[type[BaseException], ...]:
 # ---- confine, read, verify ---------------------------------------------------------------
 
 
-def open_artifact(path: Path, settings: Settings) -> Artifact:
+def open_artifact(path: Path, settings: ArtifactSettings) -> Artifact:
     """Read an artifact directory into an `Artifact`: every file confined, config.json and
     the manifest parsed once, sizes checked, hashes checked unless a marker vouches."""
     path = Path(path)
     files = scan_files(path)
     check_parsed_files(path)  # before any parser sees a file (file_bounds.py)
+    check_source(path, files, settings)  # the pin; no marker inside a read-only mount
     config = _read_config(path, files)
     kind = _kind(path, files, config)
     manifest = None

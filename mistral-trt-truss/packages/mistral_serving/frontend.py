@@ -18,7 +18,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
@@ -28,6 +28,7 @@ from mistral_serving.admission import (
     ClientGone,
     Draining,
     Overloaded,
+    Ticket,
 )
 from mistral_serving.collector import freeze_loaded_objects, time_collections
 from mistral_serving.engines.base import EngineError
@@ -49,18 +50,19 @@ log = logging.getLogger(__name__)
 INLINE_DECODE_BYTES = 64 * 1024
 
 
-_current: Frontend | None = None
+# Where the launcher (`server.main`) leaves the Frontend it made in the config dict that
+# Truss hands, unchanged, to the model's constructor: the launcher is the frontend's one
+# owner, and the model and the server's own routes serve the same object.
+FRONTEND_CONFIG_KEY = "mistral_serving.frontend"
 
 
-def register(frontend: Frontend) -> None:
-    """The process's frontend (one Truss model per server): the routes `server.py` adds
-    to Truss's app read from it."""
-    global _current
-    _current = frontend
-
-
-def current() -> Frontend | None:
-    return _current
+def frontend_for(config: dict[str, Any]) -> Frontend:
+    """The frontend the launcher made for this Truss config; without a launcher (Truss's
+    own `main.py`), a new one from the config's settings."""
+    made = config.get(FRONTEND_CONFIG_KEY)
+    if isinstance(made, Frontend):
+        return made
+    return Frontend(Settings.load(config.get("model_metadata")))
 
 
 class _SlowReader(Exception):
@@ -244,10 +246,14 @@ class Frontend:
         if handled is not None:
             handled.append(True)  # counted from here on (the body guard needs to know)
         service = self.service
-        fmt = self.formats[route]
+        fmt = self.formats.get(route)
+        if service is None or fmt is None:
+            # Truss calls the model only once load() has finished (else it answers 503
+            # itself, as ModelNotReady); this is that answer, should one slip through.
+            raise HTTPException(503, "the model is loading")
         record = RequestRecord(request_id_from(request.headers.get(REQUEST_ID_HEADER)), route)
         headers = {REQUEST_ID_HEADER: record.request_id}
-        ticket = None
+        ticket: Ticket | None = None
         try:
             self._refuse_early()
             body = await _read_json(request)
@@ -261,12 +267,14 @@ class Frontend:
         except RequestError as err:
             if ticket is not None:
                 ticket.release()
-            return self._refuse(fmt, err, record, headers)
+            return _refuse(service, fmt, err, record, headers)
         # Only logged with log_prompts: joining a large chat's messages is not free.
         prompt_text = call.gen.prompt_text if self.settings.log_prompts else None
         if call.stream:
             events = fmt.stream_events(call, service.stream(prepared, record, prompt_text), record)
-            return self._streaming_response(events, ticket, record, fmt.stream_media_type, headers)
+            return self._streaming_response(
+                service, events, ticket, record, fmt.stream_media_type, headers
+            )
         try:
             logprobs = await service.complete(
                 prepared, record, request.is_disconnected, prompt_text
@@ -274,8 +282,8 @@ class Frontend:
         except RequestError as err:
             return _error_response(fmt, err, headers)  # counted by the service
         except EngineError as exc:
-            err = RequestError(f"generation failed: {exc}", status=500)
-            return _error_response(fmt, err, headers)
+            failed = RequestError(f"generation failed: {exc}", status=500)
+            return _error_response(fmt, failed, headers)
         finally:
             ticket.release()
         answer = fmt.response_body(call, record, logprobs)
@@ -298,7 +306,7 @@ class Frontend:
         if (err := self.early_refusal()) is not None:
             raise err
 
-    async def _admit(self, request: Request) -> Any:
+    async def _admit(self, request: Request) -> Ticket:
         try:
             return await self.admission.acquire(request.is_disconnected)
         except Overloaded:
@@ -317,26 +325,18 @@ class Frontend:
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
 
-    def _refuse(
-        self, fmt: WireFormat, err: RequestError, record: RequestRecord, headers: dict[str, str]
-    ) -> Response:
-        record.finish_reason = err.finish_reason
-        self.service.telemetry.finished(record)
-        if err.status == 499:
-            return Response(status_code=499, headers=headers)
-        return _error_response(fmt, err, headers)
-
     def _streaming_response(
         self,
+        service: GenerationService,
         events: AsyncIterator[str],
-        ticket: Any,
+        ticket: Ticket,
         record: RequestRecord,
         media_type: str,
         headers: dict[str, str],
     ) -> StreamingResponse:
         started = []
         slow: list[bool] = []
-        telemetry = self.service.telemetry
+        telemetry = service.telemetry
         tokens = self.metrics.generation_tokens
 
         async def body() -> AsyncIterator[str]:
@@ -384,6 +384,20 @@ class Frontend:
         )
         weakref.finalize(response, gone)
         return response
+
+
+def _refuse(
+    service: GenerationService,
+    fmt: WireFormat,
+    err: RequestError,
+    record: RequestRecord,
+    headers: dict[str, str],
+) -> Response:
+    record.finish_reason = err.finish_reason
+    service.telemetry.finished(record)
+    if err.status == 499:
+        return Response(status_code=499, headers=headers)
+    return _error_response(fmt, err, headers)
 
 
 def _draining() -> RequestError:

@@ -12,9 +12,6 @@ settings, and adds, before it starts:
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
   ready; 503 while loading, draining, or with a dead or stalled engine),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
-- With read-ahead on (`load_prefetch_threads` > 0; off by default) the artifact's weight
-  files start streaming into the page cache before Truss and torch are imported
-  (`prefetch.py`).
 - uvicorn runs on uvloop with the `http_parser` setting's parser (httptools by default;
   Truss's own start runs h11 on a stdlib asyncio loop), through `http_limits.py`'s
   protocol class: header size/count (431), header and idle timeouts, a connection cap
@@ -41,7 +38,9 @@ from typing import TYPE_CHECKING, Any
 from mistral_serving import __version__, driver
 from mistral_serving.auth import ApiKeyGuard, load_keys
 from mistral_serving.errors import RequestError
-from mistral_serving.prefetch import prefetch_artifact
+from mistral_serving.frontend import FRONTEND_CONFIG_KEY, Frontend
+from mistral_serving.protocols.openai_types import ModelCard, ModelList, openai_error_body
+from mistral_serving.protocols.predict import predict_error_body
 from mistral_serving.scope_keys import HANDLED
 from mistral_serving.settings import Settings, SettingsError
 from mistral_serving.shutdown import exit_if_load_fails
@@ -49,20 +48,12 @@ from mistral_serving.telemetry import request_id_from
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
-
-    from mistral_serving.frontend import Frontend
+    from truss_server import TrussServer
 
 log = logging.getLogger(__name__)
 
 _started = int(time.time())
 _runtime: dict[str, str] = {}  # how `serve` started uvicorn (for GET /version)
-
-
-def _current() -> Frontend | None:
-    """The model's frontend, once the Truss model has created it (imported by model.py;
-    never imported from here, so a broken import cannot break the server's shutdown)."""
-    module = sys.modules.get("mistral_serving.frontend")
-    return module.current() if module is not None else None
 
 
 # ---- the body guard ----
@@ -90,15 +81,10 @@ def route_of(path: str) -> str | None:
 def error_json(route: str | None, status: int, message: str, code: str | None = None) -> bytes:
     """An error body in the route's shape (OpenAI's for its routes, else predict's: what
     `protocols/` answers for the same refusal)."""
-    # Imported here: the wire formats pull in the service, which the launcher must not
-    # load before the read-ahead starts.
-    from mistral_serving.protocols.openai_types import openai_error_body
-
+    err = RequestError(message, status, code=code)
     if route in ("chat_completions", "completions") or route is None:
-        body = openai_error_body(RequestError(message, status, code=code))
-    else:
-        body = {"error": message}
-    return json.dumps(body).encode()
+        return json.dumps(openai_error_body(err)).encode()
+    return json.dumps(predict_error_body(err)).encode()
 
 
 class BodyGuard:
@@ -192,7 +178,8 @@ class _Gone(Exception):
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", ()):
+    headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+    for key, value in headers:
         if key == name:
             return value.decode("latin-1")
     return None
@@ -238,31 +225,28 @@ async def _answer(
 # ---- extra routes ----
 
 
-def add_routes(app: FastAPI) -> None:
+def add_routes(app: FastAPI, frontend: Frontend) -> None:
     from fastapi.responses import JSONResponse, Response
     from fastapi.routing import APIRoute
     from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
-
-    from mistral_serving.protocols.openai_types import ModelCard, ModelList, openai_error_body
 
     def unavailable(message: str) -> JSONResponse:
         return JSONResponse(status_code=503, content=openai_error_body(RequestError(message, 503)))
 
     async def list_models() -> Response:
-        frontend = _current()
-        if frontend is None or frontend.service is None:
+        service = frontend.service
+        if service is None:
             return unavailable("the model is loading")
         card = ModelCard(
             id=frontend.settings.served_model_name,
             created=_started,
             owned_by="mistral-trt-truss",
-            max_model_len=frontend.service.engine.limits.max_seq_len,
+            max_model_len=service.engine.limits.max_seq_len,
         )
         return JSONResponse(ModelList(data=[card]).wire())
 
     async def health() -> Response:
-        frontend = _current()
-        if frontend is None or not await frontend.is_healthy():
+        if not await frontend.is_healthy():
             return Response(status_code=503)
         return Response(status_code=200)
 
@@ -273,14 +257,14 @@ def add_routes(app: FastAPI) -> None:
             "server": {"event_loop": loop, "http_parser": _runtime.get("http_parser")},
             "engine": None,
         }
-        frontend = _current()
-        if frontend is not None and frontend.service is not None:
-            info = frontend.service.engine.info
+        service = frontend.service
+        if service is not None:
+            info = service.engine.info
             # The engine's own report (versions, dtype, limits, KV-cache kind, ...).
             answer["engine"] = info.name
             answer["details"] = json.loads(json.dumps(info.details, default=str))
-            answer["startup_seconds"] = frontend.service.startup  # per phase of its start
-            tokenizer = frontend.service.tokenizer  # how chats and tools are encoded and read
+            answer["startup_seconds"] = service.startup  # per phase of its start
+            tokenizer = service.tokenizer  # how chats and tools are encoded and read
             answer["chat"] = {"format": tokenizer.chat_format, "tools": tokenizer.tool_format}
         return JSONResponse(answer)
 
@@ -302,25 +286,20 @@ def add_routes(app: FastAPI) -> None:
     app.openapi_url = None
 
 
-def extend(app: FastAPI, settings: Settings) -> FastAPI:
+def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
     """Add our routes and the body guard to Truss's app (before it starts)."""
-    add_routes(app)
+    settings = frontend.settings
+    add_routes(app, frontend)
 
     def count(route: str, reason: str) -> None:
-        frontend = _current()
-        if frontend is not None:
-            frontend.metrics.finished.labels(route, reason).inc()
-
-    def refuse() -> RequestError | None:
-        frontend = _current()
-        return frontend.early_refusal() if frontend is not None else None
+        frontend.metrics.finished.labels(route, reason).inc()
 
     app.add_middleware(
         BodyGuard,
         max_bytes=settings.max_body_bytes,
         timeout_s=settings.body_timeout_seconds,
         count=count,
-        refuse=refuse,
+        refuse=frontend.early_refusal,
     )
     if settings.api_keys_file:  # outermost: an unauthenticated body is never read
         app.add_middleware(
@@ -335,15 +314,13 @@ def extend(app: FastAPI, settings: Settings) -> FastAPI:
     async def with_shutdown(app_: Any) -> AsyncIterator[Any]:
         async with lifespan(app_) as state:
             yield state
-        frontend = _current()
-        if frontend is not None:
-            await asyncio.to_thread(frontend.shutdown)
+        await asyncio.to_thread(frontend.shutdown)
 
     app.router.lifespan_context = with_shutdown
     return app
 
 
-def serve(server: Any, settings: Settings) -> None:
+def serve(server: TrussServer, settings: Settings) -> None:
     """`TrussServer.start` (truss 0.18.36) with two differences: uvicorn's HTTP parser is
     `http_parser` (Truss pins h11), and the event loop really is uvloop (Truss asks uvicorn
     for uvloop, then runs `asyncio.run`, which makes a stdlib loop). Measured with the
@@ -375,7 +352,7 @@ def serve(server: Any, settings: Settings) -> None:
         port=server._http_port,
         workers=1,
         timeout_graceful_shutdown=truss_server.TIMEOUT_GRACEFUL_SHUTDOWN,
-        log_config=truss_server.log_config.make_log_config(level),
+        log_config=dict(truss_server.log_config.make_log_config(level)),
         ws_max_size=truss_server.WS_MAX_MSG_SZ_BYTES,
         loop="uvloop",
         **{k: v for k, v in pings.items() if v},  # as Truss: unset keeps uvicorn's default
@@ -385,10 +362,9 @@ def serve(server: Any, settings: Settings) -> None:
     uvloop.run(server._server.serve())
 
 
-def _load_failure(exc: BaseException) -> str:
+def load_failure(frontend: Frontend, exc: BaseException) -> str:
     """Why load() failed, in one line: the frontend's words, else the exception's."""
-    frontend = _current()
-    if frontend is not None and frontend.load_error:
+    if frontend.load_error:
         return frontend.load_error
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
 
@@ -406,24 +382,27 @@ def main(config_path: str = "config.yaml") -> int:
     if (refusal := driver.startup_refusal(settings.driver_check)) is not None:
         print(f"cannot start: {refusal}", file=sys.stderr)
         return 2
-    prefetch_artifact(settings)  # if on: the disk streams while Truss and torch import
+    # The process's one frontend: Truss hands `config` to the model's constructor as it
+    # is, so the model serves this object (model.py, `frontend_for`) and so do our routes.
+    frontend = Frontend(settings)
+    config[FRONTEND_CONFIG_KEY] = frontend
     from truss_server import TrussServer
 
     class Server(TrussServer):
         def create_application(self) -> FastAPI:
-            return extend(super().create_application(), settings)
+            return extend(super().create_application(), frontend)
 
         def start(self) -> None:
             serve(self, settings)
 
     port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
     server = Server(port, config)
-    exit_if_load_fails(server._model, _load_failure)  # before a probe can SIGKILL us
+    # Before a probe can SIGKILL us.
+    exit_if_load_fails(server._model, lambda exc: load_failure(frontend, exc))
     server.start()
     if server._model.load_failed:
-        frontend = _current()
-        reason = frontend.load_error if frontend is not None else None
-        log.error("load failed: %s", reason or "model.load() raised (see above)")
+        reason = frontend.load_error or "model.load() raised (see above)"
+        log.error("load failed: %s", reason)
         logging.shutdown()
         return 1
     return 0

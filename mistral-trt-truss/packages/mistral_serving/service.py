@@ -13,11 +13,11 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from mistral_serving.artifacts import load_artifact
+from mistral_serving.artifacts import open_artifact, resolve_artifact
 from mistral_serving.chat import ChatFormatError, Message, encode_chat
 from mistral_serving.engines.base import (
     Engine,
@@ -32,6 +32,7 @@ from mistral_serving.grammar import export_metrics, gate_for
 from mistral_serving.manifest import describe
 from mistral_serving.metrics import Metrics, default_metrics
 from mistral_serving.settings import Settings
+from mistral_serving.startup import process_age_seconds
 from mistral_serving.streaming import TextStream
 from mistral_serving.telemetry import RequestRecord, Telemetry
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
@@ -129,12 +130,22 @@ class GenerationService:
     ) -> GenerationService:
         """Resolve the artifact, check it, start its engine; log what and how long."""
         started = time.monotonic()
-        artifact = load_artifact(settings, hf_token)  # fetched, confined, verified, read once
+        process = process_age_seconds()  # interpreter, imports, server start: before load()
+        if process is not None:
+            log.info("startup phase process (interpreter, imports, server): %.1fs", process)
+        path = resolve_artifact(settings, hf_token)  # the Hub's download, or a local/mounted dir
+        resolved = time.monotonic()
+        artifact = open_artifact(path, settings)  # confined, verified (hashes once), read once
         fetched = time.monotonic()
         manifest = artifact.manifest
         described = describe(manifest) if manifest is not None else "no build manifest"
         log.info("artifact %s: %s", artifact.path, described)
-        log.info("startup phase artifact (fetch, verify, read): %.1fs", fetched - started)
+        log.info(
+            "startup phase artifact (fetch, verify, read): %.1fs (fetch %.1fs, verify %.1fs)",
+            fetched - started,
+            resolved - started,
+            fetched - resolved,
+        )
         tokenizer = load_tokenizer(artifact.path)
         tokenized = time.monotonic()
         log.info("startup phase tokenizer: %.1fs", tokenized - fetched)
@@ -153,7 +164,10 @@ class GenerationService:
         )
         service = cls(settings, tokenizer, engine, metrics)
         service.startup = {
+            **({"process": process} if process is not None else {}),
             "artifact": round(fetched - started, 3),
+            "artifact_fetch": round(resolved - started, 3),
+            "artifact_verify": round(fetched - resolved, 3),
             "tokenizer": round(tokenized - fetched, 3),
             "engine": round(done - tokenized, 3),
         }
@@ -209,24 +223,15 @@ class GenerationService:
                 ids = await asyncio.to_thread(self._encode_within, req, limits.max_input_len)
             else:
                 ids = self._encode_within(req, limits.max_input_len)
-        if len(ids) > limits.max_input_len:
-            raise RequestError(
-                f"{req.param} is {len(ids)} tokens; this engine accepts at most "
-                f"{limits.max_input_len} input tokens",
-                param=req.param,
-            )
-        room = limits.max_seq_len - len(ids)
-        if room < 1:
-            raise RequestError(
-                f"{req.param} is {len(ids)} tokens, which leaves no room to generate within "
-                f"the engine's {limits.max_seq_len}-token sequence limit",
-                param=req.param,
-            )
+        try:
+            max_new = limits.fit(len(ids), req.sampling.max_new_tokens, what=req.param)
+        except EngineRequestError as exc:
+            raise RequestError(str(exc), param=req.param) from None
         sampling = req.sampling
         if sampling.guided is not None:  # a bad or too costly schema: a 4xx, never a 5xx
             await self.grammar.check(sampling.guided)
-        if sampling.max_new_tokens > room:
-            sampling = dataclasses.replace(sampling, max_new_tokens=room)
+        if sampling.max_new_tokens != max_new:
+            sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
         # The model's other end-of-turn tokens (generation_config's eos_token_id list);
         # EOS itself always ends generation unless ignore_eos.
         extra = tuple(t for t in self.tokenizer.stop_token_ids if t != self.engine.eos_token_id)
@@ -336,7 +341,8 @@ class GenerationService:
         finally:
             if not engine_done:
                 self.engine.abort(record.engine_id)  # sync first: nothing may await past a cancel
-            await tokens.aclose()
+            if isinstance(tokens, AsyncGenerator):  # what every engine returns: close it now
+                await tokens.aclose()
             self._live.discard(record.engine_id)
             self.telemetry.finished(record, prompt_text)
 

@@ -1,18 +1,26 @@
-"""One settings object for the whole service.
+"""Every setting of the service, by concern, and the one way they are loaded.
 
-Values come from the Truss `config.yaml` `model_metadata` block; any field can be
-overridden by an environment variable `MTT_<FIELD NAME IN UPPER CASE>` (what the
-Kubernetes manifests and `make serve` use). The same names appear in `build.py`,
+Values come from the Truss `config.yaml` `model_metadata` block; any of them can be
+overridden by an environment variable `MTT_<SETTING NAME IN UPPER CASE>` (what the
+Kubernetes manifests and `make serve` use). The names are flat and the same in `build.py`,
 the manifests and the README's settings table.
+
+Each concern is a model of its own (`ArtifactSettings`, `ServerSettings`, ...) and
+`Settings` combines them by inheritance, so a `Settings` is every one of them: a layer or an
+engine typed to take one concern gets the process's settings object and mypy stops it from
+reading another concern's knob. The launcher loads them once (`Settings.load`) and hands
+them down.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import EnvSettingsSource
 
 ENV_PREFIX = "MTT_"
 MAX_TEXT_CHARS = 4096  # any text setting (paths, repo ids, names)
@@ -23,11 +31,14 @@ class SettingsError(ValueError):
     """A setting is missing or invalid; the message is one actionable line."""
 
 
-class Settings(BaseModel):
+class _Concern(BaseModel):
     # No inf/nan for any float: "inf seconds" is a typo, not a setting.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    # What to serve.
+
+class ArtifactSettings(_Concern):
+    """What to serve and where it is kept (artifacts.py)."""
+
     artifact: str = Field(
         "",
         description="Local directory, or Hugging Face repo id, of a TensorRT-LLM engine "
@@ -36,175 +47,48 @@ class Settings(BaseModel):
     artifact_revision: str | None = Field(
         None, description="Pinned revision (commit sha or tag) when `artifact` is a repo id."
     )
+    artifact_manifest_sha256: str | None = Field(
+        None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the build manifest the artifact must have (a mounted bucket "
+        "or volume is pinned by it, as a repo id is by its revision); another refuses to load.",
+    )
     cache_dir: str = Field(
         "~/.cache/mistral-trt-truss", description="Where downloaded artifacts are cached."
-    )
-    engine: Literal["auto", "tensorrt_llm", "trtllm_pytorch", "pytorch", "replay"] = Field(
-        "auto",
-        description="`auto` picks from the artifact: engine dir -> tensorrt_llm. "
-        "`trtllm_pytorch` serves a Hugging Face checkpoint with TensorRT-LLM's PyTorch backend "
-        "(no engine build; needs the TensorRT-LLM image and a GPU). "
-        "`replay` is for benchmarks only: it emits pre-made tokens without a model.",
-    )
-    served_model_name: str = Field(
-        "mistral-7b-instruct", description="Model name returned by the OpenAI routes."
     )
     verify_hashes: bool = Field(
         True, description="Check artifact file hashes against its build manifest on load."
     )
 
-    # PyTorch engine.
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    max_batch_size: int = Field(
-        64, ge=1, le=4096, description="Sequences decoded together per step."
-    )
-    max_num_tokens: int = Field(
-        8192,
-        ge=16,
-        le=2**21,
-        description="Prompt tokens prefilled per engine step, padding included (rows x "
-        "the longest prompt): bounds step latency and prefill memory.",
-    )
-    prefill_logits_bytes: int = Field(
-        256 * 2**20,
-        ge=1,
-        le=2**36,
-        description="PyTorch engines: the most logits one prefill projection may hold "
-        "(bytes). Prompt logprobs (echo) are computed for the rows that ask, this many "
-        "bytes of logits at a time, and the rows prefilled together are limited so their "
-        "last-position logits fit too.",
-    )
-    pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
-        "auto",
-        description="`static`: preallocated KV slots, our own Llama/Mistral forward pass and "
-        "CUDA graphs (engines/pytorch/static.py; the fast path on a GPU). `dynamic`: "
-        "transformers' forward over a growing, left-padded DynamicCache (any causal LM). "
-        "`auto`: static on a CUDA GPU for the checkpoints it supports (Llama/Mistral "
-        "without sliding window or biases), else dynamic, logging why.",
-    )
-    load_prefetch_threads: int = Field(
-        0,
-        ge=0,
-        le=64,
-        description="Threads that read the artifact's weight files into the page cache "
-        "from the server's first moment, while Python and torch start; 0: off (the loader "
-        "streams the files itself; on the H200 VM's disk reading ahead slowed the start).",
-    )
-    gil_switch_interval_ms: float = Field(
-        0.5,
-        gt=0,
-        le=1000,
-        description="PyTorch engine on a GPU: the process's GIL switch interval "
-        "(sys.setswitchinterval); the engine thread and the event loop share the GIL.",
-    )
-    engine_process: Literal["off", "on"] = Field(
-        "off",
-        description="PyTorch engines: `on` runs the model and its step loop in a process of "
-        "their own (token ids to the server over a socket; the two no longer share one "
-        "GIL). Measured on an H200 it served the same throughput as `off` with a later "
-        "first token, so it is off by default.",
-    )
-    cuda_graphs: bool = Field(
-        True,
-        description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs.",
-    )
-    torch_threads: int | None = Field(
-        None,
-        ge=1,
-        le=1024,
-        description="PyTorch engine: torch's intra-op CPU threads. Unset: the CPUs this "
-        "process may really use (cgroup CPU quota, CPU affinity) less one, left to the event "
-        "loop, so a container on a big node does not run one thread per host core and a busy "
-        "small one does not spin its threads against the server.",
-    )
+    @field_validator("artifact", mode="before")
+    @classmethod
+    def _unset_artifact_is_empty(cls, value: object) -> object:
+        # `MTT_ARTIFACT=""` clears it like any other setting, to "" (no artifact) rather
+        # than to None.
+        return "" if value is None else value
 
-    replay_step_ms: float = Field(
-        10.0,
-        gt=0,
-        le=60_000,
-        description="engine=replay (benchmarks only): milliseconds per step; "
-        "each step emits one token to every live request.",
-    )
+    @model_validator(mode="after")
+    def _check_paths(self) -> ArtifactSettings:
+        for name in ("artifact", "cache_dir"):
+            value = getattr(self, name)
+            try:
+                Path(value).expanduser()
+            except (RuntimeError, ValueError):  # "~nobody/x": no such user's home
+                raise ValueError(f"{name}: cannot expand '~' in {value[:80]!r}") from None
+        return self
 
-    # Limits (never above what the engine allows).
-    max_input_len: int | None = Field(
-        None, ge=1, le=2**21, description="Lower the engine's input limit."
-    )
-    max_seq_len: int | None = Field(
-        None, ge=2, le=2**21, description="Lower the engine's sequence limit."
-    )
+    @property
+    def cache_path(self) -> Path:
+        return Path(self.cache_dir).expanduser()
 
-    # TensorRT-LLM engine.
-    kv_cache_free_gpu_memory_fraction: float = Field(
-        0.9,
-        gt=0,
-        le=1,
-        description="Share of free GPU memory for the KV cache (TensorRT-LLM, "
-        "and the static PyTorch cache when max_seq_len is unset).",
-    )
-    trtllm_capacity_scheduler_policy: Literal[
-        "guaranteed_no_evict", "max_utilization", "static_batch"
-    ] = Field(
-        "guaranteed_no_evict",
-        description="TensorRT-LLM's admission policy (SchedulerConfig.capacity_scheduler_policy)."
-        " guaranteed_no_evict admits a request only if KV for prompt + max_tokens is free; "
-        "max_utilization admits more and pauses requests when the cache runs out.",
-    )
-    trtllm_sampler: Literal["trtllm", "torch"] = Field(
-        "trtllm",
-        description="engine=trtllm_pytorch: TensorRT-LLM's sampler. trtllm (TRTLLMSampler) "
-        "applies repetition/presence/frequency penalties but returns only the sampled "
-        "token's logprob (top_logprobs above 0 are refused); torch (TorchSampler) returns "
-        "top-k logprobs but ignores penalties in 1.2 (requests with penalties are refused).",
-    )
-    trtllm_logprobs_abort_safe: bool = Field(
-        False,
-        description="engine=tensorrt_llm: serve logprobs from an engine built with "
-        "gather_generation_logits. Off: logprobs are refused, because aborting a request "
-        "with logprobs (any client disconnect) crashes the executor on TensorRT-LLM 1.1.0 and "
-        "1.2.0rc7. Turn on only after verify-gpu's abort-with-logprobs check passed on the "
-        "release you serve.",
-    )
-    trtllm_cuda_graph_padding: bool = Field(
-        True,
-        description="engine=trtllm_pytorch: pad decode batches up to the next captured CUDA "
-        "graph size (CudaGraphConfig.enable_padding; graphs up to max_batch_size), so every "
-        "decode step replays a graph instead of launching kernels one by one.",
-    )
-    trtllm_kv_block_reuse: bool = Field(
-        True,
-        description="TensorRT-LLM's KV-cache block reuse (KvCacheConfig.enable_block_reuse, on "
-        "upstream by default): requests sharing a prompt prefix reuse its cached blocks. "
-        "verify-gpu turns it off so equal greedy requests run the same kernels.",
-    )
 
-    # Requests.
-    default_max_tokens: int = Field(
-        2048,
-        ge=1,
-        le=2**21,
-        description="OpenAI chat requests without max_tokens generate at most this many "
-        "tokens (clamped to what the engine allows); a smaller default keeps the KV cache "
-        "a request reserves small.",
-    )
-    max_body_bytes: int = Field(
-        8 * 2**20, ge=1024, le=2**30, description="Largest request body; larger ones get 413."
-    )
-    api_keys_file: str = Field(
-        "",
-        description="File of API keys (one a line, e.g. a mounted Secret); when set, the "
-        "generation routes need `Authorization: Bearer <key>` (else 401). Empty: no auth.",
-    )
-    body_timeout_seconds: float = Field(
-        30.0, gt=0, le=3600, description="A request body must arrive within this; else 408."
-    )
-    metrics_names: Literal["mtt", "vllm"] = Field(
-        "mtt",
-        description="Prefix of the Prometheus metrics: `mtt:` (ours) or `vllm:` (so vLLM "
-        "dashboards and the Inference Gateway's endpoint picker work unchanged).",
-    )
+class ServerSettings(_Concern):
+    """The HTTP server: listening, bodies, connections, streams (server.py,
+    http_limits.py, auth.py, frontend.py)."""
 
+    served_model_name: str = Field(
+        "mistral-7b-instruct", description="Model name returned by the OpenAI routes."
+    )
     host: str = Field(
         "0.0.0.0",
         pattern=r"^[0-9A-Za-z.:-]{1,64}$",
@@ -217,46 +101,17 @@ class Settings(BaseModel):
         "installed, as in vLLM) or `h11` (pure Python; Truss's choice, ~15% more server CPU "
         "per streamed token).",
     )
-
-    # Structured output (response_format): bounds checked before any grammar compile.
-    grammar_max_schema_bytes: int = Field(
-        65536,
-        ge=1024,
-        le=2**24,
-        description="Largest response_format schema (JSON bytes); larger: 400.",
+    max_body_bytes: int = Field(
+        8 * 2**20, ge=1024, le=2**30, description="Largest request body; larger ones get 413."
     )
-    grammar_max_schema_depth: int = Field(
-        20, ge=2, le=32, description="Deepest JSON nesting of a schema; deeper: 400."
+    api_keys_file: str = Field(
+        "",
+        description="File of API keys (one a line, e.g. a mounted Secret); when set, the "
+        "generation routes need `Authorization: Bearer <key>` (else 401). Empty: no auth.",
     )
-    grammar_max_enum_values: int = Field(
-        1000, ge=1, le=10**6, description="enum/const values in one schema, all counted; more: 400."
+    body_timeout_seconds: float = Field(
+        30.0, gt=0, le=3600, description="A request body must arrive within this; else 408."
     )
-    grammar_max_pattern_repeat: int = Field(
-        1000,
-        ge=1,
-        le=10**9,
-        description="Largest expansion of one schema `pattern` (bounded repetitions multiply "
-        "when nested); 10x this for all of a schema's patterns; more: 400.",
-    )
-    grammar_compile_timeout_seconds: float = Field(
-        10.0,
-        gt=0,
-        le=600,
-        description="A schema must compile within this (in a child process that is killed "
-        "when it overruns); else 400. The verdict is cached.",
-    )
-    grammar_compile_workers: int = Field(
-        1, ge=1, le=16, description="Child processes compiling new schemas at once."
-    )
-    grammar_cache_bytes: int = Field(
-        64 * 2**20,
-        ge=0,
-        le=2**36,
-        description="PyTorch engines: memory of compiled grammars kept for reuse (LRU); "
-        "0 keeps none.",
-    )
-
-    # HTTP connection limits (enforced by the protocol classes in http_limits.py).
     max_header_bytes: int = Field(
         32 * 1024,
         ge=1024,
@@ -315,7 +170,25 @@ class Settings(BaseModel):
         "own; a client that falls further behind is aborted (finished_reason slow_reader).",
     )
 
-    # Admission control and shutdown.
+    @model_validator(mode="after")
+    def _check_connections(self) -> ServerSettings:
+        if self.probe_reserve_connections >= self.max_connections:
+            raise ValueError("probe_reserve_connections must be below max_connections")
+        return self
+
+
+class AdmissionSettings(_Concern):
+    """Who may generate now, who waits, what a request gets by default, and the drain
+    (admission.py, shutdown.py, the wire formats)."""
+
+    default_max_tokens: int = Field(
+        2048,
+        ge=1,
+        le=2**21,
+        description="OpenAI chat requests without max_tokens generate at most this many "
+        "tokens (clamped to what the engine allows); a smaller default keeps the KV cache "
+        "a request reserves small.",
+    )
     max_inflight: int = Field(256, ge=1, le=65536, description="Requests generating at once.")
     max_waiting: int = Field(
         512, ge=0, le=100_000, description="Requests waiting for a slot; more get 429."
@@ -324,7 +197,195 @@ class Settings(BaseModel):
         60.0, ge=0, le=3600, description="On SIGTERM, how long in-flight streams may finish."
     )
 
-    # The engine watchdog (mistral_serving/watchdog.py).
+
+class LimitsSettings(_Concern):
+    """Sequence, batch and memory sizing every engine kind reads (never above what the
+    engine allows)."""
+
+    max_input_len: int | None = Field(
+        None, ge=1, le=2**21, description="Lower the engine's input limit."
+    )
+    max_seq_len: int | None = Field(
+        None, ge=2, le=2**21, description="Lower the engine's sequence limit."
+    )
+    max_batch_size: int = Field(
+        64, ge=1, le=4096, description="Sequences decoded together per step."
+    )
+    max_num_tokens: int = Field(
+        8192,
+        ge=16,
+        le=2**21,
+        description="Prompt tokens prefilled per engine step, padding included (rows x "
+        "the longest prompt): bounds step latency and prefill memory.",
+    )
+    kv_cache_free_gpu_memory_fraction: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Share of free GPU memory for the KV cache (TensorRT-LLM, "
+        "and the static PyTorch cache when max_seq_len is unset).",
+    )
+
+    @model_validator(mode="after")
+    def _check_limits(self) -> LimitsSettings:
+        if self.max_input_len and self.max_seq_len and self.max_input_len >= self.max_seq_len:
+            raise ValueError("max_input_len must be below max_seq_len")
+        return self
+
+
+class TorchEngineSettings(LimitsSettings):
+    """The PyTorch engines (engine=pytorch), their process split and their grammars."""
+
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    prefill_logits_bytes: int = Field(
+        256 * 2**20,
+        ge=1,
+        le=2**36,
+        description="PyTorch engines: the most logits one prefill projection may hold "
+        "(bytes). Prompt logprobs (echo) are computed for the rows that ask, this many "
+        "bytes of logits at a time, and the rows prefilled together are limited so their "
+        "last-position logits fit too.",
+    )
+    pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
+        "auto",
+        description="`static`: preallocated KV slots, our own Llama/Mistral forward pass and "
+        "CUDA graphs (engines/pytorch/static.py; the fast path on a GPU). `dynamic`: "
+        "transformers' forward over a growing, left-padded DynamicCache (any causal LM). "
+        "`auto`: static on a CUDA GPU for the checkpoints it supports (Llama/Mistral "
+        "without sliding window or biases), else dynamic, logging why.",
+    )
+    gil_switch_interval_ms: float = Field(
+        0.5,
+        gt=0,
+        le=1000,
+        description="PyTorch engine on a GPU: the process's GIL switch interval "
+        "(sys.setswitchinterval); the engine thread and the event loop share the GIL.",
+    )
+    engine_process: Literal["off", "on"] = Field(
+        "off",
+        description="PyTorch engines: `on` runs the model and its step loop in a process of "
+        "their own (token ids to the server over a socket; the two no longer share one "
+        "GIL). Measured on an H200 it served the same throughput as `off` with a later "
+        "first token, so it is off by default.",
+    )
+    cuda_graphs: bool = Field(
+        True,
+        description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs.",
+    )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="PyTorch engine: torch's intra-op CPU threads. Unset: the CPUs this "
+        "process may really use (cgroup CPU quota, CPU affinity) less one, left to the event "
+        "loop, so a container on a big node does not run one thread per host core and a busy "
+        "small one does not spin its threads against the server.",
+    )
+    grammar_cache_bytes: int = Field(
+        64 * 2**20,
+        ge=0,
+        le=2**36,
+        description="PyTorch engines: memory of compiled grammars kept for reuse (LRU); "
+        "0 keeps none.",
+    )
+
+
+class TrtllmSettings(LimitsSettings):
+    """The two TensorRT-LLM engine kinds (engine=tensorrt_llm, trtllm_pytorch)."""
+
+    trtllm_capacity_scheduler_policy: Literal[
+        "guaranteed_no_evict", "max_utilization", "static_batch"
+    ] = Field(
+        "guaranteed_no_evict",
+        description="TensorRT-LLM's admission policy (SchedulerConfig.capacity_scheduler_policy)."
+        " guaranteed_no_evict admits a request only if KV for prompt + max_tokens is free; "
+        "max_utilization admits more and pauses requests when the cache runs out.",
+    )
+    trtllm_sampler: Literal["trtllm", "torch"] = Field(
+        "trtllm",
+        description="engine=trtllm_pytorch: TensorRT-LLM's sampler. trtllm (TRTLLMSampler) "
+        "applies repetition/presence/frequency penalties but returns only the sampled "
+        "token's logprob (top_logprobs above 0 are refused); torch (TorchSampler) returns "
+        "top-k logprobs but ignores penalties in 1.2 (requests with penalties are refused).",
+    )
+    trtllm_logprobs_abort_safe: bool = Field(
+        False,
+        description="engine=tensorrt_llm: serve logprobs from an engine built with "
+        "gather_generation_logits. Off: logprobs are refused, because aborting a request "
+        "with logprobs (any client disconnect) crashes the executor on TensorRT-LLM 1.1.0 and "
+        "1.2.0rc7. Turn on only after verify-gpu's abort-with-logprobs check passed on the "
+        "release you serve.",
+    )
+    trtllm_cuda_graph_padding: bool = Field(
+        True,
+        description="engine=trtllm_pytorch: pad decode batches up to the next captured CUDA "
+        "graph size (CudaGraphConfig.enable_padding; graphs up to max_batch_size), so every "
+        "decode step replays a graph instead of launching kernels one by one.",
+    )
+    trtllm_kv_block_reuse: bool = Field(
+        True,
+        description="TensorRT-LLM's KV-cache block reuse (KvCacheConfig.enable_block_reuse, on "
+        "upstream by default): requests sharing a prompt prefix reuse its cached blocks. "
+        "verify-gpu turns it off so equal greedy requests run the same kernels.",
+    )
+
+
+class ReplaySettings(_Concern):
+    """engine=replay (benchmarks only)."""
+
+    replay_step_ms: float = Field(
+        10.0,
+        gt=0,
+        le=60_000,
+        description="engine=replay (benchmarks only): milliseconds per step; "
+        "each step emits one token to every live request.",
+    )
+
+
+class GrammarSettings(_Concern):
+    """Structured output (response_format): bounds checked before any grammar compile
+    (grammar.py, grammar_pool.py)."""
+
+    grammar_max_schema_bytes: int = Field(
+        65536,
+        ge=1024,
+        le=2**24,
+        description="Largest response_format schema (JSON bytes); larger: 400.",
+    )
+    grammar_max_schema_depth: int = Field(
+        20, ge=2, le=32, description="Deepest JSON nesting of a schema; deeper: 400."
+    )
+    grammar_max_enum_values: int = Field(
+        1000, ge=1, le=10**6, description="enum/const values in one schema, all counted; more: 400."
+    )
+    grammar_max_pattern_repeat: int = Field(
+        1000,
+        ge=1,
+        le=10**9,
+        description="Largest expansion of one schema `pattern` (bounded repetitions multiply "
+        "when nested); 10x this for all of a schema's patterns; more: 400.",
+    )
+    grammar_compile_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="A schema must compile within this (in a child process that is killed "
+        "when it overruns); else 400. The verdict is cached.",
+    )
+    grammar_compile_workers: int = Field(
+        1, ge=1, le=16, description="Child processes compiling new schemas at once."
+    )
+
+
+class OpsSettings(_Concern):
+    """Operations: metrics names, the engine watchdog, start-up checks, logging."""
+
+    metrics_names: Literal["mtt", "vllm"] = Field(
+        "mtt",
+        description="Prefix of the Prometheus metrics: `mtt:` (ours) or `vllm:` (so vLLM "
+        "dashboards and the Inference Gateway's endpoint picker work unchanged).",
+    )
     engine_stall_unready_seconds: float = Field(
         30.0,
         gt=0,
@@ -339,31 +400,47 @@ class Settings(BaseModel):
         description="Past this long without engine progress while requests are pending, the "
         "server logs why and exits with status 1, so Kubernetes replaces the container.",
     )
-
-    # Start-up.
     driver_check: Literal["refuse", "warn"] = Field(
         "refuse",
         description="At start, an NVIDIA driver older than the image's CUDA needs (R580 for "
         "CUDA 13.0): `refuse` (one line, exit 2) or `warn` and start (CUDA forward "
         "compatibility set up by hand).",
     )
-
-    # Logging.
     log_prompts: bool = Field(False, description="Log prompt and output text (off: privacy).")
 
     @model_validator(mode="after")
-    def _check_limits(self) -> Settings:
-        if self.max_input_len and self.max_seq_len and self.max_input_len >= self.max_seq_len:
-            raise ValueError("max_input_len must be below max_seq_len")
-        return self
-
-    @model_validator(mode="after")
-    def _check_stall_limits(self) -> Settings:
+    def _check_stall_limits(self) -> OpsSettings:
         if self.engine_stall_exit_seconds < self.engine_stall_unready_seconds:
             raise ValueError(
                 "engine_stall_exit_seconds must be at least engine_stall_unready_seconds"
             )
         return self
+
+    @property
+    def metrics_prefix(self) -> str:
+        """What every exported metric name starts with: `mtt:` or `vllm:`."""
+        return self.metrics_names + ":"
+
+
+class Settings(
+    ArtifactSettings,
+    ServerSettings,
+    AdmissionSettings,
+    TorchEngineSettings,
+    TrtllmSettings,
+    ReplaySettings,
+    GrammarSettings,
+    OpsSettings,
+):
+    """Every concern at once: what the launcher loads and hands down."""
+
+    engine: Literal["auto", "tensorrt_llm", "trtllm_pytorch", "pytorch", "replay"] = Field(
+        "auto",
+        description="`auto` picks from the artifact: engine dir -> tensorrt_llm. "
+        "`trtllm_pytorch` serves a Hugging Face checkpoint with TensorRT-LLM's PyTorch backend "
+        "(no engine build; needs the TensorRT-LLM image and a GPU). "
+        "`replay` is for benchmarks only: it emits pre-made tokens without a model.",
+    )
 
     @model_validator(mode="after")
     def _check_text(self) -> Settings:
@@ -390,56 +467,57 @@ class Settings(BaseModel):
             )
         return self
 
-    @model_validator(mode="after")
-    def _check_connections(self) -> Settings:
-        if self.probe_reserve_connections >= self.max_connections:
-            raise ValueError("probe_reserve_connections must be below max_connections")
-        return self
-
-    @model_validator(mode="after")
-    def _check_paths(self) -> Settings:
-        for name in ("artifact", "cache_dir"):
-            value = getattr(self, name)
-            try:
-                Path(value).expanduser()
-            except (RuntimeError, ValueError):  # "~nobody/x": no such user's home
-                raise ValueError(f"{name}: cannot expand '~' in {value[:80]!r}") from None
-        return self
-
-    @property
-    def metrics_prefix(self) -> str:
-        """What every exported metric name starts with: `mtt:` or `vllm:`."""
-        return self.metrics_names + ":"
-
-    @property
-    def cache_path(self) -> Path:
-        return Path(self.cache_dir).expanduser()
-
     @classmethod
     def load(
-        cls, model_metadata: dict[str, Any] | None, env: dict[str, str] | None = None
+        cls, model_metadata: Mapping[str, Any] | None, env: Mapping[str, str] | None = None
     ) -> Settings:
-        """Settings from `model_metadata`, overridden by `MTT_*` environment variables."""
-        env = dict(os.environ) if env is None else env
-        values: dict[str, Any] = {
-            k: v for k, v in (model_metadata or {}).items() if k in cls.model_fields
-        }
-        for name in cls.model_fields:
-            raw = env.get(ENV_PREFIX + name.upper())
-            if raw is not None:
-                values[name] = None if raw == "" and name != "artifact" else raw
+        """Settings from `model_metadata` (keys that are no setting are ignored),
+        overridden by the `MTT_*` environment variables of `env` (default: the process's),
+        read by pydantic-settings' own environment source; an empty variable clears its
+        setting (to its unset value)."""
+        given = {k: v for k, v in (model_metadata or {}).items() if k in cls.model_fields}
+        source = _Environment(cls, os.environ if env is None else env)
         try:
-            return cls(**values)
+            return cls(**(given | source()))
         except ValidationError as exc:
-            problems = "; ".join(
-                ": ".join(
-                    part
-                    for part in (
-                        ".".join(str(p) for p in e["loc"]),
-                        e["msg"].removeprefix("Value error, "),
-                    )
-                    if part
-                )
-                for e in exc.errors()
+            raise SettingsError(f"invalid settings: {_one_line(exc)}") from None
+
+
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping, matching names as
+    they are documented: `MTT_` and the setting's name in upper case, exactly. An empty
+    value stands for "unset" (None): how a manifest clears a setting config.yaml gives."""
+
+    def __init__(self, settings_cls: type[BaseModel], environ: Mapping[str, str]) -> None:
+        self._environ = environ
+        super().__init__(
+            settings_cls,  # type: ignore[arg-type]  # it reads only the fields and config
+            case_sensitive=False,
+            env_prefix=ENV_PREFIX,
+        )
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        # The hook pydantic-settings' own sources override (.env files, the CLI); its keys
+        # are lower case when matching is case-insensitive.
+        return {
+            k.lower(): v
+            for k, v in self._environ.items()
+            if k.startswith(ENV_PREFIX) and k == k.upper()
+        }
+
+    def __call__(self) -> dict[str, Any]:
+        return {k: None if v == "" else v for k, v in super().__call__().items()}
+
+
+def _one_line(exc: ValidationError) -> str:
+    return "; ".join(
+        ": ".join(
+            part
+            for part in (
+                ".".join(str(p) for p in e["loc"]),
+                e["msg"].removeprefix("Value error, "),
             )
-            raise SettingsError(f"invalid settings: {problems}") from None
+            if part
+        )
+        for e in exc.errors()
+    )

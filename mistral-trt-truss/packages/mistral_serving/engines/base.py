@@ -61,7 +61,7 @@ class SamplingOptions:
     max_new_tokens: int
     temperature: float = 1.0
     top_k: int = 0  # 0: off; 1: greedy
-    top_p: float = 1.0  # 1.0: off
+    top_p: float = 1.0  # in (0, 1]; 1.0: off (how a route spells "off" is its own affair)
     seed: int | None = None
     repetition_penalty: float = 1.0  # multiplicative, over prompt and output (HF semantics)
     presence_penalty: float = 0.0  # additive, over output tokens (OpenAI semantics)
@@ -95,6 +95,26 @@ class EngineLimits:
     max_input_len: int  # longest prompt, in tokens
     max_seq_len: int  # prompt + output, in tokens
     max_batch_size: int  # sequences decoded together
+
+    def fit(self, prompt_len: int, max_new: int, what: str = "prompt") -> int:
+        """The output tokens a prompt of `prompt_len` tokens may have: `max_new`, clamped
+        to the room left within max_seq_len. The one place these limits are checked (the
+        service before admission, every engine again on its own input); a prompt that
+        does not fit is refused with EngineRequestError naming `what`."""
+        if not 1 <= prompt_len <= self.max_input_len:
+            raise EngineRequestError(
+                f"{what} is {prompt_len} tokens; this engine accepts 1 to "
+                f"{self.max_input_len} input tokens"
+            )
+        room = self.max_seq_len - prompt_len
+        if room < 1:
+            raise EngineRequestError(
+                f"{what} is {prompt_len} tokens, which leaves no room to generate within "
+                f"the engine's {self.max_seq_len}-token sequence limit"
+            )
+        if max_new < 0:
+            raise EngineRequestError(f"max_new_tokens must be at least 0, got {max_new}")
+        return min(max_new, room)
 
 
 @dataclass

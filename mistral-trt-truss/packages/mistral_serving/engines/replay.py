@@ -30,7 +30,6 @@ from mistral_serving.engines.base import (
     EngineError,
     EngineInfo,
     EngineLimits,
-    EngineRequestError,
     Heartbeat,
     SamplingOptions,
     StreamQueue,
@@ -104,16 +103,12 @@ class ReplayEngine:
         if self._closed.is_set():
             raise EngineError("the replay engine is not running")
         refuse_unsupported(sampling)
-        if not prompt_ids or len(prompt_ids) > self.limits.max_input_len:
-            raise EngineRequestError(
-                f"prompt has {len(prompt_ids)} tokens; this engine accepts 1 to "
-                f"{self.limits.max_input_len}"
-            )
+        max_new = self.limits.fit(len(prompt_ids), sampling.max_new_tokens)
         k = sampling.prompt_logprobs
         prompt_lps = (
             None if k is None else [TokenLogprob(t, 0.0, ((t, 0.0),)[:k]) for t in prompt_ids[1:]]
         )
-        if sampling.max_new_tokens <= 0:  # a prefill only: nothing to replay
+        if max_new == 0:  # a prefill only: nothing to replay
             yield TokenDelta([], "length", prompt_logprobs=prompt_lps)
             return
         queue: StreamQueue = asyncio.Queue()
@@ -121,7 +116,7 @@ class ReplayEngine:
             self._live[request_id] = _Stream(
                 asyncio.get_running_loop(),
                 queue,
-                sampling.max_new_tokens,
+                max_new,
                 len(prompt_ids) % len(self._tokens),
                 len(prompt_ids),
                 sampling.logprobs,

@@ -216,7 +216,7 @@ def _pick(row: torch.Tensor, opts: SamplingOptions, generator: torch.Generator) 
     if 0 < opts.top_k < row.numel():
         kth = torch.topk(row, opts.top_k).values[-1]
         row = row.masked_fill(row < kth, -math.inf)
-    if 0.0 < opts.top_p < 1.0:
+    if opts.top_p < 1.0:
         sorted_logits, order = torch.sort(row, descending=True)
         probs = sorted_logits.softmax(-1)
         # Keep the smallest prefix reaching top_p; the first token's "mass before" is 0,

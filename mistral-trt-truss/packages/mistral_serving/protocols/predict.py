@@ -124,7 +124,13 @@ class PredictFormat:
             raise TruncatedStream(record.finish_reason)
 
     def error_body(self, err: RequestError) -> dict[str, Any]:
-        return {"error": err.message}
+        return predict_error_body(err)
+
+
+def predict_error_body(err: RequestError) -> dict[str, Any]:
+    """The predict route's error body, the shape Truss gives an HTTPException: every
+    refusal on this route, the server's body guard and API-key check included."""
+    return {"error": err.message}
 
 
 def _resolve_aliases(body: dict[str, Any]) -> dict[str, Any]:

@@ -317,22 +317,17 @@ class TorchEngine:
             raise EngineError("the PyTorch engine is not running")
         if self.guided is None:
             refuse_unsupported(sampling)
-        if not prompt_ids or len(prompt_ids) > self.limits.max_input_len:
-            raise EngineRequestError(
-                f"prompt has {len(prompt_ids)} tokens; this engine accepts 1 to "
-                f"{self.limits.max_input_len}"
-            )
+        max_new = self.limits.fit(len(prompt_ids), sampling.max_new_tokens)
         # An id outside the embedding table would fail the whole batch's forward pass.
         if min(prompt_ids) < 0 or max(prompt_ids) >= self._vocab:
             raise EngineRequestError(f"prompt token ids must be in 0..{self._vocab - 1}")
-        room = self.limits.max_seq_len - len(prompt_ids)
         gen = torch.Generator(device=self._device)
         gen.manual_seed(sampling.seed if sampling.seed is not None else random.getrandbits(63))
         seq = _Sequence(
             request_id,
             list(prompt_ids),
             sampling,
-            min(sampling.max_new_tokens, room),
+            max_new,
             gen,
             loop,
             queue,

@@ -22,7 +22,7 @@ What is called, and the source file (NVIDIA/TensorRT-LLM) each fact was read fro
 - `generate_async` raises ValueError for a request it refuses (`_check_arguments`,
   `SamplingParams._validate`) and RuntimeError("LLM is shutting down") once the executor is
   gone. With chunked prefill on (always, for our engines) `_check_arguments` does NOT check
-  prompt + max_tokens against max_seq_len: `_room_for` below is the only guard.
+  prompt + max_tokens against max_seq_len: `EngineLimits.fit` is the only guard.
 - While iterating, a per-request failure raises `RequestError` (`executor/utils.py`) and the
   result is not marked done; any other error is a background (fatal) error: the executor
   shuts itself down and re-raises it (`executor/executor.py`, `_handle_background_error`)
@@ -34,7 +34,7 @@ What is called, and the source file (NVIDIA/TensorRT-LLM) each fact was read fro
   error response"), whose error handler fails every active request with that message. So a
   grammar error is the client's (400) only for a request that sent a grammar; for the
   others it is an engine error. Everything else a client controls is checked before
-  submission: lengths (`_room_for`), sampling values (`SamplingParams._validate`, a
+  submission: lengths (`EngineLimits.fit`), sampling values (`SamplingParams._validate`, a
   ValueError from `generate_async`).
 - `result.abort()` only queues the cancel (`executor.abort_request`): tokens of a step or two
   can still arrive before the final 'cancelled' response. We abort each request once.
@@ -173,9 +173,9 @@ def to_sampling_params(
         # Set explicitly: top_k=0 means all logits; an unset top_p means the C++ default
         # (0.0 in older releases, which with top_k=0 silently turns sampling greedy).
         kwargs["top_k"] = max(options.top_k, 0)
-        # top_p=0 would mean greedy, which the backend refuses; our HTTP contract uses 0
-        # for "off". Out-of-range values go through for SamplingParams to reject.
-        kwargs["top_p"] = 1.0 if options.top_p == 0.0 else options.top_p
+        # 1.0 is off (the wire formats map their own spellings of "off" to it); an
+        # out-of-range value goes through for SamplingParams to reject.
+        kwargs["top_p"] = options.top_p
         # seed=None means the C++ default seed 0 for every request: identical prompts would
         # sample identical text. Draw one per request unless the client fixed it.
         kwargs["seed"] = options.seed if options.seed is not None else random.getrandbits(31)
@@ -332,7 +332,8 @@ class LlmApiEngine:
             raise EngineRequestError(f"request id {request_id!r} is already generating")
         echo = sampling.prompt_logprobs is not None
         prefill_only = sampling.max_new_tokens == 0  # runs as 1, sends none
-        max_new = self._room_for(prompt_ids, 1 if prefill_only else sampling.max_new_tokens)
+        # Chunked prefill: the LLM API does not check prompt + max_tokens itself.
+        max_new = self.limits.fit(len(prompt_ids), 1 if prefill_only else sampling.max_new_tokens)
         if prefill_only and not echo:  # nothing to compute
             yield TokenDelta([], "length")
             return
@@ -523,30 +524,6 @@ class LlmApiEngine:
             log.warning("reading TensorRT-LLM iteration stats failed", exc_info=True)
         finally:
             self._stats_task = None
-
-    def _room_for(self, prompt_ids: list[int], max_new_tokens: int) -> int:
-        """Output tokens this prompt may have: what was asked, within max_seq_len. With
-        chunked prefill the LLM API does not check this itself (see the module docstring)."""
-        n = len(prompt_ids)
-        if n == 0:
-            raise EngineRequestError("the prompt is empty")
-        if n > self.limits.max_input_len:
-            raise EngineRequestError(
-                f"the prompt has {n} tokens; this engine accepts at most "
-                f"{self.limits.max_input_len}"
-            )
-        room = self.limits.max_seq_len - n
-        if room < 1:
-            raise EngineRequestError(
-                f"the prompt has {n} tokens, leaving no room for output within "
-                f"max_seq_len {self.limits.max_seq_len}"
-            )
-        if max_new_tokens < 1:
-            raise EngineRequestError(
-                f"max_new_tokens must be at least 1 (0 only with prompt logprobs), "
-                f"got {max_new_tokens}"
-            )
-        return min(max_new_tokens, room)
 
     def _abort_result(self, request_id: str, result: Any) -> None:
         """Cancel in the executor, once per request (abort() only queues the cancel, and the

@@ -11,7 +11,7 @@ What differs from the TensorRT-engine backend (read in `llmapi/llm.py` and
   `max_num_tokens` (we pass the settings; max_seq_len defaults to the checkpoint's
   `max_position_embeddings`);
 - `_check_arguments` checks only the prompt against max_num_tokens, and only without
-  chunked prefill, which we turn on: `_room_for` is the guard, as for engines;
+  chunked prefill, which we turn on: `EngineLimits.fit` is the guard, as for engines;
 - iteration stats (the KV gauge) exist only with `enable_iter_perf_stats=True`;
 - logprobs need no `gather_generation_logits`;
 - the sampler (`sampler_type`, setting `trtllm_sampler`) decides what a request may ask:
