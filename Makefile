@@ -153,7 +153,8 @@ test-agents: $(AGENTS_STAMP) $(DEV_MODEL)
 	AGENTS_PYTHON=$(CURDIR)/$(AGENTS_VENV)/bin/python $(PY) -m pytest -p no:cacheprovider tests/agents
 
 test-tools: $(TOOLS_STAMP) $(DEV_MODEL)
-	GUIDELLM=$(CURDIR)/$(TOOLS_VENV)/bin/guidellm $(PY) -m pytest -p no:cacheprovider tests/tools
+	GUIDELLM=$(CURDIR)/$(TOOLS_VENV)/bin/guidellm AIPERF=$(CURDIR)/$(TOOLS_VENV)/bin/aiperf \
+		LM_EVAL=$(CURDIR)/$(TOOLS_VENV)/bin/lm-eval $(PY) -m pytest -p no:cacheprovider tests/tools
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -1,12 +1,15 @@
-"""Per-chunk cost of the OpenAI stream encoding: `OpenAIFormat.stream_events` over N
+r"""Per-chunk cost of the OpenAI stream encoding: `OpenAIFormat.stream_events` over N
 one-word chunks, plain and with logprobs (timeit-style: several repeats, the best;
 CPU time of this process).
 
     PYTHONPATH=mistral-trt-truss/packages .venv/bin/python bench/chunk_bench.py
 
-`--against FILE` times another version of `protocols/openai.py` too (e.g. main's, from
-`git show main:mistral-trt-truss/packages/mistral_serving/protocols/openai.py > /tmp/old.py`),
-interleaved with this one so that a busy machine slows both alike.
+`--against FILE` times another version of `protocols/openai.py` too, interleaved with this
+one so that a busy machine slows both alike. The hand-built dicts before the typed answers
+(docs/performance.md's figures) are b06b943's, whose error-body import moved since:
+
+    git show b06b943:mistral-trt-truss/packages/mistral_serving/protocols/openai.py \
+      | sed 's/^from mistral_serving.errors import RequestError, openai_error_body$/from mistral_serving.errors import RequestError\nfrom mistral_serving.protocols.openai_types import openai_error_body/' > /tmp/old.py
 """
 
 from __future__ import annotations

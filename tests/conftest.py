@@ -4,11 +4,14 @@ with the dev model, started exactly as `make serve` starts it, on a free loopbac
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from mistral_build.dev_model import build_dev_model
 from mistral_build.local_server import (
@@ -26,9 +29,13 @@ READY_TIMEOUT_S = 180
 
 # Every property test: no per-example deadline (hypothesis' 200 ms fails on a busy 2-core
 # CI machine, not on a bug; with none, its too-slow check allows 30 s of data generation),
-# and no example database written into the checkout.
+# and nothing written into the checkout (no example database; its constants cache in tmp).
 settings.register_profile("busy-machine", deadline=None, database=None)
 settings.load_profile("busy-machine")
+set_hypothesis_home_dir(
+    os.environ.get("HYPOTHESIS_STORAGE_DIRECTORY")
+    or Path(tempfile.gettempdir()) / "mistral-trt-truss-hypothesis"
+)
 
 
 @pytest.fixture(scope="session")

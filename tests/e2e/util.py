@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """{(sample name, sorted labels): value} for every sample."""
-    text = requests.get(f"{url}/metrics", timeout=10).text
+    text = requests.get(f"{url}/metrics", timeout=60).text  # a busy server answers late
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:

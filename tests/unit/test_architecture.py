@@ -153,6 +153,8 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.driver",
                 "mistral_serving.startup",
                 "mistral_serving.scope_keys",
+                "mistral_serving.tracing",
+                "mistral_serving.deadline",
                 "mistral_serving.engines",
                 "mistral_serving.engines.base",
                 "mistral_serving.engines.pytorch.cpus",

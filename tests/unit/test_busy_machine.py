@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import settings as hyp_settings
 from hypothesis import strategies as st
+from hypothesis.configuration import storage_directory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,5 +70,7 @@ def test_a_slow_example_is_not_a_deadline_failure(n: int) -> None:
     time.sleep(0.3)
 
 
-def test_property_tests_write_no_example_database() -> None:
-    assert hyp_settings.default.database is None  # nothing written into the checkout
+def test_property_tests_write_nothing_into_the_checkout() -> None:
+    assert hyp_settings.default.database is None
+    cache = storage_directory("constants", intent_to_write=False).path.resolve()
+    assert not cache.is_relative_to(ROOT), cache

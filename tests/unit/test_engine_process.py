@@ -28,7 +28,6 @@ from mistral_serving.engines.base import (
 from mistral_serving.engines.factory import start_engine, start_guided_torch_engine
 from mistral_serving.engines.process.client import ProcessEngine, wants_own_process
 from mistral_serving.settings import Settings, SettingsError
-from mistral_serving.tokenizer import load_tokenizer
 
 PROMPTS = [[1] + list(range(100 + 37 * i, 100 + 37 * i + 2 + 5 * i)) for i in range(6)]
 GREEDY = SamplingOptions(max_new_tokens=16, top_k=1)
@@ -46,23 +45,18 @@ def settings_for(dev_model: Path, **values) -> Settings:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(dev_model: Path):
-    return load_tokenizer(dev_model)
-
-
-@pytest.fixture(scope="module")
-def proc_engine(dev_model: Path, tokenizer):
+def proc_engine(dev_model: Path, tok):
     """Through the factory, as the server starts it with engine_process=on."""
     s = settings_for(dev_model, engine_process="on")
-    eng = start_engine(open_artifact(dev_model, s), s, tokenizer)
+    eng = start_engine(open_artifact(dev_model, s), s, tok)
     assert isinstance(eng, ProcessEngine)
     yield eng
     eng.shutdown()
 
 
 @pytest.fixture(scope="module")
-def local_engine(dev_model: Path, tokenizer):
-    eng = start_guided_torch_engine(dev_model, settings_for(dev_model), tokenizer)
+def local_engine(dev_model: Path, tok):
+    eng = start_guided_torch_engine(dev_model, settings_for(dev_model), tok)
     yield eng
     eng.shutdown()
 
@@ -112,10 +106,10 @@ def test_concurrent_greedy_output_equals_the_in_process_engine(proc_engine, loca
 
 
 @pytest.mark.parametrize("kv_cache", ["static"])
-def test_the_static_engine_in_its_own_process_equals_it_in_process(dev_model, tokenizer, kv_cache):
+def test_the_static_engine_in_its_own_process_equals_it_in_process(dev_model, tok, kv_cache):
     s = settings_for(dev_model, pytorch_kv_cache=kv_cache, max_seq_len=512)
-    local = start_guided_torch_engine(dev_model, s, tokenizer)
-    remote = ProcessEngine.start(dev_model, s, tokenizer.eos_id)
+    local = start_guided_torch_engine(dev_model, s, tok)
+    remote = ProcessEngine.start(dev_model, s, tok.eos_id)
     try:
         assert remote.info.details["kv_cache"] == "static"
         ours, theirs = run_batch(remote, GREEDY), run_batch(local, GREEDY)
@@ -148,16 +142,16 @@ def test_sampled_output_with_a_seed_equals_the_in_process_engine(proc_engine, lo
     assert tokens_of(ours) == tokens_of(theirs)
 
 
-def test_response_format_is_decoded_in_the_child(proc_engine, local_engine, tokenizer):
+def test_response_format_is_decoded_in_the_child(proc_engine, local_engine, tok):
     """The GuidedDecoder lives in the child: the output parses, validates, and is the
     in-process engine's token for token."""
     opts = SamplingOptions(
         max_new_tokens=64, top_k=1, guided=GuidedDecoding("json_schema", json.dumps(SCHEMA))
     )
-    ours = asyncio.run(collect(proc_engine, "g", tokenizer.encode("JSON:", bos=True), opts))
-    theirs = asyncio.run(collect(local_engine, "g", tokenizer.encode("JSON:", bos=True), opts))
+    ours = asyncio.run(collect(proc_engine, "g", tok.encode("JSON:", bos=True), opts))
+    theirs = asyncio.run(collect(local_engine, "g", tok.encode("JSON:", bos=True), opts))
     assert tokens_of(ours) == tokens_of(theirs) and ours[-1].finish_reason == "stop"
-    detok = IncrementalDetokenizer(tokenizer.table)
+    detok = IncrementalDetokenizer(tok.table)
     text = detok.push(tokens_of(ours)) + detok.flush()
     jsonschema.validate(json.loads(text), SCHEMA)
 

@@ -1,6 +1,6 @@
 """Every artifact file the server parses has a size bound (file_bounds.FILE_BOUNDS),
 checked before any parser sees it: by `open_artifact` (the load), `load_tokenizer` and
-`read_model_config` (the engine process reads config.json itself). A file over its bound
+`read_config` (an engine started from a bare directory reads config.json there). A file over its bound
 is refused with one line naming the file and the bound; at the bound it is not. The big
 files are sparse (no disk is used)."""
 
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mistral_serving.artifacts import open_artifact
-from mistral_serving.engines.factory import read_model_config
+from mistral_serving.artifacts import open_artifact, read_config
 from mistral_serving.file_bounds import (
     FILE_BOUNDS,
     FOLDER_BOUNDS,
@@ -95,12 +94,12 @@ def test_load_tokenizer_refuses_an_oversized_tokenizer_file(
         load_tokenizer(root, prefer_sentencepiece=False)
 
 
-def test_read_model_config_refuses_an_oversized_config(tmp_path: Path) -> None:
+def test_read_config_refuses_an_oversized_config(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     # Valid JSON, just too big: it would parse.
     path.write_text(json.dumps({"pad": "x" * (FILE_BOUNDS["config.json"])}))
     with pytest.raises(ArtifactError, match="a config.json is at most"):
-        read_model_config(tmp_path)
+        read_config(tmp_path)
 
 
 def test_names_without_a_bound_and_absent_files_are_not_checked(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,14 +53,8 @@ PATHS = {
 REASONS = ("invalid", "rejected", "client_gone", "stop", "length", "abort", "error", "slow_reader")
 
 
-@pytest.fixture(autouse=True)
-def restore_sigterm() -> Iterator[None]:
-    """handle() installs the drain's SIGTERM handler when it runs on the main thread."""
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+# handle() installs the drain's SIGTERM handler when it runs on the main thread.
+pytestmark = pytest.mark.usefixtures("restore_sigterm")
 
 
 @dataclass

@@ -19,7 +19,10 @@ from mistral_serving.settings import Settings
 from tests.dashboard import TARGET_LABELS, exposed, load, parse, queries, with_prefix
 
 DASHBOARD = load()
-PREFIXES = typing.get_args(Settings.model_fields["metrics_names"].annotation)
+# The dashboard's queries read `<prefix>:<name>`: the modes named so (not trtllm-serve's).
+PREFIXES = tuple(
+    n for n in typing.get_args(Settings.model_fields["metrics_names"].annotation) if n != "trtllm"
+)
 QUERIES = list(queries(DASHBOARD))
 
 

@@ -25,16 +25,11 @@ from mistral_serving.errors import RequestError
 from mistral_serving.metrics import Metrics
 from mistral_serving.service import GenerationRequest, GenerationService
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 PROMPT = [1, 100, 101, 102]
 SCHEMA = json.dumps({"type": "object", "properties": {"a": {"type": "boolean"}}})
-
-
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return load_tokenizer(dev_model)
 
 
 @pytest.fixture(scope="module")

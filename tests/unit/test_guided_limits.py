@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -26,7 +25,7 @@ from mistral_serving.grammar import (
 )
 from mistral_serving.grammar_pool import clean_xgrammar_error
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import Tokenizer
 
 LIMITS = SchemaLimits.from_settings(Settings())
 BOMB = "((a{0,30}){0,30}){0,30}"  # the 285-byte request: minutes in xgrammar
@@ -160,11 +159,6 @@ def test_xgrammar_errors_lose_their_build_paths() -> None:
 
 
 # ---- the gate, with real child processes ----
-
-
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return load_tokenizer(dev_model)
 
 
 @pytest.fixture(scope="module")

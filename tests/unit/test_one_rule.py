@@ -56,13 +56,12 @@ def builds_an_error_body(node: ast.AST) -> bool:
 
 
 def test_error_bodies_are_shaped_only_in_their_formats() -> None:
-    # errors.py: OpenAI's `{"error": {...}}`; protocols/predict.py: predict's. The grammar
-    # pool's child process reports to its parent over a pipe, not to a client.
-    assert where(builds_an_error_body) == {
-        "errors.py",
-        "protocols/predict.py",
-        "grammar_pool.py",
-    }
+    # protocols/predict.py: predict's `{"error": message}`; OpenAI's is a typed model
+    # (protocols/openai_types.py, `ErrorResponse`). The grammar pool's child process
+    # reports to its parent over a pipe, not to a client.
+    assert where(builds_an_error_body) == {"protocols/predict.py", "grammar_pool.py"}
+    builders = where(lambda n: isinstance(n, ast.ClassDef) and n.name == "ErrorResponse")
+    assert builders == {"protocols/openai_types.py"}
 
 
 @given(st.text(max_size=80), st.sampled_from([400, 408, 413, 429, 503]))
@@ -79,7 +78,12 @@ def test_the_body_guard_answers_predicts_refusals_in_the_formats_shape(
 
 
 def test_only_artifacts_decides_local_directory_or_hub_snapshot() -> None:
-    assert where(lambda n: names(n, "snapshot_download", "cached_snapshot")) == {"artifacts.py"}
+    # The read-ahead decided it too (via cached_snapshot) before it was removed.
+    assert where(lambda n: names(n, "cached_snapshot", "_REPO_ID")) == {"artifacts.py"}
+    defined = where(lambda n: isinstance(n, ast.FunctionDef) and n.name == "resolve_artifact")
+    assert defined == {"artifacts.py"}
+    # The Hub is called in one place; the volume fill goes through artifacts.download too.
+    assert where(lambda n: names(n, "snapshot_download")) == {"artifacts.py"}
 
 
 def test_the_read_ahead_is_gone_with_its_setting() -> None:
@@ -205,3 +209,118 @@ def test_top_p_zero_is_known_only_to_the_wire_formats() -> None:
         "protocols/predict.py",
         "protocols/openai.py",
     }
+
+
+# ---- config.json: read once, into the Artifact ----
+
+
+def test_every_engine_kind_is_handed_the_artifacts_config(
+    dev_model: Path, tok: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The factory passes the Artifact's parsed config.json to the engine kinds that
+    used to read it again themselves (TensorRT-LLM's PyTorch backend, the engine
+    process); the in-process PyTorch engine gets it too."""
+    import dataclasses
+
+    from mistral_serving.artifacts import load_artifact
+    from mistral_serving.engines import factory
+    from mistral_serving.engines.process.client import ProcessEngine
+    from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
+
+    artifact = load_artifact(Settings(artifact=str(dev_model)), None)
+    artifact = dataclasses.replace(artifact, config=dict(artifact.config, marker="the one read"))
+    handed: list[object] = []
+
+    def capture(*args: object, **kwargs: object) -> object:
+        handed.append(kwargs.get("config", args[-1]))
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(TrtLlmPytorchEngine, "load", capture)
+    monkeypatch.setattr(ProcessEngine, "start", capture)
+    monkeypatch.setattr(factory, "start_guided_torch_engine", capture)
+    for settings in (
+        Settings(artifact=str(dev_model), engine="trtllm_pytorch"),
+        Settings(artifact=str(dev_model), engine_process="on", device="cpu"),
+        Settings(artifact=str(dev_model), device="cpu"),
+    ):
+        with pytest.raises(RuntimeError, match="captured"):
+            factory.start_engine(artifact, settings, tok)  # type: ignore[arg-type]
+    assert handed == [artifact.config] * 3
+
+
+def test_the_pytorch_backend_sizes_itself_from_the_config_it_is_handed(
+    fake_trtllm: object, tmp_path: Path
+) -> None:
+    from mistral_serving.artifacts import read_config
+    from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
+    from tests.doubles.trtllm_helpers import make_checkpoint_dir
+
+    checkpoint = make_checkpoint_dir(tmp_path, max_positions=4096)
+    config = read_config(checkpoint) | {"max_position_embeddings": 64}
+    engine = TrtLlmPytorchEngine.load(checkpoint, Settings(), eos_token_id=2, config=config)
+    try:
+        assert engine.limits.max_seq_len == 64  # the handed config's, not the file's 4096
+    finally:
+        engine.shutdown()
+
+
+def test_the_engine_process_checks_the_config_it_is_handed(dev_model: Path) -> None:
+    """The child takes the parent's config.json (a value the file does not hold is what
+    it refuses), so it never parses the file again."""
+    from mistral_serving.artifacts import read_config
+    from mistral_serving.engines.base import EngineError
+    from mistral_serving.engines.process.client import ProcessEngine
+
+    config = read_config(dev_model) | {"num_hidden_layers": -1}
+    settings = Settings(artifact=str(dev_model), device="cpu")
+    with pytest.raises(EngineError, match="num_hidden_layers"):
+        ProcessEngine.start(dev_model, settings, 2, config)
+
+
+def test_config_json_has_one_reader_and_one_error_type(tmp_path: Path) -> None:
+    from mistral_serving.artifacts import ArtifactError, read_config
+
+    for text in ("{", "[]", '{"a": NaN'):
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(ArtifactError, match="config.json"):
+            read_config(tmp_path)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(ArtifactError, match="config.json"):
+        read_config(tmp_path)
+
+    # No other module both builds a path to config.json and parses JSON.
+    def builds_config_path(node: ast.AST) -> bool:
+        return (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, ast.Div)
+            and isinstance(node.right, ast.Constant)
+            and node.right.value == "config.json"
+        )
+
+    def parses_json(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Call):
+            return False
+        func = node.func
+        on_json = (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "json"
+        )
+        return on_json or names(func, "parse_json_object")
+
+    parsers = where(builds_config_path) & where(parses_json)
+    assert parsers == set(), parsers
+
+
+@given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+def test_read_config_answers_any_bytes_with_a_dict_or_one_artifact_error(data: bytes) -> None:
+    import tempfile
+
+    from mistral_serving.artifacts import ArtifactError, read_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "config.json").write_bytes(data)
+        try:
+            assert isinstance(read_config(Path(folder)), dict)
+        except ArtifactError as exc:
+            assert "\n" not in str(exc) and "config.json" in str(exc)

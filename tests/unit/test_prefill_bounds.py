@@ -41,13 +41,6 @@ ECHO_PROMPT = [1, *[(i * 7919) % 31000 + 500 for i in range(299)]]  # 300 tokens
 SHORT = [[1, 415, 5565, 302], [1, 22557, 9], [1, 3195], [1, 77, 12, 500, 31999]] * 2
 
 
-@pytest.fixture(scope="module")
-def hf_model(dev_model: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(dev_model)).eval()
-
-
 @pytest.fixture(scope="module", params=list(KINDS))
 def engine(request, dev_model: Path):
     eng = start_torch_engine(

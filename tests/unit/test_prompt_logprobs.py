@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -40,13 +39,6 @@ TOL = 1e-4
 # Different lengths, so the dynamic engine's left padding and the static one's right
 # padding both matter; the one-token prompt has no prompt logprobs at all.
 PROMPTS = [[1, 415, 5565, 302, 4843, 349], [1, 22557], [1, 3195, 28723, 9, 77, 12, 500, 31999], [1]]
-
-
-@pytest.fixture(scope="module")
-def hf_model(dev_model: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(dev_model)).eval()
 
 
 def reference(model, prompt: list[int]) -> torch.Tensor:
@@ -178,19 +170,7 @@ def test_replay_engine_reports_zeros(dev_model):
 
 # ---- TensorRT-LLM adapters, through the double ----
 
-FAKE_ROOT = Path(__file__).resolve().parents[1] / "doubles" / "fake_tensorrt_llm"
-
-
-@pytest.fixture
-def fake_trtllm(monkeypatch: pytest.MonkeyPatch):
-    for name in [n for n in sys.modules if n == "tensorrt_llm" or n.startswith("tensorrt_llm.")]:
-        monkeypatch.delitem(sys.modules, name)
-    monkeypatch.syspath_prepend(str(FAKE_ROOT))
-    import tensorrt_llm
-
-    yield tensorrt_llm
-    for name in [n for n in sys.modules if n == "tensorrt_llm" or n.startswith("tensorrt_llm.")]:
-        del sys.modules[name]
+# `fake_trtllm`: tests/unit/conftest.py.
 
 
 def trt_engine(tmp_path: Path, gather_context: bool):

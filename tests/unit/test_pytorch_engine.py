@@ -23,13 +23,6 @@ from mistral_serving.settings import Settings
 EOS = 2
 
 
-@pytest.fixture(scope="module")
-def hf_model(dev_model: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(dev_model)).eval()
-
-
 def make_engine(dev_model: Path, eos: int = EOS, **settings) -> TorchEngine:
     return start_torch_engine(
         dev_model, Settings(artifact=str(dev_model), device="cpu", **settings), eos

@@ -21,13 +21,6 @@ EOS = 2
 PROMPTS = [[1] + list(range(100 + 37 * i, 100 + 37 * i + 2 + 5 * i)) for i in range(6)]
 
 
-@pytest.fixture(scope="module")
-def hf_model(dev_model: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(str(dev_model)).eval()
-
-
 def make_engine(dev_model: Path, **settings) -> StaticTorchEngine:
     eng = start_torch_engine(
         dev_model,

@@ -333,3 +333,37 @@ def test_the_environment_is_read_by_pydantic_settings_own_source() -> None:
         "max_seq_len": None,
         "host": "::1",
     }
+
+
+def test_each_engine_takes_only_its_own_concern() -> None:
+    """mypy then stops an engine from reading a knob of another concern (the server's,
+    another engine's): their entry points are typed to take just theirs."""
+    import inspect
+
+    from mistral_serving.artifacts import load_artifact, open_artifact
+    from mistral_serving.engines import factory
+    from mistral_serving.engines.process.client import ProcessEngine, wants_own_process
+    from mistral_serving.engines.pytorch.dynamic import TorchEngine
+    from mistral_serving.engines.pytorch.static import StaticTorchEngine, load_static_model
+    from mistral_serving.engines.trtllm.engine import TrtLlmEngine, scheduler_config
+    from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
+
+    expected = {
+        TorchEngineSettings: [
+            TorchEngine.from_pretrained,
+            TorchEngine.for_model,
+            StaticTorchEngine.for_model,
+            load_static_model,
+            ProcessEngine.start,
+            wants_own_process,
+            factory.start_torch_engine,
+            factory.start_guided_torch_engine,
+        ],
+        TrtllmSettings: [TrtLlmEngine.load, TrtLlmPytorchEngine.load, scheduler_config],
+        ArtifactSettings: [load_artifact, open_artifact],
+    }
+    for concern, functions in expected.items():
+        for function in functions:
+            # The modules use postponed annotations: the annotation is the concern's name.
+            annotation = inspect.signature(function).parameters["settings"].annotation
+            assert annotation in (concern, concern.__name__), function

@@ -9,9 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-
-import pytest
 
 from mistral_serving.shutdown import Drainer
 
@@ -27,15 +24,6 @@ class Calls:
     def abort(self) -> int:
         self.abort_all += 1
         return 3
-
-
-@pytest.fixture
-def restore_sigterm() -> Iterator[None]:
-    previous = signal.getsignal(signal.SIGTERM)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def test_begin_stops_admitting_now_and_aborts_after_the_grace() -> None:

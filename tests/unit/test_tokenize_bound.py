@@ -7,7 +7,6 @@ prompt or chat is refused if and only if its real token count is over the limit)
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +19,7 @@ from mistral_serving.errors import RequestError
 from mistral_serving.metrics import Metrics
 from mistral_serving.service import PROBE_MARGIN_TOKENS, GenerationRequest, GenerationService
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 PROSE = (
@@ -28,11 +27,6 @@ PROSE = (
     "into the Gulf of Lion in the northern Mediterranean, with sustained winds often "
     "exceeding 66 km/h, sometimes reaching 185 km/h.\n"
 )
-
-
-@pytest.fixture(scope="module")
-def tok(dev_model: Path) -> Tokenizer:
-    return load_tokenizer(dev_model)
 
 
 class Counting:

@@ -7,7 +7,6 @@ Waits are bounded polls, never speed assertions."""
 from __future__ import annotations
 
 import asyncio
-import signal
 import socket
 import threading
 import time
@@ -42,11 +41,7 @@ def wait_until(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
-@pytest.fixture(autouse=True)
-def restore_sigterm() -> Iterator[None]:
-    previous = signal.getsignal(signal.SIGTERM)
-    yield
-    signal.signal(signal.SIGTERM, previous)
+pytestmark = pytest.mark.usefixtures("restore_sigterm")
 
 
 # ---- the watchdog itself ----

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from mistral_serving.artifact_sources import manifest_sha256
-from mistral_serving.artifacts import COMMIT_SHA, hub_failure, open_artifact
+from mistral_serving.artifacts import COMMIT_SHA, download, open_artifact
 from mistral_serving.manifest import MANIFEST_NAME, ArtifactError
 from mistral_serving.settings import Settings, SettingsError
 
@@ -28,20 +28,13 @@ TOKEN_ENV = "TRUSS_SECRET_hf_access_token"  # the pod's own secret variable
 
 def fill(settings: Settings, into: Path, token: str | None) -> str:
     """Download repo@revision into `into`, verify it, return the manifest's sha256."""
-    from huggingface_hub import snapshot_download
-
     repo, revision = settings.artifact, settings.artifact_revision
     if not repo or not revision or not COMMIT_SHA.match(revision):
         raise SettingsError(
             "the fill needs artifact (a repo id) and artifact_revision (its 40-hex commit sha)"
         )
     into.mkdir(parents=True, exist_ok=True)
-    try:
-        snapshot_download(
-            repo_id=repo, revision=revision, local_dir=str(into), token=token or False
-        )
-    except Exception as exc:  # every way the client fails becomes one line
-        raise ArtifactError(hub_failure(exc, repo, revision, token, into)) from None
+    download(repo, revision, settings.cache_path, token, into=into)
     if not (into / MANIFEST_NAME).is_file():
         raise ArtifactError(f"{repo}@{revision} has no {MANIFEST_NAME}: nothing to pin it by")
     # Verified as a pod verifies it; the marker goes to a scratch dir, not the volume.

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from mistral_serving.artifact_sources import check_source
-from mistral_serving.file_bounds import check_parsed_files
+from mistral_serving.file_bounds import check_file, check_parsed_files
 from mistral_serving.manifest import (
     CONFIG_NAME,
     MANIFEST_NAME,
@@ -115,19 +115,27 @@ def cached_snapshot(repo_id: str, revision: str, cache_dir: Path) -> Path:
     return cache_dir / HUB_DIR / f"models--{owner}--{name}" / "snapshots" / revision
 
 
-def download(repo_id: str, revision: str, cache_dir: Path, token: str | None) -> Path:
+def download(
+    repo_id: str, revision: str, cache_dir: Path, token: str | None, into: Path | None = None
+) -> Path:
+    """repo@revision from the Hub into huggingface_hub's cache under `cache_dir` (a pod),
+    or as plain files into `into` (the fill of a shared volume); resumable either way."""
     from huggingface_hub import snapshot_download
 
-    hub_cache = cache_dir / HUB_DIR
+    where = cache_dir / HUB_DIR if into is None else into
     try:
         return Path(
             snapshot_download(
-                repo_id=repo_id, revision=revision, cache_dir=str(hub_cache), token=token or False
+                repo_id=repo_id,
+                revision=revision,
+                token=token or False,
+                cache_dir=None if into is not None else str(where),
+                local_dir=None if into is None else str(into),
             )
         )
     except Exception as exc:  # every way the client fails becomes one line for the log
         log.debug("snapshot_download failed", exc_info=exc)
-        raise ArtifactError(hub_failure(exc, repo_id, revision, token, hub_cache)) from None
+        raise ArtifactError(hub_failure(exc, repo_id, revision, token, where)) from None
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -264,9 +272,18 @@ def open_artifact(path: Path, settings: ArtifactSettings) -> Artifact:
 def _read_config(path: Path, files: Mapping[str, FileStat]) -> dict[str, Any]:
     if CONFIG_NAME not in files:
         raise ArtifactError(f"{path}: {_NEITHER} (no {CONFIG_NAME})")
-    return parse_json_object(
-        read_json_file(path / CONFIG_NAME, CONFIG_NAME), str(path / CONFIG_NAME)
-    )
+    return read_config(path)
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    """The directory's config.json, parsed: the one reader of it. A load reads it once,
+    into the `Artifact`, and hands that to the engine; an engine started from a bare
+    directory (tests, tools) reads it here. Every failure is an ArtifactError."""
+    path = Path(directory) / CONFIG_NAME
+    check_file(path)  # within its bound before it is parsed (file_bounds.py)
+    if not path.is_file():
+        raise ArtifactError(f"{path}: no such file")
+    return parse_json_object(read_json_file(path, CONFIG_NAME), str(path))
 
 
 _NEITHER = (

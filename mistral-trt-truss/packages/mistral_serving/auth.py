@@ -1,7 +1,10 @@
 """Optional bearer-token auth for the generation routes (an ASGI middleware).
 
-Off unless `api_keys_file` names a file (e.g. a mounted Kubernetes Secret): one key per
-line, blank lines and `#` comments ignored, several keys allowed (for rotation). Only the
+Off unless keys are given: in the file `api_keys_file` names (e.g. a mounted Kubernetes
+Secret), and/or in the Truss secret `api_keys` (found as Truss finds a secret:
+`/secrets/api_keys`, else `TRUSS_SECRET_api_keys`; an empty one is unset, as for Truss).
+One key per line, blank lines and `#` comments ignored, several keys allowed (for
+rotation); the keys of both sources are accepted. Only the
 POST generation routes are guarded; probes, `/metrics` and the rest stay open so that the
 kubelet and Prometheus need no key. Keys are compared with `hmac.compare_digest` and never
 logged: a refusal says only that the key was missing or wrong.
@@ -10,7 +13,8 @@ logged: a refusal says only that the key was missing or wrong.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable, Sequence
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 MAX_KEYS = 1024
 MAX_KEY_BYTES = 4096
+SECRET_NAME = "api_keys"  # the Truss secret (config.yaml `secrets:`) that may hold keys
+# truss/templates/shared/secrets_resolver.py::SecretsResolver: where a secret is found.
+SECRETS_MOUNT_DIR = Path("/secrets")
+SECRET_ENV_PREFIX = "TRUSS_SECRET_"
 
 
 class ApiKeyError(ValueError):
@@ -36,18 +44,57 @@ def load_keys(path: str) -> tuple[bytes, ...]:
         raise ApiKeyError(
             f"api_keys_file {path!r}: cannot read it ({type(exc).__name__})"
         ) from None
+    return parse_keys(text, f"api_keys_file {path!r}")
+
+
+def secret_text(
+    name: str = SECRET_NAME,
+    mount_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> str | None:
+    """The Truss secret's value as `SecretsResolver._resolve_secret` finds it (the mounted
+    file wins over the variable); None when unset or empty."""
+    env = os.environ if env is None else env
+    value = env.get(SECRET_ENV_PREFIX + name)
+    path = (SECRETS_MOUNT_DIR if mount_dir is None else mount_dir) / name
+    try:
+        if path.is_file():
+            value = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ApiKeyError(f"secret {name!r}: cannot read it ({type(exc).__name__})") from None
+    return value or None
+
+
+def configured_keys(
+    api_keys_file: str,
+    mount_dir: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[bytes, ...]:
+    """Every accepted key: the file's and the Truss secret's; () means auth is off."""
+    keys = load_keys(api_keys_file) if api_keys_file else ()
+    text = secret_text(SECRET_NAME, mount_dir, env)
+    if text is not None:
+        keys += parse_keys(text, f"secret {SECRET_NAME!r}")
+    if len(keys) > MAX_KEYS:
+        raise ApiKeyError(f"more than {MAX_KEYS} API keys")
+    return tuple(dict.fromkeys(keys))
+
+
+def parse_keys(text: str, source: str) -> tuple[bytes, ...]:
+    """One key a line; `source` names where they came from in the one-line refusal."""
+    path = source  # named in the messages below
     keys = []
     for line in text.splitlines():
         key = line.strip()
         if not key or key.startswith("#"):
             continue
         if len(key.encode()) > MAX_KEY_BYTES or not key.isprintable() or " " in key:
-            raise ApiKeyError(f"api_keys_file {path!r}: a key is too long or not printable")
+            raise ApiKeyError(f"{path}: a key is too long or not printable")
         keys.append(key.encode())
     if not keys:
-        raise ApiKeyError(f"api_keys_file {path!r}: holds no key")
+        raise ApiKeyError(f"{path}: holds no key")
     if len(keys) > MAX_KEYS:
-        raise ApiKeyError(f"api_keys_file {path!r}: more than {MAX_KEYS} keys")
+        raise ApiKeyError(f"{path}: more than {MAX_KEYS} keys")
     return tuple(keys)
 
 

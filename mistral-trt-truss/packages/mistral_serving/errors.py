@@ -19,6 +19,7 @@ REFUSAL_REASONS = {
     429: "rejected",
     499: "client_gone",
     503: "rejected",
+    504: "timeout",  # its deadline passed before the engine saw it (deadline.py)
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -22,6 +23,7 @@ from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Send
 
+from mistral_serving import deadline
 from mistral_serving.admission import (
     RETRY_AFTER_SECONDS,
     Admission,
@@ -43,6 +45,7 @@ from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.shutdown import Drainer
 from mistral_serving.telemetry import REQUEST_ID_HEADER, RequestRecord, request_id_from
+from mistral_serving.tracing import TRACEPARENT, TRACESTATE
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +206,7 @@ class Frontend:
         }
         self.service = service
         engine = service.engine
-        self.metrics.kv_cache_usage.set_function(engine.kv_cache_usage)
+        self.metrics.bind_engine(engine)
 
     @property
     def ready(self) -> bool:
@@ -251,19 +254,29 @@ class Frontend:
             # Truss calls the model only once load() has finished (else it answers 503
             # itself, as ModelNotReady); this is that answer, should one slip through.
             raise HTTPException(503, "the model is loading")
-        record = RequestRecord(request_id_from(request.headers.get(REQUEST_ID_HEADER)), route)
+        record = RequestRecord(
+            request_id_from(request.headers.get(REQUEST_ID_HEADER)),
+            route,
+            traceparent=request.headers.get(TRACEPARENT),
+            tracestate=request.headers.get(TRACESTATE),
+        )
         headers = {REQUEST_ID_HEADER: record.request_id}
         ticket: Ticket | None = None
         try:
             self._refuse_early()
+            record.deadline = deadline.deadline_for(
+                request.headers, self.settings.request_timeout_seconds, record.arrived_at
+            )
             body = await _read_json(request)
             call = fmt.parse(
                 body,
                 ParseContext(self.settings.default_max_tokens),
             )
-            ticket = await self._admit(request)
+            record.parsed_at = time.monotonic()
+            ticket = await deadline.within(record.deadline, self._admit(request), "while queued")
             service.telemetry.admitted(record)
             prepared = await service.prepare(call.gen)
+            deadline.check(record.deadline, "before generation began")
         except RequestError as err:
             if ticket is not None:
                 ticket.release()
@@ -289,6 +302,8 @@ class Frontend:
         answer = fmt.response_body(call, record, logprobs)
         if record.finish_reason == "abort":
             return _cut_response(fmt, answer, headers)
+        if record.finish_reason == deadline.FINISH_REASON:
+            return _cut_response(fmt, answer, headers, deadline.cut_short())
         return JSONResponse(answer, headers=headers)
 
     def early_refusal(self) -> RequestError | None:
@@ -341,6 +356,7 @@ class Frontend:
 
         async def body() -> AsyncIterator[str]:
             started.append(True)
+            record.stream_started_at = time.monotonic()
             try:
                 async for event in events:
                     # Counted as they are sent, so rate() follows long streams.
@@ -404,15 +420,24 @@ def _draining() -> RequestError:
     return RequestError("server is shutting down; retry on another replica", status=503)
 
 
-def _cut_response(fmt: WireFormat, answer: dict[str, Any], headers: dict[str, str]) -> Response:
-    """A non-streamed answer cut short (the drain's grace period ran out) is not a success:
-    503, the route's error, and the partial answer beside it (finish_reason "abort")."""
-    err = RequestError(
-        "the answer was cut short (the server is shutting down); the partial answer is "
-        "included; retry on another replica",
-        status=503,
+def _cut_response(
+    fmt: WireFormat,
+    answer: dict[str, Any],
+    headers: dict[str, str],
+    err: RequestError | None = None,
+) -> Response:
+    """A non-streamed answer cut short is not a success: the drain's grace period ran out
+    (503) or the request's deadline passed (504, `err`); the route's error, and the
+    partial answer beside it (finish_reason "abort" / "timeout")."""
+    if err is None:
+        err = RequestError(
+            "the answer was cut short (the server is shutting down); the partial answer is "
+            "included; retry on another replica",
+            status=503,
+        )
+    return JSONResponse(
+        status_code=err.status, content=answer | fmt.error_body(err), headers=headers
     )
-    return JSONResponse(status_code=503, content=answer | fmt.error_body(err), headers=headers)
 
 
 def _error_response(fmt: WireFormat, err: RequestError, headers: dict[str, str]) -> JSONResponse:

@@ -1,17 +1,127 @@
 """Prometheus metrics, named and bucketed as vLLM's `vllm:*` metrics are.
 
 They are registered on prometheus_client's default registry, which the server serves at
-`GET /metrics`. The prefix is `mtt:` or, with `metrics_names: vllm`, `vllm:`, so that
-vLLM dashboards and the Gateway API Inference Extension's endpoint picker (which routes
-on `num_requests_waiting`, `num_requests_running` and `kv_cache_usage_perc`) read them
-unchanged. The README lists them with example PromQL.
+`GET /metrics`. The prefix is `mtt:`, or `vllm:` with `metrics_names: vllm`, or `trtllm_`
+with `metrics_names: trtllm` (then the names trtllm-serve gives the same figures, from
+`tensorrt_llm/metrics/collector.py::MetricsCollector`, where they differ from vLLM's), so
+that vLLM dashboards and the Inference Gateway's endpoint picker (which routes on the
+waiting and running requests, the KV-cache use, and for prefix-aware scoring the block
+size in `cache_config_info`) read them as their own. The README lists them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 PREFIX = "mtt:"
+TRTLLM_PREFIX = "trtllm_"
+# trtllm-serve's names (MetricsCollector) for the figures it names differently from vLLM.
+TRTLLM_NAMES = {"kv_cache_usage_perc": "kv_cache_utilization"}
+
+
+def prefix_for(names: str) -> str:
+    """The prefix of a `metrics_names` mode: `mtt:`, `vllm:`, `trtllm_`."""
+    return TRTLLM_PREFIX if names == "trtllm" else names + ":"
+
+
+def metric_name(prefix: str, base: str) -> str:
+    """The exported name of the figure `base` (a name of the `mtt:` set, without a
+    counter's `_total`) under `prefix`."""
+    if prefix == TRTLLM_PREFIX:
+        base = TRTLLM_NAMES.get(base, base)
+    return prefix + base
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """What an engine with a paged KV cache reports about it (TensorRT-LLM's iteration
+    stats). Counts are totals since the engine started."""
+
+    block_size: int  # tokens per KV-cache block
+    num_gpu_blocks: int
+    reused_blocks: int  # prompt blocks found in the prefix cache (block reuse)
+    missed_blocks: int | None  # prompt blocks not found; None where the release omits it
+    preemptions: int  # requests paused (evicted from the batch) and resumed later
+
+
+class GaugedEngine(Protocol):
+    def kv_cache_usage(self) -> float: ...
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+class EngineCacheCollector(Collector):
+    """`cache_config_info`, prefix-cache queries and hits and preemptions, read from the
+    engine's `cache_stats()` at each scrape. An engine that reports none (the PyTorch
+    engines: no block reuse, no preemption) exports none of these."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.source: Callable[[], CacheStats | None] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        try:
+            stats = self.source() if self.source is not None else None
+        except Exception:  # a scrape must never fail for an engine's figure
+            stats = None
+        if stats is None:
+            return
+        name = self._name
+        blocks = stats.block_size
+        info = GaugeMetricFamily(
+            name("cache_config_info"),
+            "KV-cache configuration: block size (tokens) and number of GPU blocks.",
+            labels=["block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
+        info.add_metric([str(blocks), str(stats.num_gpu_blocks), "True"], 1.0)
+        yield info
+        if self.prefix == TRTLLM_PREFIX:  # trtllm-serve's own figures, counted in blocks
+            yield _gauge(name("kv_cache_tokens_per_block"), "Tokens per KV-cache block.", blocks)
+            yield _gauge(name("kv_cache_max_blocks"), "KV-cache blocks.", stats.num_gpu_blocks)
+            yield CounterMetricFamily(
+                name("kv_cache_reused_blocks"),
+                "Prompt KV-cache blocks reused (prefix-cache hits).",
+                value=stats.reused_blocks,
+            )
+            if stats.missed_blocks is not None:
+                yield CounterMetricFamily(
+                    name("kv_cache_missed_blocks"),
+                    "Prompt KV-cache blocks not found (prefix-cache misses).",
+                    value=stats.missed_blocks,
+                )
+        else:  # vLLM counts tokens: whole blocks times their size
+            yield CounterMetricFamily(
+                name("prefix_cache_hits"),
+                "Prompt tokens found in the prefix cache (whole blocks).",
+                value=stats.reused_blocks * blocks,
+            )
+            if stats.missed_blocks is not None:
+                yield CounterMetricFamily(
+                    name("prefix_cache_queries"),
+                    "Prompt tokens looked up in the prefix cache (whole blocks).",
+                    value=(stats.reused_blocks + stats.missed_blocks) * blocks,
+                )
+        yield CounterMetricFamily(
+            name("num_preemptions"),
+            "Requests preempted (paused, to resume later) by the engine's scheduler.",
+            value=stats.preemptions,
+        )
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        return iter(())  # the families depend on the engine: known only at scrape
+
+    def _name(self, base: str) -> str:
+        return metric_name(self.prefix, base)
+
+
 # vLLM's buckets for the same figures (vllm/engine/metrics.py).
 TTFT_BUCKETS = (
     0.001,
@@ -88,7 +198,7 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20
 class Metrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY, prefix: str = PREFIX) -> None:
         def name(n: str) -> str:
-            return prefix + n
+            return metric_name(prefix, n)
 
         self.ttft = Histogram(
             name("time_to_first_token_seconds"),
@@ -173,6 +283,14 @@ class Metrics:
             ["engine", "artifact", "manifest"],
             registry=registry,
         )
+        self.engine_cache = EngineCacheCollector(prefix)
+        registry.register(self.engine_cache)
+
+    def bind_engine(self, engine: GaugedEngine) -> None:
+        """Read the figures the engine keeps: KV-cache use, and its cache stats if it has
+        them (an optional `cache_stats()`)."""
+        self.kv_cache_usage.set_function(engine.kv_cache_usage)
+        self.engine_cache.source = getattr(engine, "cache_stats", None)
 
 
 _defaults: dict[str, Metrics] = {}

@@ -18,6 +18,9 @@ settings, and adds, before it starts:
   with room for probes, bounded send buffers; the open-file limit is raised to fit.
 - Requests Truss answers 499 itself (client gone after sending) are counted
   `client_gone`; `/openapi.json` is a 404; `/v1/models` does not show the artifact path.
+- The settings are loaded once, here, and the process's one `Frontend` is made here: our
+  routes and guards are handed it, and so is the Truss model (through the config dict
+  Truss passes to its constructor as it is; `frontend.frontend_for`).
 - A failed `load()` ends the process with status 1 and the reason as its last log line
   (Truss alone exits 0), and the engine is shut down when the server stops.
 """
@@ -36,7 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from mistral_serving import __version__, driver
-from mistral_serving.auth import ApiKeyGuard, load_keys
+from mistral_serving.auth import ApiKeyGuard, configured_keys
 from mistral_serving.errors import RequestError
 from mistral_serving.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.protocols.openai_types import ModelCard, ModelList, openai_error_body
@@ -301,10 +304,11 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
         count=count,
         refuse=frontend.early_refusal,
     )
-    if settings.api_keys_file:  # outermost: an unauthenticated body is never read
+    keys = configured_keys(settings.api_keys_file)  # the file's and the Truss secret's
+    if keys:  # outermost: an unauthenticated body is never read
         app.add_middleware(
             ApiKeyGuard,
-            keys=load_keys(settings.api_keys_file),
+            keys=keys,
             route_of=route_of,
             error_json=error_json,
         )

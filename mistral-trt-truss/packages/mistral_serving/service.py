@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from mistral_serving import deadline
 from mistral_serving.artifacts import open_artifact, resolve_artifact
 from mistral_serving.chat import ChatFormatError, Message, encode_chat
 from mistral_serving.engines.base import (
@@ -37,6 +38,7 @@ from mistral_serving.streaming import TextStream
 from mistral_serving.telemetry import RequestRecord, Telemetry
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
 from mistral_serving.tool_calls import Tool
+from mistral_serving.tracing import tracing_for
 from mistral_serving.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -106,7 +108,9 @@ class GenerationService:
         self.tokenizer = tokenizer
         self.engine = engine
         self.telemetry = Telemetry(
-            metrics or default_metrics(settings.metrics_prefix), settings.log_prompts
+            metrics or default_metrics(settings.metrics_prefix),
+            settings.log_prompts,
+            tracing_for(settings.otlp_traces_endpoint),
         )
 
         self._live: set[str] = set()  # engine ids of the requests in the engine now
@@ -196,6 +200,8 @@ class GenerationService:
         self.watchdog.stop()
         self.grammar.close()
         self.engine.shutdown()
+        if self.telemetry.tracing is not None:
+            self.telemetry.tracing.shutdown()  # flush the spans still queued
 
     # ---- requests ----
 
@@ -298,7 +304,14 @@ class GenerationService:
         text = TextStream(table, req.stop, req.interval)
         want_logprobs = req.sampling.logprobs is not None
         pending: list[TokenLogprob] = []
+        if deadline.passed(record.deadline):  # never reaches the engine
+            record.finish_reason = deadline.FINISH_REASON
+            self.telemetry.finished(record, prompt_text)
+            return
+        record.submitted_at = time.monotonic()
         tokens = self.engine.generate(record.engine_id, req.prompt_ids, req.sampling)
+        if record.deadline is not None:
+            tokens = deadline.bounded(tokens, record.deadline)
         self._live.add(record.engine_id)
         engine_done = False
         engine_reason: str | None = None
@@ -328,6 +341,9 @@ class GenerationService:
                 record.first_token_at = record.first_token_at or time.monotonic()
                 yield Chunk(tail, pending if want_logprobs else None)
             record.finish_reason = reason
+        except deadline.DeadlineExceeded:  # aborted below; the answer says "timeout"
+            record.output = text.text
+            record.finish_reason = deadline.FINISH_REASON
         except EngineRequestError as exc:
             record.finish_reason = "invalid"
             raise RequestError(str(exc)) from None

@@ -22,6 +22,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import EnvSettingsSource
 
+from mistral_serving.metrics import prefix_for
+
 ENV_PREFIX = "MTT_"
 MAX_TEXT_CHARS = 4096  # any text setting (paths, repo ids, names)
 MAX_MODEL_NAME_CHARS = 256
@@ -195,6 +197,15 @@ class AdmissionSettings(_Concern):
     )
     drain_grace_seconds: float = Field(
         60.0, ge=0, le=3600, description="On SIGTERM, how long in-flight streams may finish."
+    )
+    request_timeout_seconds: float = Field(
+        0.0,
+        ge=0,
+        le=86_400,
+        description="Default deadline of a request from its arrival (0: none); the "
+        "`X-Request-Timeout` header (seconds) or a gateway's `x-envoy-expected-rq-timeout-ms` "
+        "may lower it. Past it: 504 before the answer began, else the engine request is "
+        "aborted and the answer ends with finish_reason `timeout`.",
     )
 
 
@@ -381,10 +392,18 @@ class GrammarSettings(_Concern):
 class OpsSettings(_Concern):
     """Operations: metrics names, the engine watchdog, start-up checks, logging."""
 
-    metrics_names: Literal["mtt", "vllm"] = Field(
+    metrics_names: Literal["mtt", "vllm", "trtllm"] = Field(
         "mtt",
-        description="Prefix of the Prometheus metrics: `mtt:` (ours) or `vllm:` (so vLLM "
-        "dashboards and the Inference Gateway's endpoint picker work unchanged).",
+        description="Names of the Prometheus metrics: `mtt:` (ours), `vllm:` (so vLLM "
+        "dashboards and the Inference Gateway's endpoint picker work unchanged) or "
+        "`trtllm_` with trtllm-serve's names (the picker's trtllm-serve model-server type).",
+    )
+    otlp_traces_endpoint: str = Field(
+        "",
+        max_length=2048,
+        pattern=r"^(https?://[^\s]+)?$",
+        description="OTLP/HTTP endpoint to export request traces to (e.g. "
+        "`http://otel-collector:4318/v1/traces`); empty: no tracing.",
     )
     engine_stall_unready_seconds: float = Field(
         30.0,
@@ -418,8 +437,8 @@ class OpsSettings(_Concern):
 
     @property
     def metrics_prefix(self) -> str:
-        """What every exported metric name starts with: `mtt:` or `vllm:`."""
-        return self.metrics_names + ":"
+        """What every exported metric name starts with: `mtt:`, `vllm:` or `trtllm_`."""
+        return prefix_for(self.metrics_names)
 
 
 class Settings(

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from mistral_serving.errors import REFUSAL_REASONS
 from mistral_serving.metrics import Metrics
+from mistral_serving.tracing import Tracing
 
 log = logging.getLogger("mistral_serving.requests")
 
@@ -46,9 +47,15 @@ class RequestRecord:
     # when clients reuse an X-Request-Id.
     engine_id: str = ""
     arrived_at: float = field(default_factory=time.monotonic)
+    parsed_at: float | None = None  # body read, decoded and checked
     admitted_at: float | None = None
+    submitted_at: float | None = None  # handed to the engine (tokenized, within limits)
     first_token_at: float | None = None
+    stream_started_at: float | None = None  # a streamed answer's first event
     ended_at: float | None = None
+    deadline: float | None = None  # monotonic time it must end by (mistral_serving.deadline)
+    traceparent: str | None = None  # the caller's W3C trace context, continued by tracing
+    tracestate: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     tokens_counted: int = 0  # of completion_tokens, already in generation_tokens_total
@@ -84,9 +91,12 @@ REFUSED = frozenset(REFUSAL_REASONS.values())
 
 
 class Telemetry:
-    def __init__(self, metrics: Metrics, log_prompts: bool = False) -> None:
+    def __init__(
+        self, metrics: Metrics, log_prompts: bool = False, tracing: Tracing | None = None
+    ) -> None:
         self.metrics = metrics
         self.log_prompts = log_prompts
+        self.tracing = tracing
 
     def admitted(self, record: RequestRecord) -> None:
         record.admitted_at = time.monotonic()
@@ -100,7 +110,10 @@ class Telemetry:
         m.prompt_tokens.inc(record.prompt_tokens)
         m.generation_tokens.inc(record.completion_tokens - record.tokens_counted)
         record.tokens_counted = record.completion_tokens
-        if record.finish_reason not in REFUSED:  # refusals would pull these toward 0
+        # Refusals would pull these toward 0; a request that timed out while generating
+        # was no refusal.
+        timed_out_generating = record.finish_reason == "timeout" and record.submitted_at
+        if record.finish_reason not in REFUSED or timed_out_generating:
             m.request_prompt_tokens.observe(record.prompt_tokens)
             m.request_generation_tokens.observe(record.completion_tokens)
             m.e2e.labels(route).observe(duration)
@@ -123,3 +136,8 @@ class Telemetry:
         # Under the Truss server's JSON log formatter the `extra` fields become keys of
         # the one log line of this request.
         log.info("request %s %s %s", record.request_id, route, line["finish_reason"], extra=line)
+        if self.tracing is not None:
+            try:
+                self.tracing.export(record)
+            except Exception:  # a trace must never fail a request
+                log.warning("request %s: making its spans failed", record.request_id, exc_info=True)

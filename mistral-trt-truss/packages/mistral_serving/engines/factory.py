@@ -3,7 +3,6 @@ that chooses an engine, the PyTorch engine's KV-cache kind included."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,11 +19,10 @@ from pydantic import (
     model_validator,
 )
 
-from mistral_serving.artifacts import Artifact, ArtifactError, ArtifactKind
-from mistral_serving.engines.base import Engine, EngineError
-from mistral_serving.file_bounds import check_file
+from mistral_serving.artifacts import Artifact, ArtifactError, ArtifactKind, read_config
+from mistral_serving.engines.base import Engine
 from mistral_serving.manifest import shown
-from mistral_serving.settings import Settings
+from mistral_serving.settings import Settings, TorchEngineSettings
 from mistral_serving.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -138,19 +136,26 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
         from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
 
         return TrtLlmPytorchEngine.load(
-            artifact_dir, settings, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.eos_id
+            artifact_dir,
+            settings,
+            eos_token_id=tokenizer.eos_id,
+            pad_token_id=tokenizer.eos_id,
+            config=artifact.config,
         )
     from mistral_serving.engines.process.client import wants_own_process
 
     if wants_own_process(settings):  # engine_process: the step loop off the server's GIL
         from mistral_serving.engines.process.client import ProcessEngine
 
-        return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id)
+        return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id, artifact.config)
     return start_guided_torch_engine(artifact_dir, settings, tokenizer, artifact.config)
 
 
 def start_guided_torch_engine(
-    model_dir: Path, settings: Settings, tokenizer: Tokenizer, config: dict[str, Any] | None = None
+    model_dir: Path,
+    settings: TorchEngineSettings,
+    tokenizer: Tokenizer,
+    config: dict[str, Any] | None = None,
 ) -> TorchEngine:
     """The PyTorch engine in this process, with structured output (response_format,
     xgrammar). The engine process (`worker.py`) starts its engine with this too."""
@@ -161,24 +166,11 @@ def start_guided_torch_engine(
     return engine
 
 
-def runs_on_cuda(settings: Settings) -> bool:
+def runs_on_cuda(settings: TorchEngineSettings) -> bool:
     """Whether the PyTorch engine will run on a CUDA GPU (`device`, else what torch sees)."""
     from mistral_serving.engines.pytorch.dynamic import pick_device
 
     return pick_device(settings.device).type == "cuda"
-
-
-def read_model_config(model_dir: Path) -> dict[str, Any]:
-    """config.json as a dict, or one EngineError naming the file."""
-    path = model_dir / "config.json"
-    check_file(path)  # within its bound before it is parsed (file_bounds.py)
-    try:
-        config = json.loads(path.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise EngineError(f"{path}: unreadable ({exc})") from None
-    if not isinstance(config, dict):
-        raise EngineError(f"{path}: not a JSON object")
-    return config
 
 
 def kv_cache_choice(setting: str, on_cuda: bool, config: dict[str, Any]) -> tuple[str, str | None]:
@@ -196,14 +188,17 @@ def kv_cache_choice(setting: str, on_cuda: bool, config: dict[str, Any]) -> tupl
 
 
 def start_torch_engine(
-    model_dir: Path, settings: Settings, eos_token_id: int, config: dict[str, Any] | None = None
+    model_dir: Path,
+    settings: TorchEngineSettings,
+    eos_token_id: int,
+    config: dict[str, Any] | None = None,
 ) -> TorchEngine:
     """The PyTorch engine for a checkpoint: `pytorch_kv_cache` picks static or dynamic.
     `config` is the checkpoint's config.json when the caller has read it (the Artifact)."""
     from mistral_serving.engines.pytorch.dynamic import TorchEngine
 
     if config is None:
-        config = read_model_config(Path(model_dir))
+        config = read_config(Path(model_dir))
     check_model_config(config, str(Path(model_dir) / "config.json"))
     kind, why = kv_cache_choice(settings.pytorch_kv_cache, runs_on_cuda(settings), config)
     if why is not None:  # a GPU without the fast path is worth a warning; a CPU is not

@@ -4,7 +4,7 @@ we send is built from one of these.
 
 msgspec Structs, not pydantic models: building a stream chunk with logprobs from pydantic
 models (`model_construct`) cost 3x the hand-built dicts it replaced, Structs cost about
-the same (tests/bench/chunk_bench.py; docs/performance.md). Nothing is validated on the
+the same (bench/chunk_bench.py; docs/performance.md). Nothing is validated on the
 serving path (the values come from our own code); the unit tests check what the path
 builds against these same types with `msgspec.convert`.
 

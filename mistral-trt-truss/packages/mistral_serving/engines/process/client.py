@@ -69,7 +69,7 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.engines.process import ipc
 from mistral_serving.engines.process.ipc import HEARTBEAT_S
-from mistral_serving.settings import Settings
+from mistral_serving.settings import TorchEngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ SILENT_S = 4 * HEARTBEAT_S  # a child not heard from for this long is stopped or
 _POLL_S = 0.25  # how often a silent socket is checked for the child having exited
 
 
-def wants_own_process(settings: Settings) -> bool:
+def wants_own_process(settings: TorchEngineSettings) -> bool:
     """`engine_process: on` runs a PyTorch engine in a process of its own. Off by default:
     on the H200 it served the same throughput as in-process and a later first token
     (docs/performance.md), so it is there for isolation, not speed."""
@@ -142,9 +142,17 @@ class ProcessEngine:
         self._reader.start()
 
     @classmethod
-    def start(cls, model_dir: Path, settings: Settings, eos_token_id: int) -> ProcessEngine:
+    def start(
+        cls,
+        model_dir: Path,
+        settings: TorchEngineSettings,
+        eos_token_id: int,
+        config: dict[str, Any] | None = None,
+    ) -> ProcessEngine:
         """Start the child, have it load the engine, and wait until it is ready. A failure
-        to load (a bad checkpoint, out of memory) raises one `EngineError` naming it."""
+        to load (a bad checkpoint, out of memory) raises one `EngineError` naming it.
+        `config` is the checkpoint's config.json (the Artifact's): the child then reads
+        none (without it, a bare directory, the child reads it)."""
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen(
@@ -168,6 +176,7 @@ class ProcessEngine:
                 eos_token_id=eos_token_id,
                 log_level=logging.getLogger().getEffectiveLevel(),
                 log_json=_logs_json(),
+                config=config,
             )
             conn.send_bytes(ipc.encode(start))
             ready = cls._wait_ready(proc, conn)

@@ -28,7 +28,7 @@ interface's own dataclasses (`engines/base.py`), decoded and type-checked field 
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -68,6 +68,9 @@ class Start(_Message, tag="start"):
     eos_token_id: int
     log_level: int
     log_json: bool
+    # The Artifact's parsed config.json (the server read it once); None: the child reads
+    # the directory's own (an engine started from a bare directory).
+    config: dict[str, Any] | None = None
 
 
 class Add(_Message, tag="add"):

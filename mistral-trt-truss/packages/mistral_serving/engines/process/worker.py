@@ -181,7 +181,7 @@ def serve(conn: Connection) -> int:
                 f"the tokenizer in {model_dir} has EOS {tokenizer.eos_id}, "
                 f"the server's has {start.eos_token_id}"
             )
-        engine = start_guided_torch_engine(model_dir, settings, tokenizer)
+        engine = start_guided_torch_engine(model_dir, settings, tokenizer, start.config)
     except BaseException as exc:  # noqa: BLE001 - any start-up failure goes to the server
         log.exception("the engine could not start")
         outbox.send(ipc.Failed(type(exc).__name__, str(exc)))

@@ -78,7 +78,7 @@ from mistral_serving.engines.pytorch.prefill import (
     take_admissible,
 )
 from mistral_serving.engines.sampling import Sampled, sample_next_tokens
-from mistral_serving.settings import Settings
+from mistral_serving.settings import TorchEngineSettings
 
 if TYPE_CHECKING:
     from transformers import DynamicCache
@@ -145,7 +145,7 @@ class LoadedModel:
 
 def load_model(
     model_dir: Path,
-    settings: Settings,
+    settings: TorchEngineSettings,
     loader: Callable[[Path, object, torch.dtype, torch.device], torch.nn.Module | None]
     | None = None,
 ) -> LoadedModel:
@@ -182,12 +182,14 @@ def load_model(
 class TorchOptions:
     """The settings a PyTorch engine is built with, beyond its limits (defaults: Settings')."""
 
-    max_num_tokens: int = Settings.model_fields["max_num_tokens"].default
-    prefill_logits_bytes: int = Settings.model_fields["prefill_logits_bytes"].default
-    cuda_graphs: bool = Settings.model_fields["cuda_graphs"].default  # the static engine's
+    max_num_tokens: int = TorchEngineSettings.model_fields["max_num_tokens"].default
+    prefill_logits_bytes: int = TorchEngineSettings.model_fields["prefill_logits_bytes"].default
+    cuda_graphs: bool = TorchEngineSettings.model_fields[
+        "cuda_graphs"
+    ].default  # the static engine's
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> TorchOptions:
+    def from_settings(cls, settings: TorchEngineSettings) -> TorchOptions:
         return cls(settings.max_num_tokens, settings.prefill_logits_bytes, settings.cuda_graphs)
 
 
@@ -259,18 +261,22 @@ class TorchEngine:
         self._thread.start()
 
     @classmethod
-    def from_pretrained(cls, model_dir: Path, settings: Settings, eos_token_id: int) -> TorchEngine:
+    def from_pretrained(
+        cls, model_dir: Path, settings: TorchEngineSettings, eos_token_id: int
+    ) -> TorchEngine:
         return cls.for_model(load_model(model_dir, settings), settings, eos_token_id)
 
     @classmethod
-    def for_model(cls, loaded: LoadedModel, settings: Settings, eos_token_id: int) -> Self:
+    def for_model(
+        cls, loaded: LoadedModel, settings: TorchEngineSettings, eos_token_id: int
+    ) -> Self:
         limits = cls.limits_for(loaded, settings)
         return cls(loaded.model, eos_token_id, limits, TorchOptions.from_settings(settings))
 
     # ---- what a subclass (the static engine) adds ----
 
     @classmethod
-    def limits_for(cls, loaded: LoadedModel, settings: Settings) -> EngineLimits:
+    def limits_for(cls, loaded: LoadedModel, settings: TorchEngineSettings) -> EngineLimits:
         """The engine's limits for this model: the model's positions, lowered by settings."""
         return EngineLimits(loaded.max_input_len, loaded.max_seq_len, settings.max_batch_size)
 

@@ -54,7 +54,7 @@ from mistral_serving.engines.pytorch.dynamic import (
     load_model,
 )
 from mistral_serving.engines.pytorch.weights import copy_shards, read_header
-from mistral_serving.settings import Settings
+from mistral_serving.settings import TorchEngineSettings
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
@@ -170,7 +170,7 @@ def _load_direct(
     return model
 
 
-def load_static_model(model_dir: Path, settings: Settings) -> LoadedModel:
+def load_static_model(model_dir: Path, settings: TorchEngineSettings) -> LoadedModel:
     """The checkpoint for the fast path: `load_model` with the direct safetensors loader."""
     return load_model(model_dir, settings, loader=load_safetensors_direct)
 
@@ -203,7 +203,7 @@ class StaticTorchEngine(TorchEngine):
         return {"kv_cache": "static", "kv_columns": self._cols, "cuda_graphs": self._use_graphs}
 
     @classmethod
-    def limits_for(cls, loaded: LoadedModel, settings: Settings) -> EngineLimits:
+    def limits_for(cls, loaded: LoadedModel, settings: TorchEngineSettings) -> EngineLimits:
         """The static KV cache's columns bound the sequence (and the prompt, one below)."""
         columns = static_kv_columns(loaded.model, settings, loaded.max_seq_len)
         return EngineLimits(
@@ -445,7 +445,7 @@ class StaticTorchEngine(TorchEngine):
         del self._running[m:], self._lens[m:]
 
 
-def static_kv_columns(model: torch.nn.Module, settings: Settings, max_seq: int) -> int:
+def static_kv_columns(model: torch.nn.Module, settings: TorchEngineSettings, max_seq: int) -> int:
     """Columns (tokens per sequence) of the static KV cache: `max_seq_len` when set, else
     what `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for
     `max_batch_size` slots (8 GiB on the CPU), never above the model's positions."""

@@ -88,7 +88,8 @@ from mistral_serving.engines.trtllm.checks import (
     world_size,
 )
 from mistral_serving.manifest import read_manifest
-from mistral_serving.settings import Settings
+from mistral_serving.metrics import CacheStats
+from mistral_serving.settings import TrtllmSettings
 
 if TYPE_CHECKING:  # the image's tensorrt_llm; absent here (the type is then Any)
     from tensorrt_llm.sampling_params import SamplingParams
@@ -262,7 +263,50 @@ def kv_usage_from_stat(stat: Any) -> float | None:
     return min(max(float(used) / float(total), 0.0), 1.0)
 
 
-def scheduler_config(settings: Settings) -> Any:
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) and value >= 0 else None
+
+
+class CacheStatsReader:
+    """`CacheStats` from the iteration stats, as trtllm-serve reads them
+    (`metrics/collector.py::MetricsCollector.log_iteration_stats`): `kvCacheStats`'
+    `tokensPerBlock`, `maxNumBlocks`, and `reusedBlocks` / `missedBlocks`, totals since the
+    start (`missedBlocks` is absent in some releases' PyTorch backend:
+    `_torch/pyexecutor/py_executor.py::_update_iter_stats`); preemptions from
+    `inflightBatchingStats.numPausedRequests` (requests paused in that iteration): each rise
+    counts, so requests paused in a row and resumed together count once (a lower bound)."""
+
+    def __init__(self) -> None:
+        self.stats: CacheStats | None = None
+        self._paused = 0
+        self._preemptions = 0
+
+    def read(self, stat: Any) -> None:
+        if isinstance(stat, str | bytes):
+            stat = json.loads(stat)
+        if not isinstance(stat, dict):
+            return
+        ifb = stat.get("inflightBatchingStats")
+        paused = _count(ifb.get("numPausedRequests")) if isinstance(ifb, dict) else None
+        if paused is not None:
+            self._preemptions += max(0, paused - self._paused)
+            self._paused = paused
+        kv = stat.get("kvCacheStats")
+        if not isinstance(kv, dict):
+            return
+        block, total = _count(kv.get("tokensPerBlock")), _count(kv.get("maxNumBlocks"))
+        if not block or total is None:
+            return
+        self.stats = CacheStats(
+            block_size=block,
+            num_gpu_blocks=total,
+            reused_blocks=_count(kv.get("reusedBlocks")) or 0,
+            missed_blocks=_count(kv.get("missedBlocks")),
+            preemptions=self._preemptions,
+        )
+
+
+def scheduler_config(settings: TrtllmSettings) -> Any:
     """`SchedulerConfig(capacity_scheduler_policy=...)` (llmapi/llm_args.py) from settings."""
     from tensorrt_llm.llmapi import CapacitySchedulerPolicy, SchedulerConfig
 
@@ -270,7 +314,7 @@ def scheduler_config(settings: Settings) -> Any:
     return SchedulerConfig(capacity_scheduler_policy=policy)
 
 
-def kv_cache_config(settings: Settings) -> Any:
+def kv_cache_config(settings: TrtllmSettings) -> Any:
     """`KvCacheConfig(free_gpu_memory_fraction=..., enable_block_reuse=...)`
     (llmapi/llm_args.py) from settings: the same for both engine kinds."""
     from tensorrt_llm.llmapi import KvCacheConfig
@@ -321,6 +365,7 @@ class LlmApiEngine:
         self._fatal: BaseException | None = None
         self._shut_down = False
         self._kv_usage = 0.0
+        self._cache = CacheStatsReader()
         self._stats_task: asyncio.Task[None] | None = None
         self._submissions = 0  # generate_async calls (each makes the stats iterable undone)
         self._progress_at = time.monotonic()  # the last response or stat (the heartbeat)
@@ -498,6 +543,11 @@ class LlmApiEngine:
         running means no block held (reusable blocks count as free), so 0."""
         return self._kv_usage if self._results else 0.0
 
+    def cache_stats(self) -> CacheStats | None:
+        """Block size, blocks, prefix-cache reuse and preemptions: None before the first
+        iteration stat."""
+        return self._cache.stats
+
     def _stats_submitted(self) -> None:
         """A request went in (which makes upstream's stats iterable undone): make sure the
         reader runs."""
@@ -511,11 +561,13 @@ class LlmApiEngine:
         try:
             while not self._shut_down:
                 submissions = self._submissions
-                async for stat in self.llm.get_stats_async(timeout=STATS_TIMEOUT_S):
+                async for item in self.llm.get_stats_async(timeout=STATS_TIMEOUT_S):
                     self._progress_at = time.monotonic()
+                    stat = json.loads(item) if isinstance(item, str | bytes) else item
                     usage = kv_usage_from_stat(stat)
                     if usage is not None:
                         self._kv_usage = usage
+                    self._cache.read(stat)
                 if self._submissions == submissions:
                     return  # done until the next submission, which starts a new reader
         except asyncio.CancelledError:
@@ -566,7 +618,7 @@ class TrtLlmEngine(LlmApiEngine):
     def load(
         cls,
         engine_dir: Path,
-        settings: Settings,
+        settings: TrtllmSettings,
         *,
         eos_token_id: int,
         pad_token_id: int | None = None,
@@ -683,7 +735,7 @@ class TrtLlmEngine(LlmApiEngine):
         )
 
 
-def effective_limits(built: EngineLimits, settings: Settings) -> EngineLimits:
+def effective_limits(built: EngineLimits, settings: TrtllmSettings) -> EngineLimits:
     """The engine's built limits, lowered by the max_input_len / max_seq_len settings."""
     max_seq_len = min(built.max_seq_len, settings.max_seq_len or built.max_seq_len)
     max_input_len = min(built.max_input_len, settings.max_input_len or built.max_input_len)

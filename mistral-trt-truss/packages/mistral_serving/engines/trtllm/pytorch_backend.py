@@ -30,10 +30,10 @@ What differs from the TensorRT-engine backend (read in `llmapi/llm.py` and
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from mistral_serving.artifacts import read_config
 from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
 from mistral_serving.engines.trtllm.checks import EngineCheckError
 from mistral_serving.engines.trtllm.engine import (
@@ -41,7 +41,7 @@ from mistral_serving.engines.trtllm.engine import (
     kv_cache_config,
     scheduler_config,
 )
-from mistral_serving.settings import Settings
+from mistral_serving.settings import TrtllmSettings
 
 # Setting trtllm_sampler -> TorchLlmArgs.sampler_type.
 SAMPLER_TYPES: dict[str, str] = {"trtllm": "TRTLLMSampler", "torch": "TorchSampler"}
@@ -55,7 +55,7 @@ TORCH_SAMPLER_PENALTIES = (
 )
 
 
-def checkpoint_limits(config: dict[str, Any], settings: Settings) -> EngineLimits:
+def checkpoint_limits(config: dict[str, Any], settings: TrtllmSettings) -> EngineLimits:
     """Limits from the checkpoint's config.json, lowered by the settings."""
     positions = config.get("max_position_embeddings")
     if not isinstance(positions, int) or positions < 2:
@@ -78,10 +78,11 @@ class TrtLlmPytorchEngine(LlmApiEngine):
     def load(
         cls,
         checkpoint_dir: Path,
-        settings: Settings,
+        settings: TrtllmSettings,
         *,
         eos_token_id: int,
         pad_token_id: int | None = None,
+        config: dict[str, Any] | None = None,
     ) -> TrtLlmPytorchEngine:
         try:
             import tensorrt_llm
@@ -94,13 +95,9 @@ class TrtLlmPytorchEngine(LlmApiEngine):
                 "from the TensorRT-LLM release image, or set engine=pytorch"
             ) from exc
         checkpoint_dir = Path(checkpoint_dir)
-        try:
-            config = json.loads((checkpoint_dir / "config.json").read_text())
-        except (OSError, ValueError) as exc:
-            raise EngineCheckError(
-                f"{checkpoint_dir}/config.json: not a readable Hugging Face config ({exc})"
-            ) from None
-        if not isinstance(config, dict) or "pretrained_config" in config:
+        if config is None:  # a bare directory; a load hands over the Artifact's
+            config = read_config(checkpoint_dir)
+        if "pretrained_config" in config:
             raise EngineCheckError(
                 f"{checkpoint_dir} is not a Hugging Face checkpoint (a TensorRT engine? "
                 "serve it with engine=tensorrt_llm or auto)"

@@ -177,6 +177,7 @@ class GenerationResult:
             self._raise_background_error(executor)
         if not self._started:
             self._started = True
+            self._llm._look_up_prompt_blocks(self._prompt_token_ids)
             grammar_error = self._llm._grammar_error(self.sampling_params.guided_decoding)
             if grammar_error is not None:
                 # The grammar is compiled inside the executor loop (PyTorch backend:

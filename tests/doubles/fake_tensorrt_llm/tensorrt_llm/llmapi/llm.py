@@ -25,7 +25,15 @@ What each piece mirrors (function in the real llm.py unless said otherwise):
   PyTorch backend: the max_num_tokens check only without chunked prefill.
 - `get_stats_async(timeout)`: `self._executor.aget_stats(timeout=...)`, an `IterationResult`
   of per-iteration stats (`kvCacheStats`: usedNumBlocks, maxNumBlocks, freeNumBlocks,
-  tokensPerBlock; numActiveRequests, numQueuedRequests). The PyTorch backend reports them
+  tokensPerBlock, and the block-reuse totals since the start allocTotalBlocks,
+  allocNewBlocks, reusedBlocks, missedBlocks, cacheHitRate, as
+  `_torch/pyexecutor/py_executor.py::_update_iter_stats` copies them from the KV-cache
+  manager; `inflightBatchingStats`: numScheduledRequests, numContextRequests,
+  numGenRequests, numPausedRequests; numActiveRequests, numQueuedRequests). Reuse is
+  counted in whole prompt blocks matching an earlier prompt's block for block, only with
+  `KvCacheConfig.enable_block_reuse` (upstream's default: on); partial reuse is not
+  modelled. Knob `stats_missed_blocks=False` drops missedBlocks and cacheHitRate (some
+  releases' PyTorch backend copies only reusedBlocks). The PyTorch backend reports them
   only with `enable_iter_perf_stats=True` (`TorchLlmArgs`, default False); the TensorRT
   backend's C++ executor always does.
 - `shutdown()`: `self._executor.shutdown(); self._executor = None`.
@@ -157,6 +165,11 @@ class BaseLLM:
         self.vocab_size = 64  # knob: the width of `context_logits_for`'s logits
         self.hang = False  # knob: the executor stops answering (every step blocks)
         self.abort_with_logprobs_crashes = True  # knob: upstream issue 10810 (see result.py)
+        self.stats_missed_blocks = True  # knob: False as the releases that omit missedBlocks
+        self.paused_requests = 0  # knob: numPausedRequests of the next iterations' stats
+        self._seen_blocks: set[tuple[int, ...]] = set()  # prompt-block prefixes cached
+        self._reused_blocks = 0
+        self._missed_blocks = 0
         self._iter_stats_result: IterationResult | None = None
         self._iteration = 0
         self.shutdown_calls = 0
@@ -300,6 +313,25 @@ class BaseLLM:
             return "guided decoding is not enabled"
         return None
 
+    def _look_up_prompt_blocks(self, prompt: list[int]) -> None:
+        """A request's context phase: its whole prompt blocks are reused while they match a
+        cached prefix, the rest are missed (and cached for later requests)."""
+        kv = self.args.__dict__.get("kv_cache_config")
+        reuse = kv is None or kv.enable_block_reuse
+        size = self.tokens_per_block
+        blocks = -(-len(prompt) // size)
+        matching = True
+        for i in range(blocks):
+            prefix = tuple(prompt[: (i + 1) * size])
+            full = len(prefix) == (i + 1) * size
+            if reuse and matching and full and prefix in self._seen_blocks:
+                self._reused_blocks += 1
+                continue
+            matching = False
+            self._missed_blocks += 1
+            if reuse and full:
+                self._seen_blocks.add(prefix)
+
     def _record_iteration(self) -> None:
         """One executor iteration: queue its stats, as the runtime does each step."""
         if not self._reports_stats:
@@ -307,16 +339,30 @@ class BaseLLM:
         live = [r for r in self.requests if r._holds_kv]
         used = sum(-(-r._kv_tokens() // self.tokens_per_block) for r in live)
         used = min(used, self.max_num_blocks)
+        kv = {
+            "maxNumBlocks": self.max_num_blocks,
+            "freeNumBlocks": self.max_num_blocks - used,
+            "usedNumBlocks": used,
+            "tokensPerBlock": self.tokens_per_block,
+            "allocTotalBlocks": self._reused_blocks + self._missed_blocks,
+            "allocNewBlocks": self._missed_blocks,
+            "reusedBlocks": self._reused_blocks,
+        }
+        if self.stats_missed_blocks:
+            looked_up = self._reused_blocks + self._missed_blocks
+            kv["missedBlocks"] = self._missed_blocks
+            kv["cacheHitRate"] = self._reused_blocks / looked_up if looked_up else 0.0
         self._iter_stats_result.put(
             {
                 "iter": self._iteration,
                 "numActiveRequests": len(live),
                 "numQueuedRequests": 0,
-                "kvCacheStats": {
-                    "maxNumBlocks": self.max_num_blocks,
-                    "freeNumBlocks": self.max_num_blocks - used,
-                    "usedNumBlocks": used,
-                    "tokensPerBlock": self.tokens_per_block,
+                "kvCacheStats": kv,
+                "inflightBatchingStats": {
+                    "numScheduledRequests": len(live),
+                    "numContextRequests": 0,
+                    "numGenRequests": len(live),
+                    "numPausedRequests": self.paused_requests,
                 },
             }
         )
