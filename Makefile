@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 DEV_MODEL := .cache/dev-model/build_manifest.json
 
-.PHONY: venv dev-model serve test test-unit test-e2e test-compat test-tools lint typecheck bench soak test-stress verify-gpu clean
+.PHONY: venv dev-model serve test test-unit test-e2e test-compat test-tools test-agents lint typecheck bench soak test-stress verify-gpu clean
 
 venv: $(STAMP)
 
@@ -139,6 +139,19 @@ $(TOOLS_STAMP): tests/tools/requirements.txt
 	$(TOOLS_PY) -m pip install -q -r tests/tools/requirements.txt
 	touch $(TOOLS_STAMP)
 
+# The OpenAI Agents SDK's own venv: it needs starlette>=1.3.1, the server's fastapi <0.51.
+AGENTS_VENV := .venv-agents
+AGENTS_STAMP := $(AGENTS_VENV)/.installed
+
+$(AGENTS_STAMP): tests/agents/requirements.txt
+	rm -rf $(AGENTS_VENV)
+	$(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_VENV)/bin/pip install -r tests/agents/requirements.txt
+	touch $(AGENTS_STAMP)
+
+test-agents: $(AGENTS_STAMP) $(DEV_MODEL)
+	AGENTS_PYTHON=$(CURDIR)/$(AGENTS_VENV)/bin/python $(PY) -m pytest -p no:cacheprovider tests/agents
+
 test-tools: $(TOOLS_STAMP) $(DEV_MODEL)
 	GUIDELLM=$(CURDIR)/$(TOOLS_VENV)/bin/guidellm AIPERF=$(CURDIR)/$(TOOLS_VENV)/bin/aiperf \
 		LM_EVAL=$(CURDIR)/$(TOOLS_VENV)/bin/lm-eval $(PY) -m pytest -p no:cacheprovider tests/tools
@@ -172,4 +185,4 @@ verify-gpu:
 	$(VERIFY_PY) build.py verify-gpu $(VERIFY_ARGS)
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(TOOLS_VENV) .cache
+	rm -rf $(VENV) $(COMPAT_VENV) $(TOOLS_VENV) $(AGENTS_VENV) .cache

@@ -129,7 +129,7 @@ def test_async_client_streams_concurrently(aclient):
     "kwargs, field",
     [
         ({"n": 2}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f b"}}]}, "tools[0].function.name"),
         ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs: true
         ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"logit_bias": {"1": 1}}, "logit_bias"),

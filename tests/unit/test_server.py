@@ -381,6 +381,7 @@ def test_health_and_version(registered: Frontend) -> None:
         "engine": "scripted",
         "details": registered.service.engine.info.details,
         "startup_seconds": {},
+        "chat": {"format": "mistral", "tools": "fallback_json"},  # the dev tokenizer's
     }
     registered.drainer.draining = True
     assert client.get("/health").status_code == 503

@@ -19,15 +19,18 @@ def test_every_row_of_the_table_is_run_by_a_test_and_no_test_runs_another() -> N
 
 
 def test_each_tool_is_pinned_at_the_readme_version_in_the_venv_its_test_runs_in() -> None:
-    """tests/tools runs in its own venv (tests/tools/requirements.txt); the others in the
-    dev venv (the dev extra, installed here)."""
+    """tests/tools and tests/agents run in their own venvs (their requirements.txt); the
+    others in the dev venv (the dev extra, installed here)."""
     dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    tools_pins = (REPO / "tests/tools/requirements.txt").read_text().splitlines()
+    own_venvs = ("tools", "agents")  # tests/<name>/requirements.txt: each its own venv
     for tool, files in runners().items():
         row = rows()[tool]
         pin = f"{row.package}=={row.version}"
-        if all(path.parent.name == "tools" for path in files):
-            assert pin in tools_pins, tool
+        folders = {path.parent.name for path in files}
+        if len(folders) == 1 and folders <= set(own_venvs):
+            (folder,) = folders
+            pins = (REPO / "tests" / folder / "requirements.txt").read_text().splitlines()
+            assert pin in pins, tool
         else:
             assert pin in dev["dev"], tool
             assert importlib.metadata.version(row.package) == row.version, tool

@@ -199,7 +199,9 @@ class Frontend:
         name = self.settings.served_model_name
         self.formats = {
             "predict": PredictFormat(),
-            "chat_completions": OpenAIFormat(True, name, token_bytes),
+            "chat_completions": OpenAIFormat(
+                True, name, token_bytes, service.tokenizer.tool_format
+            ),
             "completions": OpenAIFormat(False, name, token_bytes),
         }
         self.service = service

@@ -23,9 +23,9 @@ import json
 import logging
 import re
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from prometheus_client.metrics_core import Metric
@@ -35,6 +35,7 @@ from prometheus_client.metrics_core import Metric
 from mistral_serving.engines.base import GuidedDecoding
 from mistral_serving.errors import RequestError
 from mistral_serving.settings import Settings
+from mistral_serving.tool_calls import ToolRequest
 
 log = logging.getLogger(__name__)
 
@@ -178,8 +179,50 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _refuse(message: str) -> RequestError:
-    return RequestError(f"response_format: {message}", param=PARAM)
+def _refuse(message: str, param: str = PARAM) -> RequestError:
+    return RequestError(f"{param}: {message}", param=param)
+
+
+@dataclass(frozen=True)
+class ToolCallGrammar(GuidedDecoding):
+    """The grammar of `tool_choice` required / a named function: engines see a plain
+    json_schema; the gate's refusals name `tools` instead of `response_format`."""
+
+    param: ClassVar[str] = "tools"
+
+
+# The most calls one constrained answer holds (parallel_tool_calls true): a bound, so that
+# a model that keeps calling (a random-weight one does) ends its list.
+MAX_PARALLEL_CALLS = 8
+
+
+def tool_call_schema(request: ToolRequest) -> dict[str, Any]:
+    """The JSON schema every constrained answer follows: a list of calls, each
+    `{"name": <an offered function>, "arguments": <valid for its parameters>}`; exactly
+    one call for a named function or with parallel_tool_calls false, else at most
+    MAX_PARALLEL_CALLS. (vLLM constrains
+    `required` the same way: `_get_json_schema_from_tool` in its OpenAI protocol.)"""
+    offered: Sequence[Any] = [t for t in request.tools if request.forced in (None, t.name)]
+    items = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in offered
+    ]
+    schema: dict[str, Any] = {
+        "type": "array",
+        "items": items[0] if len(items) == 1 else {"anyOf": items},
+        "minItems": 1,
+        "maxItems": 1 if request.forced is not None or not request.parallel else MAX_PARALLEL_CALLS,
+    }
+    return schema
+
+
+def tool_call_grammar(request: ToolRequest) -> ToolCallGrammar:
+    return ToolCallGrammar("json_schema", json.dumps(tool_call_schema(request)))
 
 
 def check_schema(schema: Any, size_bytes: int, limits: SchemaLimits) -> None:
@@ -376,7 +419,7 @@ class GrammarGate:
                 task = self._pending[key] = asyncio.ensure_future(self._judge(key, text))
             verdict = await asyncio.shield(task)
         if verdict is not None:
-            raise _refuse(verdict)
+            raise _refuse(verdict, getattr(guided, "param", PARAM))
 
     async def _judge(self, key: bytes, text: str) -> str | None:
         try:

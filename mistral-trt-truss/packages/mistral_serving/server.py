@@ -267,6 +267,8 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
             answer["engine"] = info.name
             answer["details"] = json.loads(json.dumps(info.details, default=str))
             answer["startup_seconds"] = service.startup  # per phase of its start
+            tokenizer = service.tokenizer  # how chats and tools are encoded and read
+            answer["chat"] = {"format": tokenizer.chat_format, "tools": tokenizer.tool_format}
         return JSONResponse(answer)
 
     async def metrics() -> Response:

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from mistral_serving import deadline
 from mistral_serving.artifacts import open_artifact, resolve_artifact
-from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
+from mistral_serving.chat import ChatFormatError, Message, encode_chat
 from mistral_serving.engines.base import (
     Engine,
     EngineError,
@@ -37,6 +37,7 @@ from mistral_serving.startup import process_age_seconds
 from mistral_serving.streaming import TextStream
 from mistral_serving.telemetry import RequestRecord, Telemetry
 from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.tool_calls import Tool
 from mistral_serving.tracing import tracing_for
 from mistral_serving.watchdog import Watchdog
 
@@ -60,13 +61,14 @@ class GenerationRequest:
     sampling: SamplingOptions  # max_new_tokens: what was asked; clamped by `prepare`
     prompt: str | None = None
     prompt_ids: tuple[int, ...] | None = None  # a prompt given as token ids
-    messages: tuple[ChatMessage, ...] | None = None
+    messages: tuple[Message, ...] | None = None
     stop: tuple[str, ...] = ()
     interval: int = 1  # tokens per streamed chunk
     param: str = "prompt"  # the body field that holds the prompt (named in errors)
     # The answer continues the prompt's text (completions' echo): the output keeps a
     # SentencePiece model's leading space, which a decode from the start would strip.
     echo: bool = False
+    tools: tuple[Tool, ...] = ()  # offered to the model in its own format (chat.encode_chat)
 
     @property
     def prompt_text(self) -> str | None:
@@ -283,7 +285,7 @@ class GenerationService:
     def _encode(self, req: GenerationRequest) -> list[int]:
         if req.messages is not None:
             try:
-                return encode_chat(list(req.messages), self.tokenizer)
+                return encode_chat(list(req.messages), self.tokenizer, req.tools)
             except ChatFormatError as exc:
                 raise RequestError(str(exc), param="messages") from None
         return self.tokenizer.encode(req.prompt or "", bos=True)

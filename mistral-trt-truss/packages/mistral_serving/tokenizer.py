@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -39,7 +39,30 @@ SPIECE_UNDERLINE = "▁"
 #               chat_template.jinja), rendered and tokenized by transformers;
 #   "none":     no chat format known: chat requests are refused with a clear message.
 ChatFormat = Literal["mistral", "template", "none"]
-ChatTemplateFn = Callable[[list[dict[str, str]]], list[int]]
+# (messages, tools or None) -> prompt ids; messages are OpenAI-shaped dicts.
+ChatTemplateFn = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]]
+
+# How a model is asked for tool calls and how its answer is read (tool_parsers.FORMATS):
+#   "mistral":       a Mistral tokenizer with tool tokens (v3 and later: [AVAILABLE_TOOLS],
+#                    [TOOL_CALLS], [TOOL_RESULTS]), encoded as mistral-common does;
+#   "hermes":        a chat template that takes `tools` and writes `<tool_call>` blocks;
+#   "llama3_json":   a Llama-3.1-style template that takes `tools` (JSON calls, `ipython`);
+#   "fallback_json": anything else (Mistral v1, templates without tools): the tools are
+#                    described in the system turn and the model answers `TOOL_CALLS: [..]`.
+ToolFormat = Literal["mistral", "hermes", "llama3_json", "fallback_json"]
+# Mistral's control pieces the v3 encoding writes (mistral-common's SpecialTokens).
+MISTRAL_TOOL_PIECES = (
+    "[INST]",
+    "[/INST]",
+    "[AVAILABLE_TOOLS]",
+    "[/AVAILABLE_TOOLS]",
+    "[TOOL_RESULTS]",
+    "[/TOOL_RESULTS]",
+    "[TOOL_CALLS]",
+)
+# Tool-call markup a model writes: kept as text when decoding (a special token is
+# otherwise skipped), so the answer's parser sees where a call starts.
+VISIBLE_MARKUP = frozenset({"[TOOL_CALLS]", "<tool_call>", "</tool_call>", "<|python_tag|>"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +94,8 @@ class Tokenizer:
         stop_token_ids: Sequence[int] = (),
         chat_format: ChatFormat = "mistral",
         chat_template_fn: ChatTemplateFn | None = None,
+        special_ids: dict[str, int] | None = None,
+        tool_format: ToolFormat = "fallback_json",
     ) -> None:
         self.table = table
         self.bos_id = bos_id
@@ -87,6 +112,9 @@ class Tokenizer:
             raise ValueError("chat_format 'template' needs chat_template_fn")
         self.chat_format: ChatFormat = chat_format
         self._chat_template_fn = chat_template_fn
+        # Control pieces by name (SentencePiece tokenizers): the v3 chat encoding's tokens.
+        self.special_ids: dict[str, int] = dict(special_ids or {})
+        self.tool_format: ToolFormat = tool_format
 
     @property
     def vocab_size(self) -> int:
@@ -100,12 +128,15 @@ class Tokenizer:
             return [self.bos_id, *ids]
         return ids
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Prompt ids from the checkpoint's chat template with the assistant's turn opened
-        (chat_format "template" only). Template errors propagate: chat.py words them."""
+        (chat_format "template" only); `tools` only where the template takes them (tool
+        format hermes or llama3_json). Template errors propagate: chat.py words them."""
         if self._chat_template_fn is None:
             raise ValueError(f"this tokenizer's chat format is {self.chat_format!r}")
-        return self._chat_template_fn(messages)
+        return self._chat_template_fn(messages, tools)
 
 
 def load_tokenizer(artifact_dir: Path, prefer_sentencepiece: bool = True) -> Tokenizer:
@@ -146,9 +177,16 @@ def _sentencepiece_tokenizer(path: Path, stop_ids: tuple[int, ...] = ()) -> Toke
     sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
     token_bytes: list[bytes | None] = []
     is_byte: list[bool] = []
+    controls: dict[str, int] = {}
     for i in range(sp.get_piece_size()):
         piece = sp.id_to_piece(i)
-        if sp.is_control(i) or sp.is_unknown(i):
+        if sp.is_control(i) and piece in VISIBLE_MARKUP:
+            controls[piece] = i
+            token_bytes.append(piece.encode())
+            is_byte.append(False)
+        elif sp.is_control(i) or sp.is_unknown(i):
+            if sp.is_control(i):
+                controls[piece] = i
             token_bytes.append(None)
             is_byte.append(False)
         elif sp.is_byte(i):
@@ -158,7 +196,9 @@ def _sentencepiece_tokenizer(path: Path, stop_ids: tuple[int, ...] = ()) -> Toke
             token_bytes.append(piece.replace(SPIECE_UNDERLINE, " ").encode())
             is_byte.append(False)
     table = TokenTable("sentencepiece", tuple(token_bytes), tuple(is_byte), True)
-    # tokenizer.model ships with Mistral and Llama-2 repos: mistral-common's chat encoding.
+    # tokenizer.model ships with Mistral and Llama-2 repos: mistral-common's chat encoding
+    # (v1, or v3 with tool tokens when every control piece of that encoding is there).
+    v3 = all(p in controls for p in MISTRAL_TOOL_PIECES)
     return Tokenizer(
         table,
         sp.bos_id(),
@@ -166,6 +206,8 @@ def _sentencepiece_tokenizer(path: Path, stop_ids: tuple[int, ...] = ()) -> Toke
         lambda text: sp.encode(text),
         stop_token_ids=stop_ids,
         chat_format="mistral",
+        special_ids=controls if v3 else {},
+        tool_format="mistral" if v3 else "fallback_json",
     )
 
 
@@ -199,7 +241,10 @@ def _hf_tokenizer(artifact_dir: Path, stop_ids: tuple[int, ...] = ()) -> Tokeniz
     token_bytes: list[bytes | None] = []
     is_byte: list[bool] = []
     for i, piece in enumerate(pieces):
-        if i in special or piece is None:
+        if piece in VISIBLE_MARKUP:
+            token_bytes.append(piece.encode())
+            is_byte.append(False)
+        elif i in special or piece is None:
             token_bytes.append(None)
             is_byte.append(False)
         elif byte_level:
@@ -229,6 +274,9 @@ def _hf_tokenizer(artifact_dir: Path, stop_ids: tuple[int, ...] = ()) -> Tokeniz
         chat_format = "template"
     else:
         chat_format = "none"
+    tool_format = template_tool_format(getattr(tok, "chat_template", None))
+    if chat_format != "template":
+        tool_format = "fallback_json"
     return Tokenizer(
         table,
         bos,
@@ -237,24 +285,50 @@ def _hf_tokenizer(artifact_dir: Path, stop_ids: tuple[int, ...] = ()) -> Tokeniz
         add_bos=add_bos,
         stop_token_ids=stop_ids,
         chat_format=chat_format,
-        chat_template_fn=(lambda messages: _render_chat(tok, messages))
+        chat_template_fn=(lambda messages, tools: _render_chat(tok, messages, tools))
         if chat_format == "template"
         else None,
+        tool_format=tool_format,
     )
+
+
+def template_tool_format(template: object) -> ToolFormat:
+    """Which tool format a chat template speaks: it must take `tools` and write a markup
+    this server has a parser for; anything else gets the described fallback."""
+    if not isinstance(template, str) or not re.search(r"\btools\b", template):
+        return "fallback_json"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "ipython" in template or "<|python_tag|>" in template:
+        return "llama3_json"
+    return "fallback_json"
 
 
 class ChatTemplateRefused(ValueError):
     """The chat template did not place the messages' contents as given (chat.py: a 400)."""
 
 
-def _render_chat(tok: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> list[int]:
+def _render_chat(
+    tok: PreTrainedTokenizerBase,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """The template's control tokens, and each message's content encoded as text: content
     that spells a special token ("<|im_start|>system ...") must not become that token and
     forge a turn. Content without such text (nearly all) takes transformers' own path,
-    token for token."""
+    token for token. `tools` go to the template as transformers' `tools=` argument."""
     special = {t.content for t in tok.added_tokens_decoder.values() if t.special}
     special.update(tok.all_special_tokens)
-    if not any(s in m["content"] for m in messages for s in special if s):
+    extra: dict[str, Any] = {"tools": tools} if tools else {}
+    # Tool definitions and past calls are rendered by the template as JSON, with no place
+    # to encode them as plain text: one that spells a special token is refused.
+    structured = json.dumps([tools, [m.get("tool_calls") for m in messages]], ensure_ascii=False)
+    if any(s and s in structured for s in special):
+        raise ChatTemplateRefused(
+            "a tool definition or tool call holds a special token's text; remove it"
+        )
+    texts = [m.get("content") for m in messages]
+    if not any(isinstance(c, str) and s in c for c in texts for s in special if s):
         # tokenize=True tokenizes the rendered text without adding special tokens (the
         # template writes its own); return_dict=False: a plain list in transformers 4 and 5.
         # cast: transformers types the result as the union over every mode; this mode
@@ -262,20 +336,23 @@ def _render_chat(tok: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -
         plain = cast(
             "list[int]",
             tok.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True, return_dict=False
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
             ),
         )
         return [int(i) for i in plain]
     # Render with a fresh placeholder per content, then encode the template's text with
     # its special tokens and each content with special tokens split into plain text.
     nonce = secrets.token_hex(8)
-    marks = [f"\x00{nonce}:{i}\x00" for i in range(len(messages))]
-    placed = [m | {"content": mark} for m, mark in zip(messages, marks)]
-    text = tok.apply_chat_template(placed, add_generation_prompt=True, tokenize=False)
+    placed_at = [i for i, c in enumerate(texts) if isinstance(c, str) and c]
+    placed = [
+        m | {"content": f"\x00{nonce}:{i}\x00"} if i in placed_at else m
+        for i, m in enumerate(messages)
+    ]
+    text = tok.apply_chat_template(placed, add_generation_prompt=True, tokenize=False, **extra)
     if not isinstance(text, str):  # tokenize=False renders one conversation to text
         raise TypeError(f"apply_chat_template(tokenize=False) gave {type(text).__name__}")
     found = re.findall(f"\x00{nonce}:(\\d+)\x00", text)
-    if sorted(found) != sorted(str(i) for i in range(len(messages))):
+    if sorted(found) != sorted(str(i) for i in placed_at):
         raise ChatTemplateRefused(
             "this model's chat template transforms message content, and a message holds a "
             "special token's text; remove it from the message"

@@ -80,6 +80,8 @@ def parse_tools(raw: Any) -> tuple[Tool, ...]:
         return ()
     if not isinstance(raw, list):
         raise RequestError("tools must be a list", param="tools")
+    if not raw:  # OpenAI refuses an empty list too
+        raise RequestError("tools must hold at least one function", param="tools")
     seen: set[str] = set()
     out: list[Tool] = []
     for i, entry in enumerate(raw):
@@ -157,7 +159,7 @@ def parse_tool_request(body: Mapping[str, Any]) -> ToolRequest:
         choice, forced = "named", name
     else:
         raise RequestError("tool_choice must be a string or an object", param="tool_choice")
-    if choice in ("required", "named") and not tools:
+    if choice != "none" and raw_choice is not None and not tools:
         raise RequestError(f"tool_choice {choice!r} needs tools", param="tool_choice")
     parallel = body.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import string
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,8 +124,20 @@ def parse_llama3_json(text: str) -> ParsedAnswer:
 FALLBACK_MARKER = "TOOL_CALLS:"
 
 
-def parse_answer(text: str, fmt: str) -> ParsedAnswer:
-    """The parser of `fmt` (one of FORMATS) on a finished answer."""
+def parse_constrained(text: str) -> ParsedAnswer:
+    """An answer generated under the tool-call grammar (`required` or a named function):
+    the JSON list of calls itself, no markup (grammar.tool_call_schema)."""
+    calls = _calls_from_json(text.strip())
+    if calls is None:  # cut by max_tokens, say: the text is handed back
+        return ParsedAnswer(text, (), broken=True)
+    return ParsedAnswer("", calls)
+
+
+def parse_answer(text: str, fmt: str, constrained: bool = False) -> ParsedAnswer:
+    """The parser of `fmt` (one of FORMATS) on a finished answer; `constrained`: the
+    answer was generated under the tool-call grammar."""
+    if constrained:
+        return parse_constrained(text)
     if fmt == "mistral":
         return _marker_split(text, "[TOOL_CALLS]")
     if fmt == "hermes":
@@ -134,3 +148,73 @@ def parse_answer(text: str, fmt: str) -> ParsedAnswer:
         # Formats with no tool tokens: the system turn asks for `TOOL_CALLS: [..]`.
         return _marker_split(text, FALLBACK_MARKER)
     raise ValueError(f"unknown tool format {fmt!r}")
+
+
+# Where a call may start, per format (llama3_json: the answer itself, see CallStream).
+MARKERS = {"mistral": "[TOOL_CALLS]", "hermes": "<tool_call>", "fallback_json": FALLBACK_MARKER}
+_LLAMA_STARTS = ("{", "<|python_tag|>")
+_ALNUM = string.ascii_letters + string.digits
+
+
+def new_call_id(fmt: str) -> str:
+    """A fresh call id: 9 letters and digits for Mistral's format (its validator demands
+    them when the id comes back in the history), OpenAI's `call_...` shape otherwise."""
+    if fmt == "mistral":
+        return "".join(secrets.choice(_ALNUM) for _ in range(9))
+    return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
+
+
+class CallStream:
+    """Streamed text split into content that is safe to send now and text held back
+    because a call may have started there. `finish` parses the whole answer with the same
+    parser as a non-streamed one, so the content sent, joined, equals its `content`."""
+
+    def __init__(self, fmt: str, constrained: bool = False) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"unknown tool format {fmt!r}")
+        self._fmt = fmt
+        self._constrained = constrained
+        self._sent = ""
+        self._held = ""
+        self._holding = constrained  # past a call's start: nothing more is sent as content
+
+    def feed(self, text: str) -> str:
+        """The part of what has arrived that can go out as content now ("" if none)."""
+        self._held += text
+        if self._holding:
+            return ""
+        keep = self._hold_from(self._held)
+        out, self._held = self._held[:keep], self._held[keep:]
+        self._sent += out
+        return out
+
+    def _hold_from(self, buf: str) -> int:
+        if self._fmt == "llama3_json":
+            # A Llama-3.1 call is the whole answer: hold while the answer may begin one.
+            if not self._sent:
+                lead = buf.lstrip()
+                if any(s.startswith(lead) or lead.startswith(s) for s in _LLAMA_STARTS):
+                    self._holding = bool(lead) and any(lead.startswith(s) for s in _LLAMA_STARTS)
+                    return 0
+            return len(buf)
+        marker = MARKERS[self._fmt]
+        at = buf.find(marker)
+        if at >= 0:
+            self._holding = True
+            end = at
+        else:
+            # A marker's beginning at the end may be completed by the next text.
+            end = len(buf)
+            for n in range(min(len(marker) - 1, len(buf)), 0, -1):
+                if buf.endswith(marker[:n]):
+                    end = len(buf) - n
+                    break
+        # Whitespace before a call is not content (the parsers strip it): hold it too.
+        return len(buf[:end].rstrip())
+
+    def finish(self) -> tuple[ParsedAnswer, str]:
+        """(the parse of the whole answer, the content still to send)."""
+        whole = self._sent + self._held
+        answer = parse_answer(whole, self._fmt, self._constrained)
+        rest = answer.content[len(self._sent) :] if answer.calls else whole[len(self._sent) :]
+        return answer, rest

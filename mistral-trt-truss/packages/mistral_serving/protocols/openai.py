@@ -12,12 +12,21 @@ tokens first (the first one null, then each given the tokens before it, the mode
 log-softmax), then the generated ones; `max_tokens: 0` (echo only) generates nothing, so
 `echo, max_tokens 0, logprobs k` scores a text (lm-evaluation-harness's loglikelihood).
 A prompt may be one list of token ids, or a batch holding one. Fields we cannot honour
-(`n` > 1, `tools`, echo with `stream`, ...) are refused with a 400 that names the field.
+(`n` > 1, echo with `stream`, ...) are refused with a 400 that names the field.
+
+Tools (chat): `tools`, `tool_choice`, `parallel_tool_calls` and the tool history are read
+strictly by `tool_calls.py`; the prompt takes the model's tool format (`chat.py`);
+`required` or a named function constrain the output with the tool-call grammar
+(`grammar.tool_call_schema`); the answer is read by that format's parser
+(`tool_parsers.py`) and streamed in OpenAI's shape: content first, then per call a delta
+with `index`, `id`, `type` and `function.name`, then its `arguments` in fragments.
+docs/tool-calling.md is the contract.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -26,9 +35,16 @@ from typing import Annotated, Any, Literal
 from msgspec import UNSET, UnsetType
 from pydantic import Field, model_validator
 
-from mistral_serving.chat import ChatMessage
+from mistral_serving.chat import (
+    ChatMessage,
+    HistoryCall,
+    Message,
+    ToolCallsMessage,
+    ToolResultMessage,
+)
 from mistral_serving.engines.base import GuidedDecoding, SamplingOptions, TokenLogprob
 from mistral_serving.errors import RequestError
+from mistral_serving.grammar import tool_call_grammar
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.fields import (
     MAX_TOKENS_LIMIT,
@@ -57,14 +73,23 @@ from mistral_serving.protocols.openai_types import (
     CompletionChunkChoice,
     CompletionLogprobs,
     Delta,
+    FunctionCall,
+    FunctionDelta,
+    ToolCall,
+    ToolCallDelta,
     TopLogprob,
     Usage,
     openai_error_body,
 )
 from mistral_serving.service import Chunk, GenerationRequest
 from mistral_serving.telemetry import RequestRecord
+from mistral_serving.tool_calls import ToolRequest, check_history, parse_tool_request
+from mistral_serving.tool_parsers import CallStream, ParsedAnswer, new_call_id, parse_answer
+
+log = logging.getLogger(__name__)
 
 MAX_TOP_LOGPROBS = 20
+MAX_TOOLS = 128  # OpenAI's own limit on `tools`
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default on /v1/completions
 
 
@@ -79,17 +104,45 @@ class TextPart(StrictModel):
     text: str
 
 
-class OpenAIMessage(StrictModel):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = Field(None, max_length=256)  # accepted; Mistral's format has no names
+class FunctionCallIn(StrictModel):
+    name: str = Field(max_length=64)
+    arguments: str  # JSON text, as OpenAI sends it
 
-    def to_chat(self) -> ChatMessage:
+
+class ToolCallIn(StrictModel):
+    id: str = Field(min_length=1, max_length=256)
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class OpenAIMessage(StrictModel):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = Field(None, max_length=256)  # accepted; Mistral's format has no names
+    tool_calls: list[ToolCallIn] | None = Field(None, max_length=128)
+    tool_call_id: str | None = Field(None, max_length=256)
+
+    def to_chat(self, where: str) -> Message:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise RequestError(f"{where}.content is required", param=f"{where}.content")
         content = (
             self.content
-            if isinstance(self.content, str)
+            if isinstance(self.content, str) or self.content is None
             else "\n\n".join(p.text for p in self.content)
-        )
+        ) or ""
+        if self.tool_call_id is not None and self.role != "tool":
+            raise RequestError(
+                f"{where}.tool_call_id is only for tool messages", param=f"{where}.tool_call_id"
+            )
+        if self.role == "tool":
+            assert self.tool_call_id is not None  # check_history has made sure
+            return ToolResultMessage(content=content, tool_call_id=self.tool_call_id)
+        if self.tool_calls:
+            calls = tuple(
+                HistoryCall(id=c.id, name=c.function.name, arguments=c.function.arguments)
+                for c in self.tool_calls
+            )
+            return ToolCallsMessage(content=content, tool_calls=calls)
         role = "system" if self.role == "developer" else self.role
         return ChatMessage(role=role, content=content)
 
@@ -147,6 +200,10 @@ class ChatCompletionRequest(_Common):
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # Read (and refused by name) by tool_calls.parse_tool_request before this model.
+    tools: list[Any] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
 
 
 # 0 is allowed on completions with echo: the prompt's logprobs, nothing generated.
@@ -172,6 +229,11 @@ class OpenAICall:
     created: int
     continuous_usage: bool = False  # usage so far in every chunk (needs include_usage)
     echo: bool = False  # completions: the prompt leads the text (and the logprobs)
+    tools: ToolRequest | None = None  # chat with tools offered and tool_choice not none
+
+    @property
+    def constrained(self) -> bool:
+        return self.tools is not None and self.tools.constrained
 
 
 # Fields we accept only at their default (None is accepted for each too).
@@ -181,8 +243,15 @@ _UNSUPPORTED: dict[str, object] = {"best_of": 1, "suffix": None, "n": 1}
 class OpenAIFormat:
     stream_media_type = "text/event-stream"
 
-    def __init__(self, chat: bool, model_name: str, token_bytes: Callable[[int], bytes]) -> None:
+    def __init__(
+        self,
+        chat: bool,
+        model_name: str,
+        token_bytes: Callable[[int], bytes],
+        tool_format: str = "fallback_json",  # the loaded model's (Tokenizer.tool_format)
+    ) -> None:
         self.chat = chat
+        self.tool_format = tool_format
         self.route = "chat_completions" if chat else "completions"
         self._model_name = model_name
         self._token_bytes = token_bytes
@@ -197,10 +266,16 @@ class OpenAIFormat:
                 raise RequestError(
                     f"unsupported field: {name} (only its default is supported)", param=name
                 )
+        tool_req: ToolRequest | None = None
+        if self.chat:
+            tool_req = parse_tool_request(body)  # each bad field named exactly
+        elif "tools" in body or "tool_choice" in body:
+            raise RequestError("tools are taken by /v1/chat/completions only", param="tools")
         req = validate(ChatCompletionRequest if self.chat else CompletionRequest, body)
         assert isinstance(req, ChatCompletionRequest | CompletionRequest)
         if isinstance(req, ChatCompletionRequest):
-            messages = tuple(m.to_chat() for m in req.messages)
+            check_history(body["messages"])
+            messages = tuple(m.to_chat(f"messages[{i}]") for i, m in enumerate(req.messages))
             prompt, prompt_ids, param = None, None, "messages"
             wanted = req.max_completion_tokens or req.max_tokens or ctx.default_max_tokens
             if req.top_logprobs is not None and not req.logprobs:
@@ -218,6 +293,18 @@ class OpenAIFormat:
             if echo and req.stream:
                 raise RequestError("echo is not supported with stream: true", param="echo")
         guided = req.response_format.guided() if req.response_format else None
+        if tool_req is not None and tool_req.choice == "none":
+            tool_req = None  # the tools stay out of the prompt and the answer is text
+        if tool_req is not None and tool_req.constrained:
+            if guided is not None:
+                raise RequestError(
+                    "response_format cannot be combined with tool_choice required or a named "
+                    "function: the answer is the calls",
+                    param="response_format",
+                )
+            guided = tool_call_grammar(tool_req)
+        if tool_req is not None and logprobs is not None:
+            raise RequestError("logprobs are not supported with tools", param="logprobs")
         if guided is not None and req.min_tokens:
             # The grammar ends the output (only EOS is allowed once it is complete), and
             # min_tokens forbids EOS: the two cannot both hold.
@@ -249,6 +336,7 @@ class OpenAIFormat:
             stop=tuple(req.stop or ()),
             param=param,
             echo=echo,
+            tools=tool_req.tools if tool_req is not None else (),
         )
         if req.stream_options is not None and not req.stream:
             raise RequestError(
@@ -259,7 +347,7 @@ class OpenAIFormat:
             include_usage and req.stream_options and req.stream_options.continuous_usage_stats
         )
         return OpenAICall(
-            self.chat, gen, req.stream, include_usage, int(time.time()), continuous, echo
+            self.chat, gen, req.stream, include_usage, int(time.time()), continuous, echo, tool_req
         )
 
     # ---- answer ----
@@ -272,15 +360,25 @@ class OpenAIFormat:
     ) -> dict[str, Any]:
         answer: ChatCompletion | Completion
         if self.chat:
+            message = AssistantMessage(content=record.output)
+            finish_reason = record.finish_reason
+            parsed = self._tool_answer(call, record.output, record)
+            if parsed is not None and parsed.calls:
+                calls = [
+                    ToolCall(id=cid, function=FunctionCall(name=c.name, arguments=c.arguments))
+                    for cid, c in zip(self._call_ids(parsed), parsed.calls)
+                ]
+                message = AssistantMessage(content=parsed.content or None, tool_calls=calls)
+                finish_reason = _calls_finish(finish_reason)
             answer = ChatCompletion(
                 id=self._id(record),
                 created=call.created,
                 model=self._model_name,
                 choices=[
                     ChatChoice(
-                        message=AssistantMessage(content=record.output),
+                        message=message,
                         logprobs=self._chat_logprobs(logprobs),
-                        finish_reason=record.finish_reason,
+                        finish_reason=finish_reason,
                     )
                 ],
                 usage=_usage(record),
@@ -300,6 +398,19 @@ class OpenAIFormat:
             usage=_usage(record),
         )
         return answer.wire()
+
+    def _tool_answer(
+        self, call: OpenAICall, text: str, record: RequestRecord
+    ) -> ParsedAnswer | None:
+        """The answer read by the model's tool parser (None: no tools in play)."""
+        if call.tools is None:
+            return None
+        answer = parse_answer(text, self.tool_format, call.constrained)
+        _log_broken(answer, record)
+        return answer
+
+    def _call_ids(self, answer: ParsedAnswer) -> list[str]:
+        return [new_call_id(self.tool_format) for _ in answer.calls]
 
     def _prompt_text(self, call: OpenAICall) -> str:
         """The prompt as given; token ids as their tokens' texts joined."""
@@ -439,28 +550,51 @@ class OpenAIFormat:
         lp_head, lp_tail = tail.split(_NO_LOGPROBS)  # once: the one choice's
         offset = 0
         continuous = call.continuous_usage
+        # With tools, text that may be a call is held back until it parses (or does not).
+        calls = CallStream(self.tool_format, call.constrained) if call.tools else None
         try:
             async for chunk in chunks:
+                text = chunk.text if calls is None else calls.feed(chunk.text)
+                if calls is not None and not text:
+                    continue
                 if chunk.logprobs is None and not continuous:
-                    yield f"{head}{json.dumps(chunk.text, ensure_ascii=False)}{tail}"
+                    yield f"{head}{json.dumps(text, ensure_ascii=False)}{tail}"
                     continue
                 if continuous:
                     event = self._chunk(
-                        call, rid, chunk.text, None, chunk.logprobs, offset, usage=usage_so_far()
+                        call, rid, text, None, chunk.logprobs, offset, usage=usage_so_far()
                     )
                     yield _sse(event.wire())
                 else:
                     assert chunk.logprobs is not None
-                    text = json.dumps(chunk.text, ensure_ascii=False)
+                    text_json = json.dumps(text, ensure_ascii=False)
                     lps = self._stream_logprobs(chunk.logprobs, offset)
                     lp_json = json.dumps(lps.wire(), ensure_ascii=False)
-                    yield f'{head}{text}{lp_head}"logprobs": {lp_json}{lp_tail}'
-                offset += len(chunk.text)
+                    yield f'{head}{text_json}{lp_head}"logprobs": {lp_json}{lp_tail}'
+                offset += len(text)
         except RequestError as exc:
             yield _sse(self.error_body(exc))
             yield "data: [DONE]\n\n"
             return
-        yield _sse(self._chunk(call, rid, None, record.finish_reason, usage=usage_so_far()).wire())
+        finish_reason = record.finish_reason
+        if calls is not None:
+            parsed, rest = calls.finish()
+            _log_broken(parsed, record)
+            if rest:
+                yield f"{head}{json.dumps(rest, ensure_ascii=False)}{tail}"
+            for i, (cid, c) in enumerate(zip(self._call_ids(parsed), parsed.calls)):
+                for delta in _call_deltas(i, cid, c.name, c.arguments):
+                    event = ChatCompletionChunk(
+                        id=rid,
+                        created=call.created,
+                        model=self._model_name,
+                        choices=[ChatChunkChoice(delta=delta)],
+                        usage=usage_so_far(),
+                    )
+                    yield _sse(event.wire())
+            if parsed.calls:
+                finish_reason = _calls_finish(finish_reason)
+        yield _sse(self._chunk(call, rid, None, finish_reason, usage=usage_so_far()).wire())
         if call.include_usage:
             last = (ChatCompletionChunk if self.chat else CompletionChunk)(
                 id=rid,
@@ -504,6 +638,35 @@ def _completion_prompt(
         "prompt must be one string or one list of token ids (batches are not supported)",
         param="prompt",
     )
+
+
+ARGUMENT_FRAGMENT_CHARS = 32  # a streamed call's arguments go out in pieces this long
+
+
+def _call_deltas(index: int, call_id: str, name: str, arguments: str) -> list[Delta]:
+    """OpenAI's stream shape for one call: index, id, type and name first (arguments ""),
+    then the arguments in fragments that, joined, are the non-streamed `arguments`."""
+    first = ToolCallDelta(
+        index=index, id=call_id, type="function", function=FunctionDelta(name=name, arguments="")
+    )
+    out = [Delta(tool_calls=[first])]
+    for at in range(0, len(arguments), ARGUMENT_FRAGMENT_CHARS):
+        piece = FunctionDelta(arguments=arguments[at : at + ARGUMENT_FRAGMENT_CHARS])
+        out.append(Delta(tool_calls=[ToolCallDelta(index=index, function=piece)]))
+    return out
+
+
+def _calls_finish(reason: str | None) -> str | None:
+    # An answer that ended in calls says so; a cut one (abort) keeps its reason.
+    return "tool_calls" if reason in ("stop", "length") else reason
+
+
+def _log_broken(answer: ParsedAnswer, record: RequestRecord) -> None:
+    if answer.broken:
+        log.warning(
+            "request %s: tool-call markup did not parse; the answer is delivered as text",
+            record.request_id,
+        )
 
 
 def _sse(data: dict[str, Any]) -> str:

@@ -65,9 +65,21 @@ class CompletionLogprobs(_Answer, kw_only=True):
     text_offset: list[int]
 
 
+class FunctionCall(_Answer, kw_only=True):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCall(_Answer, kw_only=True):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(_Answer, kw_only=True):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # null when the answer is only tool calls
+    tool_calls: list[ToolCall] | UnsetType = UNSET  # present only when there are calls
 
 
 class ChatChoice(_Answer, kw_only=True):
@@ -102,12 +114,28 @@ class Completion(_Answer, kw_only=True):
     usage: Usage
 
 
+class FunctionDelta(_Answer, kw_only=True):
+    name: str | UnsetType = UNSET  # on a call's first delta only
+    arguments: str
+
+
+class ToolCallDelta(_Answer, kw_only=True):
+    """A call's first delta: index, id, type and function.name (arguments ""); then
+    deltas with its index and an arguments fragment."""
+
+    index: int
+    id: str | UnsetType = UNSET
+    type: Literal["function"] | UnsetType = UNSET
+    function: FunctionDelta
+
+
 class Delta(_Answer, kw_only=True):
-    """The first chunk's `{"role": "assistant", "content": ""}`, then `{"content": ...}`,
-    and `{}` on the chunk that ends the answer."""
+    """The first chunk's `{"role": "assistant", "content": ""}`, then `{"content": ...}`
+    or `{"tool_calls": [...]}`, and `{}` on the chunk that ends the answer."""
 
     role: Literal["assistant"] | UnsetType = UNSET
     content: str | UnsetType = UNSET
+    tool_calls: list[ToolCallDelta] | UnsetType = UNSET
 
 
 class ChatChunkChoice(_Answer, kw_only=True):
