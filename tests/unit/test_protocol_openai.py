@@ -524,13 +524,25 @@ def decode(events: list[str]) -> list[dict]:
     for e in events[:-1]:
         assert e.startswith("data: ") and e.endswith("\n\n")
         data = json.loads(e[len("data: ") :])
-        # Byte-identical to a plain rendering of the same event.
-        assert e == f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+        # Byte-identical to a plain rendering of the same event, with Unicode's own line
+        # breaks escaped: one line however a client splits lines.
+        plain = json.dumps(data, ensure_ascii=False)
+        assert e == f"data: {plain.translate(LINE_BREAKS)}\n\n"
+        assert e[: -len("\n\n")].splitlines() == [e[: -len("\n\n")]]
         out.append(data)
     return out
 
 
-TRICKY = ['He said "hi"\n', "\\ back\tslash", "café 😀 東京", "\x00text\x00 </s>", ""]
+LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+TRICKY = [
+    'He said "hi"\n',
+    "\\ back\tslash",
+    "café 😀 東京",
+    "\x00text\x00 </s>",
+    "",
+    "line\u2028sep\u2029para\x85nel",
+]
 
 
 @pytest.mark.parametrize("include_usage", [False, True])

@@ -558,7 +558,7 @@ class OpenAIFormat:
                 if calls is not None and not text:
                     continue
                 if chunk.logprobs is None and not continuous:
-                    yield f"{head}{json.dumps(text, ensure_ascii=False)}{tail}"
+                    yield f"{head}{_event_json(text)}{tail}"
                     continue
                 if continuous:
                     event = self._chunk(
@@ -567,9 +567,9 @@ class OpenAIFormat:
                     yield _sse(event.wire())
                 else:
                     assert chunk.logprobs is not None
-                    text_json = json.dumps(text, ensure_ascii=False)
+                    text_json = _event_json(text)
                     lps = self._stream_logprobs(chunk.logprobs, offset)
-                    lp_json = json.dumps(lps.wire(), ensure_ascii=False)
+                    lp_json = _event_json(lps.wire())
                     yield f'{head}{text_json}{lp_head}"logprobs": {lp_json}{lp_tail}'
                 offset += len(text)
         except RequestError as exc:
@@ -581,7 +581,7 @@ class OpenAIFormat:
             parsed, rest = calls.finish()
             _log_broken(parsed, record)
             if rest:
-                yield f"{head}{json.dumps(rest, ensure_ascii=False)}{tail}"
+                yield f"{head}{_event_json(rest)}{tail}"
             for i, (cid, c) in enumerate(zip(self._call_ids(parsed), parsed.calls)):
                 for delta in _call_deltas(i, cid, c.name, c.arguments):
                     event = ChatCompletionChunk(
@@ -669,5 +669,16 @@ def _log_broken(answer: ParsedAnswer, record: RequestRecord) -> None:
         )
 
 
+# JSON leaves U+0085, U+2028 and U+2029 unescaped, and line splitters that follow Unicode
+# (Python's str.splitlines, which some SSE clients use) end a line there, cutting an event
+# in two. Escaped, the event is the same JSON and one line for every client.
+_UNICODE_LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def _event_json(value: object) -> str:
+    """`value` as the JSON of one SSE event: non-ASCII as is, but never a line break."""
+    return json.dumps(value, ensure_ascii=False).translate(_UNICODE_LINE_BREAKS)
+
+
 def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return f"data: {_event_json(data)}\n\n"
