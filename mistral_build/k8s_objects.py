@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from mistral_build.deploy_settings import DeploySettings
+from mistral_serving import metrics
 
 HF_SECRET_KEY = "hf_access_token"  # Truss secret name (config.yaml `secrets`).
 HF_SECRET_ENV = "TRUSS_SECRET_" + HF_SECRET_KEY  # how Truss reads a secret from the env.
@@ -48,8 +49,9 @@ def meta(s: DeploySettings, name: str, extra_labels: dict[str, str] | None = Non
 
 
 def metric_name(s: DeploySettings, gauge: str) -> str:
-    """The name the pod exports a gauge under (Settings.metrics_names picks the prefix)."""
-    return s.serving_settings.metrics_prefix + gauge
+    """The name the pod exports a gauge under (Settings.metrics_names picks the names; the
+    serving library's own rule, so `trtllm`'s renamed gauges match)."""
+    return metrics.metric_name(s.serving_settings.metrics_prefix, gauge)
 
 
 def hf_token_env(s: DeploySettings) -> dict[str, Any]:

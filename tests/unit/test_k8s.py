@@ -476,14 +476,14 @@ def test_hpa_scales_the_deployment_on_queue_and_in_flight_gauges(
     assert hpa["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
 
 
-@pytest.mark.parametrize("names", ["mtt", "vllm"])
+@pytest.mark.parametrize("names", ["mtt", "vllm", "trtllm"])
 def test_the_gauges_the_manifests_name_are_the_ones_the_server_exports(names: str) -> None:
     from prometheus_client import CollectorRegistry
 
-    from mistral_serving.metrics import Metrics
+    from mistral_serving.metrics import Metrics, prefix_for
 
     registry = CollectorRegistry()
-    Metrics(registry, prefix=f"{names}:")
+    Metrics(registry, prefix=prefix_for(names))
     gauges = {m.name for m in registry.collect() if m.type == "gauge"}
     s = deployable(serving={"metrics_names": names})
     wanted = {
