@@ -2,8 +2,8 @@
 # The server's cold start, in one device call (H200, ~4 minutes): artifact (7B-shaped,
 # random bf16) + build manifest -> hash check (writes the verified marker) -> where a fresh
 # interpreter's seconds go (cold_start.py, everything evicted) -> the real server started
-# with the whole page cache dropped, once per load_prefetch_threads value in $PREFETCH
-# (start -> ready only; the server log's phase lines are printed).
+# with the whole page cache dropped (start -> ready only; the server log's phase lines are
+# printed).
 # Prepared as for run_gpu.sh (docs/performance.md: .whl/, .benchcarry/ctx/app, .benchcarry/tok).
 # Usage (device tool): bash bench/run_gpu_start.sh   (results under $OUT)
 set -u -o pipefail
@@ -13,9 +13,7 @@ $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "
 $B prepare-verify "$ART" --verify "$CACHE" ${DROP---drop-page-cache} --out "$R"
 [ -n "${SKIP_PHASES:-}" ] || $PY bench/cold_start.py "$ART" --evict ${DROP+artifact}${DROP-all} \
   ${MBS:+--max-batch-size $MBS} --out "$R"
-for T in ${PREFETCH:-8 2 1 0}; do
-  $B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} --start-only ${MBS:+--max-batch-size $MBS} \
-    --verify "$CACHE" --set load_prefetch_threads=$T --log "$L/server-prefetch-$T.log" --out "$R"
-  grep -ah "Started server\|page cache\|weights:\|loaded /" "$L/server-prefetch-$T.log" | cut -c1-200
-done
+$B service "$ART" .benchcarry/ctx/app ${DROP---drop-page-cache} --start-only ${MBS:+--max-batch-size $MBS} \
+  --verify "$CACHE" --log "$L/server-start.log" --out "$R"
+grep -ah "Started server\|page cache\|weights:\|loaded /" "$L/server-start.log" | cut -c1-200
 tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null; echo "total $(( $(date +%s) - START )) s"
