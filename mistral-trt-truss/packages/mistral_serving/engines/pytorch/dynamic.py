@@ -434,13 +434,7 @@ class TorchEngine:
                 while not self._closing.is_set():
                     self._heartbeat.beat()  # a pass began: the last step (if any) finished
                     self._drop_aborted()
-                    admitted = self._admitting = self._admit()
-                    if admitted:
-                        self._prefill(admitted)
-                    self._admitting = []
-                    if self._running:
-                        self._decode()
-                    elif not admitted:
+                    if not self._pass():
                         self._update_gauges()
                         self._wake.wait(0.1)
                         self._wake.clear()
@@ -450,6 +444,18 @@ class TorchEngine:
             self._fatal = exc
             self._fail_all(exc)
         self._update_gauges()
+
+    def _pass(self) -> bool:
+        """One pass of the engine thread: admit and prefill, then one decode step. False
+        when there was nothing to do (the thread then waits for work)."""
+        admitted = self._admitting = self._admit()
+        if admitted:
+            self._prefill(admitted)
+        self._admitting = []
+        if self._running:
+            self._decode()
+            return True
+        return bool(admitted)
 
     def _on_thread_start(self) -> None:
         """Engine-thread set-up, inside inference mode (subclasses allocate here)."""

@@ -512,31 +512,15 @@ class StaticTorchEngine(TorchEngine):
 
     # ---- chunked prefill (prefill_chunk_tokens > 0) ----
 
-    def _run(self) -> None:
+    def _pass(self) -> bool:
         if not self._chunk:
-            super()._run()
-            return
-        try:
-            with torch.inference_mode():
-                self._on_thread_start()
-                while not self._closing.is_set():
-                    self._heartbeat.beat()
-                    self._drop_aborted()
-                    self._start_prefills()
-                    if self._running:
-                        self._decode()
-                    if self._prefilling:
-                        self._prefill_chunk()
-                    if not (self._running or self._prefilling):
-                        self._update_gauges()
-                        self._wake.wait(0.1)
-                        self._wake.clear()
-            self._fail_all(EngineError("the engine shut down"))
-        except BaseException as exc:  # noqa: BLE001 - any failure here ends the engine
-            log.exception("PyTorch engine loop died")
-            self._fatal = exc
-            self._fail_all(exc)
-        self._update_gauges()
+            return super()._pass()
+        self._start_prefills()
+        if self._running:
+            self._decode()
+        if self._prefilling:
+            self._prefill_chunk()
+        return bool(self._running or self._prefilling)
 
     def stalled_for(self) -> float:
         if self._prefilling:
