@@ -11,9 +11,12 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from mistral_serving import auth
 from mistral_serving.auth import ApiKeyError, configured_keys, secret_text
+from mistral_serving.frontend import Frontend
+from mistral_serving.metrics import Metrics
 from mistral_serving.server import extend
 from mistral_serving.settings import Settings
 
@@ -70,7 +73,8 @@ def test_the_server_guards_the_routes_with_the_secret_alone(
     async def chat() -> dict[str, str]:
         return {"ok": "chat"}
 
-    client = TestClient(extend(app, Settings()))  # no api_keys_file
+    frontend = Frontend(Settings(), Metrics(CollectorRegistry()))  # no api_keys_file
+    client = TestClient(extend(app, frontend))
     refused = client.post("/v1/chat/completions", json={})
     assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
     ok = client.post(
