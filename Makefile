@@ -95,7 +95,7 @@ COMPAT_PINS := transformers tokenizers==0.22.2 huggingface_hub==0.36.2 mistral-c
   torch==2.13.0 sentencepiece==0.2.3 safetensors==0.8.0 pydantic==2.14.4 pydantic-settings==2.16.3 \
   prometheus-client==0.26.0 requests==2.34.2 "pyyaml>=6" pytest==9.2.0 pytest-timeout==2.4.0 \
   hypothesis==6.170.17 fastapi==0.121.3 starlette httpx==0.28.1 xgrammar==0.1.25 protobuf==7.36.2 \
-  msgspec==0.22.0
+  msgspec==0.22.0 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2
 COMPAT_TESTS = $(wildcard tests/unit/test_tokenizer*.py tests/unit/test_chat*.py \
   tests/unit/test_detokenizer*.py tests/unit/test_streaming*.py tests/unit/test_server.py \
   tests/unit/test_frontend*.py tests/unit/test_protocol_*.py tests/unit/test_artifacts*.py)
