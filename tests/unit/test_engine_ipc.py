@@ -31,6 +31,7 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.engines.process import ipc, worker
 from mistral_serving.engines.process.client import ProcessEngine
+from tests.doubles.process_proxy import FakeProc, process_proxy
 
 DEADLINE_S = 60.0
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=64, max_batch_size=4)
@@ -212,32 +213,10 @@ def test_a_start_up_failure_reads_as_before() -> None:
 # ---- each side, fed an unreadable message ----
 
 
-class _FakeProc:
-    """Stands in for the child's Popen: alive until killed."""
-
-    pid = 12345
-    returncode: int | None = None
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def kill(self) -> None:
-        self.returncode = -9
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        return self.returncode
-
-
 @pytest.fixture
-def proxy() -> Iterator[tuple[ProcessEngine, Connection, _FakeProc]]:
-    ours, theirs = socket.socketpair()
-    proc = _FakeProc()
-    ready = ipc.Ready(LIMITS, "pytorch", {}, 2, 100)
-    engine = ProcessEngine(proc, Connection(ours.detach()), ready)  # type: ignore[arg-type]
-    child = Connection(theirs.detach())
-    yield engine, child, proc
-    child.close()
-    engine.shutdown()
+def proxy() -> Iterator[tuple[ProcessEngine, Connection, FakeProc]]:
+    with process_proxy(LIMITS) as parts:
+        yield parts
 
 
 def wait_until(check: object, what: str) -> None:
@@ -248,7 +227,7 @@ def wait_until(check: object, what: str) -> None:
 
 
 def test_garbage_from_the_engine_process_fails_its_requests_not_the_server(
-    proxy: tuple[ProcessEngine, Connection, _FakeProc], caplog: pytest.LogCaptureFixture
+    proxy: tuple[ProcessEngine, Connection, FakeProc], caplog: pytest.LogCaptureFixture
 ) -> None:
     engine, child, proc = proxy
     outcome: dict[str, BaseException | list[int]] = {}

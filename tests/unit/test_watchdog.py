@@ -7,7 +7,6 @@ Waits are bounded polls, never speed assertions."""
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import load_tokenizer
 from mistral_serving.watchdog import Watchdog
+from tests.doubles.process_proxy import FakeProc, process_proxy
 from tests.doubles.scripted_engine import ScriptedEngine
 
 DEADLINE_S = 60.0
@@ -155,32 +155,10 @@ def test_the_replay_engine_reports_a_stall_when_its_step_thread_stops() -> None:
         engine.shutdown()
 
 
-class _FakeProc:
-    """Stands in for the child's Popen: alive until killed."""
-
-    pid = 12345
-    returncode: int | None = None
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def kill(self) -> None:
-        self.returncode = -9
-
-    def wait(self, timeout: float | None = None) -> int | None:
-        return self.returncode
-
-
 @pytest.fixture
-def proxy() -> Iterator[tuple[ProcessEngine, Connection, _FakeProc]]:
-    ours, theirs = socket.socketpair()
-    proc = _FakeProc()
-    ready = ipc.Ready(LIMITS, "pytorch", {}, 2, 100)
-    engine = ProcessEngine(proc, Connection(ours.detach()), ready)  # type: ignore[arg-type]
-    child = Connection(theirs.detach())
-    yield engine, child, proc
-    child.close()
-    engine.shutdown()
+def proxy() -> Iterator[tuple[ProcessEngine, Connection, FakeProc]]:
+    with process_proxy(LIMITS) as parts:
+        yield parts
 
 
 def _pending_request(engine: ProcessEngine, child: Connection) -> tuple[asyncio.Task, int]:
