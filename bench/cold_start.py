@@ -36,7 +36,7 @@ def evict(artifact: Path, what: str) -> None:
                 os.close(fd)
 
 
-def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int) -> None:
+def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int, profile: int) -> None:
     marks = {}
 
     def mark(name: str) -> None:
@@ -69,8 +69,27 @@ def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int) -> No
 
     mark("import transformers + engine code")
     settings = Settings(artifact=artifact, max_batch_size=max_batch_size, max_seq_len=max_seq_len)
-    engine = start_torch_engine(Path(artifact), settings, 2)
-    mark("engine loaded")
+    if profile:  # where the load's seconds go, function by function (main thread only)
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        engine = prof.runcall(start_torch_engine, Path(artifact), settings, 2)
+        mark("engine loaded")
+        stats = pstats.Stats(prof)
+        stats.sort_stats("cumulative")
+        # The import machinery's frames repeat every import below them: left out.
+        top = [f for f in stats.fcn_list if not f[0].startswith("<frozen") and f[0] != "~"]  # type: ignore[attr-defined]
+        for func in top[:profile]:
+            cc, nc, tt, ct, _ = stats.stats[func]  # type: ignore[attr-defined]
+            file, line, name = func
+            print(
+                f"[prof] {ct:7.2f} s cum {tt:6.2f} s self {nc:7d} x {name} {file}:{line}",
+                file=sys.stderr,
+            )
+    else:
+        engine = start_torch_engine(Path(artifact), settings, 2)
+        mark("engine loaded")
     import asyncio
 
     from mistral_serving.engines.base import SamplingOptions
@@ -92,10 +111,11 @@ def main() -> int:
     ap.add_argument("--max-batch-size", type=int, default=256)
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--out")
+    ap.add_argument("--profile", type=int, default=0, help="cProfile the load: top N functions")
     ap.add_argument("--child", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        child(args.artifact, args.child, args.max_batch_size, args.max_seq_len)
+        child(args.artifact, args.child, args.max_batch_size, args.max_seq_len, args.profile)
         return 0
     if args.evict != "none":
         evict(Path(args.artifact), args.evict)
@@ -111,6 +131,8 @@ def main() -> int:
             str(args.max_batch_size),
             "--max-seq-len",
             str(args.max_seq_len),
+            "--profile",
+            str(args.profile),
         ],
         capture_output=True,
         text=True,
@@ -118,7 +140,9 @@ def main() -> int:
     )
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     row = json.loads(lines[-1]) if lines else {"error": out.stderr[-1500:]}
-    row["log"] = [line for line in out.stderr.splitlines() if line.startswith("[")][-12:]
+    row["log"] = [line for line in out.stderr.splitlines() if line.startswith("[")][
+        -(40 + args.profile) :
+    ]
     row = {"figure": "cold_start_phases", "evicted": args.evict, **row}
     print(json.dumps(row), flush=True)
     if args.out:

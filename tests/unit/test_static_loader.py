@@ -16,12 +16,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from mistral_serving.engines.pytorch import llama
-from mistral_serving.engines.pytorch.dynamic import load_model
-from mistral_serving.engines.pytorch.static import load_safetensors_direct
+from mistral_serving.engines.pytorch.static import light_config, load_static_model
 from mistral_serving.settings import Settings
 
 CPU = torch.device("cpu")
@@ -35,7 +37,8 @@ def reference(model_dir: Path):
 def load(model_dir: Path, dtype=torch.float32):
     """As the static engine loads: the direct loader, or transformers' when it declines."""
     settings = Settings(artifact=str(model_dir), device="cpu", torch_dtype=str(dtype)[6:])
-    return load_model(model_dir, settings, loader=load_safetensors_direct).model
+    raw = json.loads((model_dir / "config.json").read_text())
+    return load_static_model(model_dir, settings, raw).model
 
 
 def test_the_direct_loader_holds_transformers_parameters(dev_model):
@@ -95,18 +98,77 @@ def test_loading_does_not_import_transformers_modeling_code(dev_model):
     script = (
         "import sys, torch; from pathlib import Path\n"
         "from transformers import AutoConfig\n"
-        "from mistral_serving.engines.pytorch.static import load_safetensors_direct\n"
+        "from mistral_serving.engines.pytorch.static import load_static_model\n"
+        "from mistral_serving.settings import TorchEngineSettings\n"
         f"d = Path({str(dev_model)!r})\n"
-        "load_safetensors_direct(d, AutoConfig.from_pretrained(d), torch.float32, torch.device('cpu'))\n"
+        "import json; raw = json.loads((d / 'config.json').read_text())\n"
+        "load_static_model(d, TorchEngineSettings(device='cpu', max_seq_len=64), raw)\n"
+        # transformers' auto model classes: in 5.17 importing them imports the modeling stack.
         "print(sorted(m for m in sys.modules if m.startswith(('transformers.models.mistral.m', "
         "'transformers.generation.utils', 'transformers.modeling_utils', 'sklearn', "
-        "'torch._dynamo', 'sympy'))))\n"
+        "'transformers.models.auto.modeling_auto', 'torch._dynamo', 'sympy'))))\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT / "mistral-trt-truss/packages"))
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _with_config(dev_model: Path, where: Path, change) -> Path:
+    where.mkdir(parents=True, exist_ok=True)
+    config = json.loads((dev_model / "config.json").read_text())
+    change(config)
+    (where / "config.json").write_text(json.dumps(config))
+    return where
+
+
+@hsettings(max_examples=25)
+@given(
+    theta=st.floats(min_value=10.0, max_value=1e7, allow_nan=False),
+    old_layout=st.booleans(),
+    kv_heads=st.sampled_from([1, 2, 4]),
+    tied=st.booleans(),
+)
+def test_the_light_config_reads_what_the_model_class_reads(
+    dev_model, tmp_path_factory, theta, old_layout, kv_heads, tied
+):
+    def change(config):
+        config.update(num_key_value_heads=kv_heads, tie_word_embeddings=tied)
+        if old_layout:  # transformers 4.x / Mistral-7B-v0.2's config.json: rope_theta on top
+            del config["rope_parameters"]
+            config["rope_theta"] = theta
+        else:
+            config["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+
+    model = _with_config(dev_model, tmp_path_factory.mktemp("light"), change)
+    raw = json.loads((model / "config.json").read_text())
+    light, full = light_config(raw), AutoConfig.from_pretrained(model)
+    assert light is not None
+    for key in ("hidden_size", "num_hidden_layers", "rms_norm_eps", "vocab_size",
+                "max_position_embeddings", "tie_word_embeddings", "sliding_window", "hidden_act"):  # fmt: skip
+        assert getattr(light, key) == getattr(full, key), key
+    assert llama.kv_heads_of(light) == llama.kv_heads_of(full) == kv_heads
+    assert llama.head_dim_of(light) == llama.head_dim_of(full)
+    assert llama.unsupported(light) == llama.unsupported(full)
+    a, b = llama.RotaryTables(light), llama.RotaryTables(full)
+    assert torch.equal(a.inv_freq, b.inv_freq) and a.attention_scaling == b.attention_scaling
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda c: c.pop("num_key_value_heads"),  # Mistral's default (8) is the model class's
+        lambda c: c.pop("sliding_window"),  # Mistral's default is 4096
+        lambda c: c.pop("tie_word_embeddings"),  # the base class's default is True
+        lambda c: c.update(
+            rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
+        ),
+    ],
+)
+def test_the_light_config_declines_what_only_the_model_class_knows(dev_model, tmp_path, change):
+    model = _with_config(dev_model, tmp_path / "m", change)
+    assert light_config(json.loads((model / "config.json").read_text())) is None
 
 
 def test_an_activation_it_lacks_falls_back_to_transformers(dev_model, tmp_path, caplog):

@@ -212,7 +212,7 @@ def start_torch_engine(
         supports_static_path,
     )
 
-    loaded = load_static_model(Path(model_dir), settings)
+    loaded = load_static_model(Path(model_dir), settings, config)
     if settings.pytorch_kv_cache == "auto" and (why := supports_static_path(loaded.model)):
         # config.json looked right but the modules do not: keep the loaded weights.
         log.warning("pytorch_kv_cache=auto: the dynamic KV cache, because %s", why)

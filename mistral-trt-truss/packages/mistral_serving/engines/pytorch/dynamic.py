@@ -148,17 +148,20 @@ def load_model(
     settings: TorchEngineSettings,
     loader: Callable[[Path, object, torch.dtype, torch.device], torch.nn.Module | None]
     | None = None,
+    config: Any | None = None,
 ) -> LoadedModel:
     """The checkpoint on its device, eval mode, with the sequence limits settings allow.
     `loader(model_dir, config, dtype, device)` is tried before transformers'
-    `from_pretrained` (the static engine's direct safetensors loader; None: not for it)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    `from_pretrained` (the static engine's direct safetensors loader; None: not for it).
+    `config`: the checkpoint's config object when the caller made it (else AutoConfig's)."""
     # Threads for the CPUs we really have (a quota, an affinity mask), less one for the loop.
     torch.set_num_threads(settings.torch_threads or default_torch_threads(available_cpus()))
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.torch_dtype, device)
-    config = AutoConfig.from_pretrained(str(model_dir))
+    if config is None:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model_dir))
     positions = int(getattr(config, "max_position_embeddings", 0) or 0)
     if positions < 2:
         raise EngineError(f"{model_dir}/config.json has no usable max_position_embeddings")
@@ -167,6 +170,11 @@ def load_model(
     # Straight to the GPU (no host copy of the weights) where transformers can.
     model = loader(model_dir, config, dtype, device) if loader is not None else None
     if model is None:
+        # Imported only here: in transformers 5.17 (the H200 image) this import pulls in the
+        # whole modeling stack (torch.distributed.tensor's custom ops, sklearn): 7-8.5 s of
+        # a cold start measured on the H200 that the direct loader never needs.
+        from transformers import AutoModelForCausalLM
+
         placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
     model = model.to(device).eval()

@@ -184,9 +184,54 @@ def _load_direct(
     return model
 
 
-def load_static_model(model_dir: Path, settings: TorchEngineSettings) -> LoadedModel:
-    """The checkpoint for the fast path: `load_model` with the direct safetensors loader."""
-    return load_model(model_dir, settings, loader=load_safetensors_direct)
+# config.json keys the direct loader reads whose defaults differ between transformers'
+# base config class and the model's own (Mistral's num_key_value_heads 8 and
+# sliding_window 4096, the base class's tie_word_embeddings True).
+_LIGHT_CONFIG_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "rms_norm_eps",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "sliding_window",
+)
+
+
+def light_config(raw: dict[str, Any]) -> Any | None:
+    """The checkpoint's config.json (`raw`, as read once by the artifact) as transformers'
+    base config class, or None where the model's own class is needed: a key above missing
+    (its default is the model class's) or a RoPE other than the default (the model class
+    normalises its parameters). The model's own class costs a cold start 7-8.5 s on the
+    H200 image: in transformers 5.17 its docstring decorator imports the auto model classes
+    and, through them, generation and tensor-parallel code (torch.distributed.tensor's
+    custom-op registration, scikit-learn)."""
+    from transformers import PretrainedConfig
+
+    if any(k not in raw for k in _LIGHT_CONFIG_KEYS):
+        return None
+    rope = types.SimpleNamespace(
+        rope_parameters=raw.get("rope_parameters"), rope_scaling=raw.get("rope_scaling")
+    )
+    theta = llama.rope_parameters(rope).get("rope_theta") or raw.get("rope_theta")
+    if llama.rope_type(rope) != "default" or not theta:
+        return None
+    try:
+        return PretrainedConfig.from_dict(dict(raw))
+    except Exception:  # noqa: BLE001 - its validators' errors: AutoConfig's path reports them
+        return None
+
+
+def load_static_model(
+    model_dir: Path, settings: TorchEngineSettings, raw_config: dict[str, Any] | None = None
+) -> LoadedModel:
+    """The checkpoint for the fast path: `load_model` with the direct safetensors loader
+    (and, given config.json's contents, the light config object)."""
+    config = light_config(raw_config) if raw_config is not None else None
+    return load_model(model_dir, settings, loader=load_safetensors_direct, config=config)
 
 
 class StaticTorchEngine(TorchEngine):
