@@ -419,3 +419,42 @@ def test_the_entry_point_raises_the_open_file_limit_and_passes_its_args() -> Non
     low = min(hard, 4096)
     lowered = f"ulimit -S -n 256; ulimit -H -n {low}; {RAISE_NOFILE}; ulimit -S -n"
     assert shell(lowered) == [str(low)]
+
+
+def _compileall_command(lines: list[str]) -> str:
+    runs = [i for i in lines if i.startswith("RUN") and "compileall" in i]
+    assert len(runs) == 1, runs
+    return runs[0].removeprefix("RUN").strip()
+
+
+def test_the_image_byte_compiles_what_the_server_imports(dockerfile: str) -> None:
+    # After the code is copied in (a .pyc made before would be of nothing) and covering
+    # site-packages, the server (${APP_HOME}) and our packages (/packages).
+    lines = instructions(dockerfile)
+    command = _compileall_command(lines)
+    assert lines.index("RUN  " + command) > lines.index(
+        "COPY --chown=root:root ./packages /packages"
+    )
+    assert "site.getsitepackages()" in command and "'/app'" in command and "'/packages'" in command
+    assert "ENV APP_HOME=/app" in lines
+
+
+def test_the_byte_compile_step_compiles_and_never_fails_the_build(
+    dockerfile: str, tmp_path: Path
+) -> None:
+    # The step's own command, run here with its directories moved under tmp_path: good
+    # files get a .pyc, a file that does not compile stays as source, the exit code is 0.
+    command = _compileall_command(instructions(dockerfile))
+    for d in ("site", "app", "packages"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "good.py").write_text("X = 1\n")
+    (tmp_path / "packages" / "bad.py").write_text("def broken(:\n")
+    code = command.split('"', 1)[1].rsplit('"', 1)[0]
+    code = code.replace("site.getsitepackages()", repr([str(tmp_path / "site")]))
+    code = code.replace("'/app'", repr(str(tmp_path / "app")))
+    code = code.replace("'/packages'", repr(str(tmp_path / "packages")))
+    out = subprocess.run(["python3", "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "some files left as source" in out.stdout
+    for d in ("site", "app", "packages"):
+        assert list((tmp_path / d / "__pycache__").glob("good.*.pyc")), d
