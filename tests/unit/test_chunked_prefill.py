@@ -2,7 +2,9 @@
 (CPU): greedy tokens equal HF generate's (the unchunked engine is held to the same
 reference in test_pytorch_static_engine.py), prompts longer than the budget, slots handed
 over while other prompts are mid-prefill, decoding rows that keep stepping while a long
-prompt is prefilled, echo's prompt logprobs, aborts and the setting's bounds."""
+prompt is prefilled, one forward per step that carries both decode rows and a chunk, an
+allocation failure ending only its request, echo's prompt logprobs, aborts and the
+setting's bounds."""
 
 from __future__ import annotations
 
@@ -184,3 +186,98 @@ def test_abort_mid_prefill_frees_the_slot(dev_model):
 def test_chunk_setting_is_bounded(value):
     with pytest.raises(pydantic.ValidationError):
         Settings(prefill_chunk_tokens=value)
+
+
+def test_a_step_with_decode_rows_and_a_chunk_reads_the_weights_once(dev_model):
+    # The short prompt finishes its prefill in the first step and decodes while the long
+    # one is prefilled 8 tokens a step: those steps carry both, and each must be one
+    # forward (one call of layer 0's down projection), not the decode pass plus a chunk pass.
+    requests = [("short", PROMPTS[1], 40), ("long", LONG, 6)]
+
+    def run(**settings):
+        eng = make_engine(dev_model, max_batch_size=4, **settings)
+        calls = [0]
+        steps: list[tuple[int, bool, int]] = []  # per pass: rows before, chunk?, weight reads
+        hook = eng._layers[0].mlp.down_proj.register_forward_hook(
+            lambda *_: calls.__setitem__(0, calls[0] + 1)
+        )
+        real_pass, real_pieces = eng._pass, eng._prefill_pieces
+        chunked, started = [False], [False]
+
+        def pieces_spy(pieces):
+            chunked[0] = True
+            real_pieces(pieces)
+
+        def pass_spy():
+            if not started[0] and len(eng._waiting) < len(requests):
+                return False  # both requests admitted together: the steps do not race them
+            started[0] = True
+            calls[0], chunked[0], rows = 0, False, len(eng._running)
+            busy = real_pass()
+            steps.append((rows, chunked[0], calls[0]))
+            return busy
+
+        eng._pass, eng._prefill_pieces = pass_spy, pieces_spy
+        try:
+
+            async def main():
+                return await asyncio.gather(
+                    *[
+                        collect(eng, rid, p, SamplingOptions(max_new_tokens=n, top_k=1))
+                        for rid, p, n in requests
+                    ]
+                )
+
+            return [tokens for tokens, _, _ in asyncio.run(main())], steps
+        finally:
+            hook.remove()
+            eng.shutdown()
+
+    whole, _ = run()
+    chunked, steps = run(prefill_chunk_tokens=8)
+    assert chunked == whole  # the decode rows' tokens in mixed steps, and the long prompt's
+    mixed = [reads for rows, chunk, reads in steps if rows and chunk]
+    assert len(mixed) >= len(LONG) // 8 - 1  # the short row decoded beside most chunks
+    assert mixed == [1] * len(mixed)
+    assert all(reads <= 1 for _, _, reads in steps)
+
+
+def test_an_allocation_failure_in_a_mixed_step_ends_only_its_request(dev_model):
+    # Every pass holding the "bad" prompt's piece fails to allocate: the step is retried as
+    # the decode alone, then piece by piece, so only "bad" ends; the others' tokens are
+    # those of an engine that never saw it.
+    from mistral_serving.engines.base import EngineError
+
+    good = [("a", PROMPTS[2], 30), ("b", LONG, 5)]
+
+    def run(with_bad: bool):
+        eng = make_engine(dev_model, max_batch_size=4, prefill_chunk_tokens=16)
+        real = eng._mixed_forward
+
+        def forward(ids, positions, slots, decode, pieces):
+            bad = [p.slot for p in eng._prefilling if p.seq.request_id == "bad"]
+            if bad and bad[0] in pieces[0].tolist():
+                raise RuntimeError("CUDA out of memory (injected)")
+            return real(ids, positions, slots, decode, pieces)
+
+        eng._mixed_forward = forward
+        try:
+
+            async def bad_request():
+                with pytest.raises(EngineError, match="prefill failed"):
+                    await collect(eng, "bad", PROMPTS[4], SamplingOptions(max_new_tokens=5))
+
+            async def main():
+                opts = [SamplingOptions(max_new_tokens=n, top_k=1) for _, _, n in good]
+                runs = [
+                    collect(eng, r, p, o, 0.002 * i)
+                    for i, ((r, p, _), o) in enumerate(zip(good, opts))
+                ]
+                out = await asyncio.gather(*runs, *([bad_request()] if with_bad else []))
+                return [tokens for tokens, _, _ in out[: len(good)]]
+
+            return asyncio.run(main())
+        finally:
+            eng.shutdown()
+
+    assert run(with_bad=True) == run(with_bad=False)

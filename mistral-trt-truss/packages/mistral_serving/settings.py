@@ -253,10 +253,11 @@ class TorchEngineSettings(LimitsSettings):
         0,
         ge=0,
         le=2**21,
-        description="Static PyTorch engine: chunked prefill. Prompt tokens prefilled per "
-        "step beside the decoding rows (long prompts are split over steps), so a burst of "
-        "prompts no longer stalls every decoding stream for a whole prefill; 0: off (each "
-        "admitted prompt is prefilled whole, up to max_num_tokens per step).",
+        description="Static PyTorch engine: chunked prefill. Prompt tokens added to a "
+        "decode step (one forward pass over the decoding rows' tokens and these; long "
+        "prompts are split over steps), so a burst of prompts no longer stalls every "
+        "decoding stream for a whole prefill; 0: off (each admitted prompt is prefilled "
+        "whole, up to max_num_tokens per step).",
     )
     prefill_logits_bytes: int = Field(
         256 * 2**20,

@@ -26,14 +26,18 @@ changes is the batch underneath:
 
 Chunked prefill (`prefill_chunk_tokens` > 0): an admitted prompt takes a free slot at once
 and is prefilled over as many steps as it needs, at most `prefill_chunk_tokens` prompt
-tokens per step (shared, oldest first, by the prompts under way), beside the decode step of
-the running rows. Each step is the captured decode graph for the running rows, then one
-eager forward pass over the chunk's pieces (right-padded rows, each attending to its own
-slot's earlier columns and causally within the piece). A prompt whose last piece is done
-joins the running rows (its columns moved down to the next row when its slot is not that
-row) and gets its first token. So a burst of prompts costs the decoding rows one chunk per
-step instead of one whole prefill, as TensorRT-LLM's and vLLM's chunked prefill schedule it
-(there the chunk and the decode rows share one pass; here the decode part stays a graph).
+tokens per step (shared, oldest first, by the prompts under way), added to the decode step
+of the running rows. A step that carries prompt tokens is one eager forward pass over a
+flat token axis, [the running rows' next tokens, then each piece's prompt tokens], as
+TensorRT-LLM's and vLLM's chunked prefill mix them: the linear layers, norms, RoPE and
+lm_head (only for the tokens that are sampled from) run once over all of them, so the
+weights are read once per step; only attention is split (each decode row's query over its
+slot's columns, as in the decode graph; each piece's queries over its own slot's earlier
+columns and causally within the piece). A step with no prompt tokens is the captured
+decode graph, as without chunks. A prompt whose last piece is done joins the running rows
+(its columns moved down to the next row when its slot is not that row) and gets its first
+token. So a burst of prompts costs the decoding rows one chunk's tokens per step instead of
+one whole prefill.
 
 The cache must fit: its column count is `max_seq_len` when set, else what
 `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for `max_batch_size`
@@ -368,22 +372,17 @@ class StaticTorchEngine(TorchEngine):
         row0: int,
         width: int,
         decode_mask: torch.Tensor | None,
-        chunk: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Hidden states [n, T, H] for `ids` [n, T] at `positions` [n, T] of slots
         row0..row0+n-1, writing their keys/values into those slots. Decode (T == 1)
         attends to the first `width` columns under `decode_mask` [n, 1, 1, width];
-        prefill (decode_mask None) attends causally to columns 0..T-1. A chunk
-        (`chunk` = (slot of each row [n], mask [n, 1, T, width])) works on those slots
-        instead and attends to their first `width` columns under that mask."""
+        prefill (decode_mask None) attends causally to columns 0..T-1 (a chunked
+        prefill's step is `_mixed_forward`)."""
         n, t = ids.shape
         hq, hkv, d = self._n_heads, self._n_kv, self._head_dim
         x = self._model.model.embed_tokens(ids)
         cos, sin = self._rope(positions, x.dtype)
-        if chunk is None:
-            slots = torch.arange(row0, row0 + n, device=ids.device)[:, None].expand(n, t)
-        else:
-            slots = chunk[0][:, None].expand(n, t)
+        slots = torch.arange(row0, row0 + n, device=ids.device)[:, None].expand(n, t)
         k_cache, v_cache = self._kv()
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
@@ -406,15 +405,6 @@ class StaticTorchEngine(TorchEngine):
                     attn_mask=decode_mask,
                 )
                 o = o.reshape(n, 1, hq * d)
-            elif chunk is not None:
-                o = F.scaled_dot_product_attention(
-                    q,
-                    kc[chunk[0], :, :width],
-                    vc[chunk[0], :, :width],
-                    attn_mask=chunk[1],
-                    enable_gqa=hkv != hq,
-                )
-                o = o.transpose(1, 2).reshape(n, t, hq * d)
             else:
                 o = F.scaled_dot_product_attention(
                     q,
@@ -561,10 +551,10 @@ class StaticTorchEngine(TorchEngine):
         if not self._chunk:
             return super()._pass()
         self._start_prefills()
-        if self._running:
-            self._decode()
         if self._prefilling:
-            self._prefill_chunk()
+            self._chunk_step()  # the running rows' decode rides in the chunk's forward
+        elif self._running:
+            self._decode()  # no prefill work: the captured decode graph, as without chunks
         return bool(self._running or self._prefilling)
 
     def stalled_for(self) -> float:
@@ -604,9 +594,11 @@ class StaticTorchEngine(TorchEngine):
             # holds and a later step overwrites before reading.
             self._posv[slot] = self._cols - 1
 
-    def _prefill_chunk(self) -> None:
-        """Prefill the next `prefill_chunk_tokens` prompt tokens. An allocation failure
-        is retried piece by piece, so it ends only the request whose piece fails."""
+    def _chunk_step(self) -> None:
+        """A step that carries prefill work: the running rows' next tokens and the next
+        `prefill_chunk_tokens` prompt tokens (shared, oldest first) in one forward pass
+        (`_prefill_pieces`). An allocation failure is retried as the decode alone, then
+        each piece alone, so it ends only the request whose piece fails."""
         pieces, left = [], self._chunk
         for p in self._prefilling:
             if left <= 0:
@@ -619,14 +611,19 @@ class StaticTorchEngine(TorchEngine):
         except Exception as exc:
             if not is_allocation_failure(exc):
                 raise
-            for piece in pieces if len(pieces) > 1 else []:
+            # The pass's big allocations (forward, echo logprobs, lm_head) all come before
+            # `_mixed_step` commits anything: the decode rows have not stepped yet.
+            retry = len(pieces) > 1 or bool(self._running)
+            if self._running:
+                self._decode()
+            for piece in pieces if retry else []:
                 try:
-                    self._prefill_pieces([piece])
+                    self._mixed_step([piece], decode=False)
                 except Exception as one:
                     if not is_allocation_failure(one):
                         raise
                     self._end_prefill(piece[0], one)
-            if len(pieces) == 1:
+            if not retry:
                 self._end_prefill(pieces[0][0], exc)
 
     def _end_prefill(self, p: _Prefilling, exc: Exception) -> None:
@@ -635,45 +632,137 @@ class StaticTorchEngine(TorchEngine):
         p.seq.emit(EngineError(f"prefill failed for this request: {exc!r}"[:300]))
 
     def _prefill_pieces(self, pieces: list[tuple[_Prefilling, int]]) -> None:
-        n, t = len(pieces), max(c for _, c in pieces)
-        ids = torch.zeros((n, t), dtype=torch.long)
-        pos = torch.empty((n, t), dtype=torch.long)
-        for r, (p, c) in enumerate(pieces):
-            ids[r, :c] = torch.tensor(p.seq.prompt[p.done : p.done + c])
-            # Padding positions write columns past the piece that a later piece (or the
-            # row's decode) overwrites before reading; clamped to stay in the cache.
-            pos[r] = torch.arange(p.done, p.done + t).clamp(max=self._cols - 1)
-        width = max(p.done + c for p, c in pieces)
-        ids, pos = ids.to(self._device), pos.to(self._device)
-        slots = torch.tensor([p.slot for p, _ in pieces], device=self._device)
-        mask = (self._cols_range[:width][None, None, None, :] <= pos[:, None, :, None]).expand(
-            n, 1, t, width
+        """The step's prompt pieces, with the running rows' decode in the same pass."""
+        self._mixed_step(pieces, decode=True)
+
+    def _mixed_step(self, pieces: list[tuple[_Prefilling, int]], decode: bool) -> None:
+        """One forward pass over a flat token axis: the running rows' tokens (one each,
+        when `decode`), then each piece's prompt tokens, packed without padding. The
+        linear layers, norms and RoPE see all of them at once (one read of the weights);
+        attention is split (`_mixed_forward`). Then, in the order the two-pass step had:
+        the decode rows advance, finished prompts join the running rows and get their
+        first token."""
+        dev = self._device
+        n = len(self._running) if decode else 0
+        counts = [c for _, c in pieces]
+        starts = [n + sum(counts[:r]) for r in range(len(pieces))]  # each piece's first token
+        # The decode rows' tokens and positions are on the device already (`_tok`, `_posv`).
+        prompt_ids = [t for p, c in pieces for t in p.seq.prompt[p.done : p.done + c]]
+        prompt_pos = [j for p, c in pieces for j in range(p.done, p.done + c)]
+        ids = torch.cat([self._tok[:n], torch.tensor(prompt_ids).to(dev)])
+        pos = torch.cat([self._posv[:n], torch.tensor(prompt_pos).to(dev)])
+        slots = torch.tensor([*range(n), *(p.slot for p, c in pieces for _ in range(c))]).to(dev)
+        # The pieces' attention works on them padded to [pieces, t]: `gather` is each padded
+        # query's token on the flat axis (padding repeats the piece's last token, so its mask
+        # row is a real one; its output is dropped), `valid` the real ones.
+        t = max(counts)
+        gather = torch.tensor(
+            [[s + min(j, c - 1) for j in range(t)] for s, c in zip(starts, counts)]
         )
-        hidden = self._forward(ids, pos, 0, width, None, chunk=(slots, mask))
+        valid = torch.arange(t)[None, :] < torch.tensor(counts)[:, None]
+        gather, valid = gather.to(dev), valid.to(dev)
+        width = max(p.done + c for p, c in pieces)
+        piece_mask = self._cols_range[:width][None, None, None, :] <= pos[gather][:, None, :, None]
+        piece_slots = torch.tensor([p.slot for p, _ in pieces], device=dev)
+        decode_width, decode_mask = 0, None
+        if n:  # the decode step's own length bucket and mask (`_decode_logits`)
+            top = math.ceil((max(self._lens) + 1) / LENGTH_BUCKET) * LENGTH_BUCKET
+            decode_width = min(self._cols, top)
+            cols = self._cols_range[:decode_width][None, :]
+            decode_mask = (cols <= self._posv[:n, None])[:, None, None, :]
+        hidden = self._mixed_forward(
+            ids,
+            pos,
+            slots,
+            (n, decode_width, decode_mask),
+            (piece_slots, gather, valid, piece_mask),
+        )
         lps: dict[int, list[TokenLogprob]] = {}  # kept only once every piece succeeded
         for r, (p, c) in enumerate(pieces):
             if p.lps is not None:  # echo: this piece's positions, each predicting the next
                 k = p.seq.sampling.prompt_logprobs or 0
                 own = p.seq.prompt[p.done : p.done + c + 1]
                 lps[r] = chunked_prompt_logprobs(
-                    hidden[r, :c], own, k, self._head, self._budget.chunk
+                    hidden[starts[r] : starts[r] + c], own, k, self._head, self._budget.chunk
                 )
-        done = []
+        # lm_head only where a token is sampled: the decode rows and each prompt's last token.
+        finishing = [r for r, (p, c) in enumerate(pieces) if p.done + c == len(p.seq.prompt)]
+        rows = [*range(n), *(starts[r] + counts[r] - 1 for r in finishing)]
+        logits = self._model.lm_head(hidden[torch.tensor(rows, device=dev)]) if rows else None
+        # Committed from here on.
         for r, (p, c) in enumerate(pieces):
             if p.lps is not None:
                 p.lps += lps[r]
             p.done += c
-            if p.done == len(p.seq.prompt):
-                done.append((r, p, c))
-        if not done:
+        if n:
+            assert logits is not None
+            self._posv[:n] += 1
+            for r in range(n):
+                self._lens[r] += 1
+            self._advance(list(self._running), logits[:n], first_row=0)
+        if not finishing:
             return
-        rows = torch.tensor([r for r, _, _ in done], device=self._device)
-        last = torch.tensor([c - 1 for _, _, c in done], device=self._device)
-        logits = self._model.lm_head(hidden[rows, last])
+        assert logits is not None
+        done = [pieces[r][0] for r in finishing]
         first_row = len(self._running)
-        for _, p, _ in done:
+        for p in done:
             self._join_prefilled(p)
-        self._advance([p.seq for _, p, _ in done], logits, first_row=first_row)
+        self._advance([p.seq for p in done], logits[n:], first_row=first_row)
+
+    def _mixed_forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        decode: tuple[int, int, torch.Tensor | None],
+        pieces: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """Final hidden states [N, H] of N tokens `ids` [N] at `positions` [N] in `slots`
+        [N], writing their keys/values there. The first n (`decode` = (n, width, mask
+        [n, 1, 1, width])) are the running rows 0..n-1's next tokens and attend as in
+        `_forward`'s decode; the rest are prompt pieces (`pieces` = (slot of each piece
+        [m], gather [m, t], valid [m, t], mask [m, 1, t, width])), whose queries attend,
+        padded to [m, t], to their slot's columns under that mask."""
+        n, decode_width, decode_mask = decode
+        piece_slots, gather, valid, piece_mask = pieces
+        total = ids.shape[0]
+        hq, hkv, d = self._n_heads, self._n_kv, self._head_dim
+        width = piece_mask.shape[-1]
+        x = self._model.model.embed_tokens(ids)  # [N, H]
+        cos, sin = self._rope(positions, x.dtype)  # [N, 1, head dim]: broadcast over heads
+        k_cache, v_cache = self._kv()
+        for i, layer in enumerate(self._layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q, k, v = torch.split(F.linear(h, self._wqkv[i]), [hq * d, hkv * d, hkv * d], dim=-1)
+            q = self._rotate(q.reshape(total, hq, d), cos, sin)
+            k = self._rotate(k.reshape(total, hkv, d), cos, sin)
+            kc, vc = k_cache[i], v_cache[i]
+            kc[slots, :, positions] = k  # [N, hkv, d] at (slot, :, position)
+            vc[slots, :, positions] = v.reshape(total, hkv, d)
+            outs = []
+            if n:
+                o = F.scaled_dot_product_attention(
+                    q[:n].reshape(n, hkv, hq // hkv, d),
+                    kc[:n, :, :decode_width],
+                    vc[:n, :, :decode_width],
+                    attn_mask=decode_mask,
+                )
+                outs.append(o.reshape(n, hq * d))
+            o = F.scaled_dot_product_attention(
+                q[gather].transpose(1, 2),  # [m, hq, t, d]
+                kc[piece_slots, :, :width],
+                vc[piece_slots, :, :width],
+                attn_mask=piece_mask,
+                enable_gqa=hkv != hq,
+            )
+            # Back to the flat axis: the real queries, row by row (= packed order).
+            outs.append(o.transpose(1, 2)[valid].reshape(-1, hq * d))
+            x = x + attn.o_proj(torch.cat(outs) if n else outs[0])
+            gate, up = F.linear(layer.post_attention_layernorm(x), self._wgu[i]).chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        normed: torch.Tensor = self._model.model.norm(x)
+        return normed
 
     def _join_prefilled(self, p: _Prefilling) -> None:
         """`p`'s prompt is in its slot: it becomes running row n (its columns moved there;
