@@ -262,11 +262,15 @@ def test_llama_python_tag_without_a_call_is_text() -> None:
 # -- the chat route: deltas go out while the model is still writing ------------------------
 
 
-def test_the_route_sends_the_name_and_arguments_before_the_answer_ends() -> None:
-    text = (
-        'Sure. TOOL_CALLS: [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}]'
-    )
-    pieces = [text[i : i + 4] for i in range(0, len(text), 4)]
+ROUTE_TEXT = (
+    'Sure. TOOL_CALLS: [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "C"}}]'
+)
+
+
+def route_events(size: int) -> list[tuple[int, dict[str, Any]]]:
+    """(chunks the model had sent, the event) for each event of the chat route's stream
+    when the model writes ROUTE_TEXT `size` characters at a time."""
+    pieces = [ROUTE_TEXT[i : i + size] for i in range(0, len(ROUTE_TEXT), size)]
     fmt = OpenAIFormat(True, "m", lambda t: b"", "fallback_json")
     tools = [{"type": "function", "function": {"name": "get_weather"}}]
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "stream": True}
@@ -289,17 +293,32 @@ def test_the_route_sends_the_name_and_arguments_before_the_answer_ends() -> None
                 out.append((consumed, json.loads(event.removeprefix("data: "))))
         return out
 
-    events = asyncio.run(run())
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("size", [1, 4, 9, len(ROUTE_TEXT)])
+def test_the_route_streams_content_then_the_call(size: int) -> None:
+    events = route_events(size)
+    content = "".join(c["delta"].get("content") or "" for _, e in events for c in e["choices"])
+    seen = [
+        tc for _, e in events for c in e["choices"] for tc in c["delta"].get("tool_calls") or []
+    ]
+    assert content == "Sure."
+    assert seen[0]["function"] == {"name": "get_weather", "arguments": ""} and seen[0]["id"]
+    assert all(set(tc) == {"index", "function"} for tc in seen[1:])
+    assert "".join(tc["function"]["arguments"] for tc in seen) == '{"city": "Paris", "unit": "C"}'
+    assert events[-1][1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_the_route_sends_the_name_and_arguments_before_the_answer_ends() -> None:
+    events = route_events(4)
+    n_chunks = events[-1][0]
     seen = [
         (n, tc)
         for n, e in events
         for c in e["choices"]
         for tc in c["delta"].get("tool_calls") or []
     ]
-    first_n, first = seen[0]
-    assert first["function"] == {"name": "get_weather", "arguments": ""} and first["id"]
-    assert first_n < len(pieces)  # the name went out while the model was still writing
+    assert seen[0][0] < n_chunks  # the name went out while the model was still writing
     fragments = [(n, tc["function"]["arguments"]) for n, tc in seen[1:]]
     assert len({n for n, _ in fragments}) > 2  # arguments in pieces, from several chunks
-    assert "".join(a for _, a in fragments) == '{"city": "Paris", "unit": "C"}'
-    assert events[-1][1]["choices"][0]["finish_reason"] == "tool_calls"

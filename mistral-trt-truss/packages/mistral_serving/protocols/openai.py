@@ -589,8 +589,7 @@ class OpenAIFormat:
                         continue
                 if chunk.logprobs is None and not continuous:
                     yield f"{head}{_event_json(text)}{tail}"
-                    continue
-                if continuous:
+                elif continuous:
                     event = self._chunk(
                         call, rid, text, None, chunk.logprobs, offset, usage=usage_so_far()
                     )
