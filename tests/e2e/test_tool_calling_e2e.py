@@ -108,6 +108,46 @@ def test_a_named_call_streams_in_openais_shape_and_equals_the_answer(client: ope
     assert args[0] == call.function.arguments  # byte for byte (greedy: the same answer)
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_required_call_streams_its_arguments_in_pieces_equal_to_the_answer(
+    client: openai.OpenAI, seed: int
+) -> None:
+    body: dict[str, Any] = dict(
+        model=SERVED,
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=400,
+        temperature=1.0,
+        seed=seed,
+    )
+    whole = client.chat.completions.create(**body)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    calls = whole.choices[0].message.tool_calls
+    assert_valid(calls)
+    names: dict[int, str] = {}
+    args: dict[int, list[str]] = {}
+    finish = None
+    for chunk in client.chat.completions.create(stream=True, **body):
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            assert not c.delta.content
+            for tc in c.delta.tool_calls or []:
+                if tc.id:
+                    assert tc.index not in names and tc.function.name
+                    names[tc.index] = tc.function.name
+                else:
+                    assert tc.index in names  # the name came first
+                if tc.function.arguments:
+                    args.setdefault(tc.index, []).append(tc.function.arguments)
+    assert finish == "tool_calls"
+    assert [names[i] for i in sorted(names)] == [c.function.name for c in calls]
+    # The same seed, the same answer: each call's fragments, joined, are its arguments,
+    # and they came as the model wrote them (several chunks, not one at the end).
+    assert ["".join(args[i]) for i in sorted(args)] == [c.function.arguments for c in calls]
+    assert all(len(args[i]) > 1 for i in args)
+
+
 class Weather(BaseModel):
     city: Literal["Paris", "Lyon"]
     unit: Literal["C", "F"]
@@ -135,9 +175,12 @@ def test_the_sdks_parse_and_stream_helpers_read_the_calls(client: openai.OpenAI)
         max_tokens=64,
         temperature=0,
     ) as stream:
-        done = [e for e in stream if e.type == "tool_calls.function.arguments.done"]
+        events = list(stream)
         final = stream.get_final_completion()
+    done = [e for e in events if e.type == "tool_calls.function.arguments.done"]
+    pieces = [e for e in events if e.type == "tool_calls.function.arguments.delta"]
     assert [e.name for e in done] == ["get_weather"]
+    assert len(pieces) > 1  # the arguments streamed in pieces, as generated
     assert isinstance(done[0].parsed_arguments, Weather)
     assert final.choices[0].message.tool_calls[0].function.arguments == call.function.arguments
 

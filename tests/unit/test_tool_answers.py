@@ -149,7 +149,11 @@ def test_a_broken_call_is_delivered_as_text_and_logged(
     whole, events, _ = serve(tok, {}, text)
     assert whole["choices"][0]["message"]["content"] == text
     assert "tool_calls" not in whole["choices"][0]["message"]
-    assert joined(events) == (text, [], "stop")
+    # Streamed: what was read before the text ended went out as the call's deltas (its
+    # name and a prefix of its arguments); the whole text then follows as content.
+    content, calls, finish = joined(events)
+    assert (content, finish) == (text, "stop")
+    assert [(c["name"], c["arguments"]) for c in calls] == [("get_weather", '{"city": ')]
     assert "did not parse" in caplog.text
 
 

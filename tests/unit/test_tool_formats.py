@@ -447,8 +447,8 @@ def test_random_splits_stream_what_the_whole_answer_parses_to(
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
     stream = CallStream(fmt)
-    sent = "".join(stream.feed(p) for p in pieces)
-    parsed, rest = stream.finish()
+    sent = "".join(stream.feed(p)[0] for p in pieces)
+    parsed, rest, _ = stream.finish()
     whole = parse_answer(text, fmt)
     assert parsed == whole
     assert sent + rest == whole.content  # streamed content, joined, is the content
@@ -465,8 +465,8 @@ def test_a_constrained_stream_sends_no_content_until_it_parses(
     text: str, data: st.DataObject
 ) -> None:
     stream = CallStream("mistral", constrained=True)
-    assert stream.feed(text) == ""
-    parsed, rest = stream.finish()
+    assert stream.feed(text)[0] == ""
+    parsed, rest, _ = stream.finish()
     assert parsed == parse_answer(text, "mistral", constrained=True)
     assert rest == ("" if parsed.calls else text)
 

@@ -18,8 +18,9 @@ Tools (chat): `tools`, `tool_choice`, `parallel_tool_calls` and the tool history
 strictly by `tool_calls.py`; the prompt takes the model's tool format (`chat.py`);
 `required` or a named function constrain the output with the tool-call grammar
 (`grammar.tool_call_schema`); the answer is read by that format's parser
-(`tool_parsers.py`) and streamed in OpenAI's shape: content first, then per call a delta
-with `index`, `id`, `type` and `function.name`, then its `arguments` in fragments.
+(`tool_parsers.py`) and streamed in OpenAI's shape as it is generated: content first,
+then per call a delta with `index`, `id`, `type` and `function.name` once the name is
+complete, then its `arguments` in fragments as the model writes them.
 docs/tool-calling.md is the contract.
 """
 
@@ -84,7 +85,13 @@ from mistral_serving.protocols.openai_types import (
 from mistral_serving.service import Chunk, GenerationRequest
 from mistral_serving.telemetry import RequestRecord
 from mistral_serving.tool_calls import ToolRequest, check_history, parse_tool_request
-from mistral_serving.tool_parsers import CallStream, ParsedAnswer, new_call_id, parse_answer
+from mistral_serving.tool_parsers import (
+    CallDelta,
+    CallStream,
+    ParsedAnswer,
+    new_call_id,
+    parse_answer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -550,17 +557,39 @@ class OpenAIFormat:
         lp_head, lp_tail = tail.split(_NO_LOGPROBS)  # once: the one choice's
         offset = 0
         continuous = call.continuous_usage
-        # With tools, text that may be a call is held back until it parses (or does not).
+        # With tools, text that may be a call is not content: it is read as calls as it
+        # arrives, and each call's name and arguments go out as soon as they are read.
         calls = CallStream(self.tool_format, call.constrained) if call.tools else None
+        ids: list[str] = []  # one per call, made when its first delta goes out
+
+        def call_events(deltas: list[CallDelta]) -> list[str]:
+            events = []
+            for d in deltas:
+                if d.name is not None:
+                    ids.append(new_call_id(self.tool_format))
+                event = ChatCompletionChunk(
+                    id=rid,
+                    created=call.created,
+                    model=self._model_name,
+                    choices=[ChatChunkChoice(delta=_call_delta(d, ids[d.index]))],
+                    usage=usage_so_far(),
+                )
+                events.append(_sse(event.wire()))
+            return events
+
         try:
             async for chunk in chunks:
-                text = chunk.text if calls is None else calls.feed(chunk.text)
-                if calls is not None and not text:
-                    continue
+                if calls is None:
+                    text = chunk.text
+                else:
+                    text, deltas = calls.feed(chunk.text)
+                    if not text:
+                        for sse in call_events(deltas):
+                            yield sse
+                        continue
                 if chunk.logprobs is None and not continuous:
                     yield f"{head}{_event_json(text)}{tail}"
-                    continue
-                if continuous:
+                elif continuous:
                     event = self._chunk(
                         call, rid, text, None, chunk.logprobs, offset, usage=usage_so_far()
                     )
@@ -572,26 +601,21 @@ class OpenAIFormat:
                     lp_json = _event_json(lps.wire())
                     yield f'{head}{text_json}{lp_head}"logprobs": {lp_json}{lp_tail}'
                 offset += len(text)
+                if calls is not None:
+                    for sse in call_events(deltas):
+                        yield sse
         except RequestError as exc:
             yield _sse(self.error_body(exc))
             yield "data: [DONE]\n\n"
             return
         finish_reason = record.finish_reason
         if calls is not None:
-            parsed, rest = calls.finish()
+            parsed, rest, deltas = calls.finish()
             _log_broken(parsed, record)
-            if rest:
+            if rest:  # content held back, or a text that did not parse after all
                 yield f"{head}{_event_json(rest)}{tail}"
-            for i, (cid, c) in enumerate(zip(self._call_ids(parsed), parsed.calls)):
-                for delta in _call_deltas(i, cid, c.name, c.arguments):
-                    event = ChatCompletionChunk(
-                        id=rid,
-                        created=call.created,
-                        model=self._model_name,
-                        choices=[ChatChunkChoice(delta=delta)],
-                        usage=usage_so_far(),
-                    )
-                    yield _sse(event.wire())
+            for sse in call_events(deltas):
+                yield sse
             if parsed.calls:
                 finish_reason = _calls_finish(finish_reason)
         yield _sse(self._chunk(call, rid, None, finish_reason, usage=usage_so_far()).wire())
@@ -640,20 +664,15 @@ def _completion_prompt(
     )
 
 
-ARGUMENT_FRAGMENT_CHARS = 32  # a streamed call's arguments go out in pieces this long
-
-
-def _call_deltas(index: int, call_id: str, name: str, arguments: str) -> list[Delta]:
-    """OpenAI's stream shape for one call: index, id, type and name first (arguments ""),
-    then the arguments in fragments that, joined, are the non-streamed `arguments`."""
-    first = ToolCallDelta(
-        index=index, id=call_id, type="function", function=FunctionDelta(name=name, arguments="")
-    )
-    out = [Delta(tool_calls=[first])]
-    for at in range(0, len(arguments), ARGUMENT_FRAGMENT_CHARS):
-        piece = FunctionDelta(arguments=arguments[at : at + ARGUMENT_FRAGMENT_CHARS])
-        out.append(Delta(tool_calls=[ToolCallDelta(index=index, function=piece)]))
-    return out
+def _call_delta(piece: CallDelta, call_id: str) -> Delta:
+    """OpenAI's stream shape for a call: index, id, type and name on its first delta
+    (arguments ""), then deltas with its index and an arguments fragment."""
+    if piece.name is not None:
+        fn = FunctionDelta(name=piece.name, arguments="")
+        first = ToolCallDelta(index=piece.index, id=call_id, type="function", function=fn)
+        return Delta(tool_calls=[first])
+    fragment = FunctionDelta(arguments=piece.arguments)
+    return Delta(tool_calls=[ToolCallDelta(index=piece.index, function=fragment)])
 
 
 def _calls_finish(reason: str | None) -> str | None:
