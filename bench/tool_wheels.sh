@@ -14,6 +14,10 @@
 # On the device (no network): unzip every wheel into one folder and put it on PYTHONPATH:
 #   mkdir -p /tmp/ap && for w in DIR/*.whl; do python3 -m zipfile -e "$w" /tmp/ap; done
 #   PYTHONPATH=/tmp/ap python3 -m aiperf --version    # prints 0.13.0
+# For gpu_bench.py --aiperf, only AIPerf's python gets that path (the folder holds fastapi,
+# starlette and pydantic of their own, which must not reach the server):
+#   printf '#!/bin/sh\nPYTHONPATH=/tmp/ap exec python3 "$@"\n' > /tmp/aiperf-py
+#   chmod +x /tmp/aiperf-py && export AIPERF_PY=/tmp/aiperf-py
 set -euo pipefail
 dest=${1:?usage: tool_wheels.sh DIR [--lean]}
 lean=${2:-}
