@@ -19,8 +19,11 @@
 
 `engine --set KEY=VALUE` runs the sweep with those settings (e.g. prefill_chunk_tokens);
 `service --guidellm` runs guidellm (from the package index, an independent load generator)
-at the same levels after the project's client; `service --guided N` times N concurrent
-chat streams with a nested-object json_schema against N plain ones, `--guided-rounds` times.
+at the same levels after the project's client, `service --aiperf` NVIDIA's AIPerf the same
+way (128 in / 128 out, 2 requests per stream, streamed /v1/completions, `figure="aiperf"`
+rows with guidellm's keys; GUIDELLM_PY / AIPERF_PY name their pythons); `service --guided N`
+times N concurrent chat streams with a nested-object json_schema against N plain ones,
+`--guided-rounds` times.
 """
 
 from __future__ import annotations
@@ -694,6 +697,15 @@ def service_bench(args) -> None:
                     emit(figure="skipped", variant="guidellm", concurrency=c, why="out of time")
                     continue
                 guidellm_level(url, args, c)
+        if args.aiperf:
+            from mistral_serving.settings import Settings
+
+            model = Settings.load(settings).served_model_name
+            for c in args.concurrency:
+                if time_left() < 30:
+                    emit(figure="skipped", variant="aiperf", concurrency=c, why="out of time")
+                    continue
+                aiperf_level(url, model, str(Path(args.dir).resolve()), c, 128, 128, set=args.set)
         if args.guided:
             guided_rounds(url, args)
         if args.text_levels:
@@ -706,17 +718,55 @@ def service_bench(args) -> None:
         server.stop(timeout=30)
 
 
-# ---- the second client: guidellm, unchanged, from the package index ----
+# ---- second clients, unchanged, from the package index: guidellm and AIPerf ----
+
+
+def second_client_level(
+    variant: str,
+    command: list[str],
+    env: dict[str, str],
+    report: Path,
+    figures,
+    concurrency: int,
+    in_len: int,
+    out_len: int,
+    **extra,
+) -> dict:
+    """Run one level of a second load client (`command` writes its JSON `report`); emit and
+    return its row (`figure=variant`, `figures(report)`'s keys), or a `failed` row."""
+    t = time.perf_counter()
+    try:
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=env, timeout=min(600, max(30, time_left()))
+        )
+        ok = done.returncode == 0 and report.exists()
+        error = done.stderr or done.stdout or f"exit status {done.returncode}, no report"
+    except subprocess.TimeoutExpired as exc:
+        ok, error = False, f"timed out after {exc.timeout:.0f} s"
+    wall = time.perf_counter() - t
+    if not ok:
+        row = {"figure": "failed", "variant": variant, "concurrency": concurrency,
+               "error": error[-600:]}  # fmt: skip
+    else:
+        row = {"figure": variant, "concurrency": concurrency, "input_len": in_len,
+               "output_len": out_len, **extra, "wall_s": round(wall, 1),
+               **figures(json.loads(report.read_text()))}  # fmt: skip
+    emit(**row)
+    return row
+
+
+def client_logs() -> Path:
+    # Beside the logs (tarred into $OUT by the scripts): $OUT brings back 8 files at most.
+    logs = Path(os.environ.get("LOGS", "/tmp/bench-logs"))
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs
 
 
 def guidellm_level(url: str, args, concurrency: int, in_len: int = 128, out_len: int = 128) -> None:
     """One level through `guidellm run` (streamed /v1/completions, synthetic text of exactly
     `in_len` tokens by the served tokenizer, `ignore_eos` with `out_len` tokens, as guidellm
     itself sends them); its JSON report is kept under $OUT and its figures emitted."""
-    # Beside the logs (tarred into $OUT by the scripts): $OUT brings back 8 files at most.
-    logs = Path(os.environ.get("LOGS", "/tmp/bench-logs"))
-    logs.mkdir(parents=True, exist_ok=True)
-    report = logs / f"guidellm-c{concurrency}-{int(time.time())}.json"
+    report = client_logs() / f"guidellm-c{concurrency}-{int(time.time())}.json"
     command = [
         os.environ.get("GUIDELLM_PY", sys.executable), "-m", "guidellm", "run",
         "--backend", f"kind=openai_http,target={url},request_format=/v1/completions,model=model",
@@ -728,17 +778,8 @@ def guidellm_level(url: str, args, concurrency: int, in_len: int = 128, out_len:
         "--disable-console-interactive",
     ]  # fmt: skip
     env = os.environ | {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    t = time.perf_counter()
-    done = subprocess.run(
-        command, capture_output=True, text=True, env=env, timeout=min(600, max(30, time_left()))
-    )
-    wall = time.perf_counter() - t
-    if done.returncode != 0 or not report.exists():
-        emit(figure="failed", variant="guidellm", concurrency=concurrency,
-             error=(done.stderr or done.stdout)[-600:])  # fmt: skip
-        return
-    emit(figure="guidellm", concurrency=concurrency, input_len=in_len, output_len=out_len,
-         set=args.set, wall_s=round(wall, 1), **guidellm_figures(json.loads(report.read_text())))  # fmt: skip
+    second_client_level("guidellm", command, env, report, guidellm_figures,
+                        concurrency, in_len, out_len, set=args.set)  # fmt: skip
 
 
 def guidellm_figures(report: dict) -> dict:
@@ -765,6 +806,83 @@ def guidellm_figures(report: dict) -> dict:
         "tpot_ms_p50": stat("time_per_output_token_ms", "median"),
         "requests": totals,
         "duration_s": round(bench.get("duration") or 0, 2),
+    }
+
+
+# AIPerf's offline mode (HF_HUB_OFFLINE) loads tokenizers from the Hub's cache only, not from
+# a folder, so it runs online with every proxy pointed at a closed loopback port: nothing
+# leaves the machine, and the server (loopback) is reached directly.
+AIPERF_NO_NETWORK = {
+    "HTTP_PROXY": "http://127.0.0.1:9",
+    "HTTPS_PROXY": "http://127.0.0.1:9",
+    "NO_PROXY": "127.0.0.1,localhost",
+    "HF_DATASETS_OFFLINE": "1",
+}
+
+
+def aiperf_command(
+    url: str, model: str, tokenizer: str, concurrency: int, in_len: int, out_len: int, out: Path
+) -> list[str]:
+    """`aiperf profile` for one closed-loop level as our client runs it: streamed
+    /v1/completions, synthetic prompts of exactly `in_len` tokens, `out_len` tokens with
+    ignore_eos, 2 x concurrency requests. Output is counted by the server's usage (AIPerf
+    re-tokenising every answer is client work, not the server's); one warm-up request per
+    stream first, so the timed requests find AIPerf's connection pool open (without it
+    AIPerf's TTFT was 2.8x our client's on the CPU check); worker processes: every core but
+    two (AIPerf's default, 0.75 of them less one, left it short of streams on 2 cores)."""
+    workers = min(concurrency, max(2, (os.cpu_count() or 2) - 2))
+    return [
+        os.environ.get("AIPERF_PY", sys.executable), "-m", "aiperf", "profile",
+        "--model", model, "--url", url, "--endpoint-type", "completions", "--streaming",
+        "--concurrency", str(concurrency), "--request-count", str(2 * concurrency),
+        "--synthetic-input-tokens-mean", str(in_len), "--synthetic-input-tokens-stddev", "0",
+        "--output-tokens-mean", str(out_len), "--output-tokens-stddev", "0",
+        "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{out_len}",
+        "--warmup-request-count", str(concurrency), "--use-server-token-count",
+        "--tokenizer", tokenizer,
+        "--workers-max", str(workers), "--ui", "none", "--artifact-dir", str(out),
+    ]  # fmt: skip
+
+
+def aiperf_level(
+    url: str, model: str, tokenizer: str, concurrency: int, in_len: int, out_len: int, **extra
+) -> dict:
+    """One level through `aiperf profile` (aiperf_command); its artifacts are kept beside
+    the logs and its figures emitted as `figure="aiperf"`."""
+    out = client_logs() / f"aiperf-c{concurrency}-{int(time.time())}"
+    command = aiperf_command(url, model, tokenizer, concurrency, in_len, out_len, out)
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
+    return second_client_level("aiperf", command, env | AIPERF_NO_NETWORK,
+                               out / "profile_export_aiperf.json", aiperf_figures,
+                               concurrency, in_len, out_len, **extra)  # fmt: skip
+
+
+def aiperf_figures(report: dict) -> dict:
+    """guidellm_figures' keys from AIPerf's summary export (profile_export_aiperf.json):
+    each metric a {unit, avg, p50, p99, ...} record over the successful requests. AIPerf's
+    inter_token_latency is per request, (e2e - TTFT) / (tokens - 1): client.metrics' TPOT;
+    its inter_chunk_latency, the gaps between streamed chunks, is client.metrics' ITL."""
+
+    def stat(name: str, key: str) -> float | None:
+        node = report.get(name)
+        value = node.get(key) if isinstance(node, dict) else None
+        return round(value, 3) if isinstance(value, (int, float)) else None
+
+    ok = int(stat("request_count", "avg") or 0)
+    errored = int(stat("error_request_count", "avg") or 0)
+    return {
+        "output_tok_s": stat("output_token_throughput", "avg"),
+        "output_tokens": stat("total_output_tokens", "avg"),
+        "prompt_tokens_p50": stat("input_sequence_length", "p50"),
+        "ttft_ms_p50": stat("time_to_first_token", "p50"),
+        "ttft_ms_p99": stat("time_to_first_token", "p99"),
+        "itl_ms_p50": stat("inter_chunk_latency", "p50"),
+        "itl_ms_p99": stat("inter_chunk_latency", "p99"),
+        "tpot_ms_p50": stat("inter_token_latency", "p50"),
+        "requests": {"successful": ok, "errored": errored, "total": ok + errored},
+        "duration_s": stat("benchmark_duration", "avg"),
     }
 
 
@@ -1035,6 +1153,7 @@ def main() -> int:
     ap.add_argument("--long", action="store_true", help="also 1024 in / 256 out")
     ap.add_argument("--repeat", type=int, default=1, help="engine: sweeps of the same engine")
     ap.add_argument("--guidellm", action="store_true", help="service: guidellm at each level too")
+    ap.add_argument("--aiperf", action="store_true", help="service: AIPerf at each level too")
     ap.add_argument("--guided", type=int, default=0, help="service: N constrained vs N plain")
     ap.add_argument("--guided-rounds", type=int, default=2)
     ap.add_argument("--guided-max-tokens", type=int, default=128)

@@ -9,6 +9,7 @@ other cores).
     python bench/replay_bench.py [--concurrency 256] [--output-len 256] \
         [--profile docs/replay-profile.txt]   # py-spy: self time per function
         [--set http_parser=h11] [--context .benchcarry/ctx]  # a setting; no truss package
+        [--aiperf]   # then AIPerf (AIPERF_PY) at the same level: a second client's figures
 
 Prints one JSON line.
 """
@@ -104,6 +105,11 @@ def main() -> int:
         "machine without the truss package; the repo's serving code is imported",
     )
     ap.add_argument("--set", action="append", default=[], help="more settings: KEY=VALUE")
+    ap.add_argument(
+        "--aiperf",
+        action="store_true",
+        help="then AIPerf at the same level (bench/gpu_bench.py's aiperf_level, AIPERF_PY)",
+    )
     args = ap.parse_args()
 
     build_dev_model()
@@ -177,6 +183,13 @@ def main() -> int:
             lines = top_functions(raw)
             Path(args.profile).write_text("\n".join(lines) + "\n")
             print("\n".join(lines[:15]))
+        if args.aiperf:
+            from bench.gpu_bench import aiperf_level
+            from mistral_serving.settings import Settings
+
+            model = Settings.load(settings).served_model_name
+            aiperf_level(url, model, str(DEV_MODEL_DIR), args.concurrency, args.input_len,
+                         args.output_len, step_ms=args.step_ms)  # fmt: skip
     finally:
         proc.terminate()
         proc.wait(timeout=30)
