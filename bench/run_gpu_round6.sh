@@ -5,6 +5,9 @@
 #   (cold_start.py, page cache dropped, cProfile of the load) twice; the serving layer with the
 #   replay engine at a 4 ms and an 8 ms step, 256 streams, twice each.
 # PART=g: PART=a's structured-output part alone (BUDGET=200).
+# PART=c (~6 min): server start -> ready and cold_start.py phases with the page cache dropped,
+#   without and with .pyc, twice each; the batched masks again; the default server again
+#   (both clients): the second run of PART=b's figures.
 # PART=b (~9 min): in-process engine 128/128 at c = 1/16/64/256, chunked prefill off and
 #   $CHUNKS (each twice) -> the real server, the same settings: the project's client and AIPerf
 #   (an independent load generator) at each level -> the peer (transformers serve).
@@ -21,14 +24,38 @@ CHUNKS=${CHUNKS:-512}
 } 2>&1 | tee "$OUT/env.txt"
 [ -f "$ART/config.json" ] || $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tail -3
 
+if [ -d .whl-aiperf ] && [ -z "${AIPERF_PY:-}" ]; then  # AIPerf's own path: its fastapi/pydantic must not reach the server
+  mkdir -p /tmp/ap && for w in .whl-aiperf/*.whl; do $PY -m zipfile -e "$w" /tmp/ap; done
+  printf '#!/bin/sh\nPYTHONPATH=/tmp/ap exec %s "$@"\n' "$PY" > /tmp/aiperf-py && chmod +x /tmp/aiperf-py
+  export AIPERF_PY=/tmp/aiperf-py; $AIPERF_PY -m aiperf --version 2>&1 | tail -1
+fi
 guided() {  # $1: guided_batch_mask, $2: rounds, $3: the last percent of the budget
   timeout $(left $3) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} \
     --concurrency 1 --set guided_batch_mask=$1 ${XSET:-} --guided ${GUIDED:-64} --guided-rounds $2 \
     --deadline $(( $(at $3) - 3 )) --log "$L/server-guided-$1.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
   snap
 }
+starts() {  # $1: a label; the server's start -> ready with the whole page cache dropped
+  timeout $(left $2) $B service "$ART" .benchcarry/ctx/app --start-only ${DROP---drop-page-cache} \
+    ${XSET:-} --log "$L/server-start-$1-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-300
+}
+cold() {  # cold_start.py phases with the whole page cache dropped
+  timeout $(left $1) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} \
+    --profile ${PROFILE:-25} --out "$R" | cut -c1-300
+}
 if [ "${PART:-a}" = g ]; then  # the structured-output part of PART=a alone
   guided true 3 55; guided false 2 100
+elif [ "${PART:-a}" = c ]; then
+  # Starts: as the image ships them (no .pyc), then with .pyc (PYTHONPYCACHEPREFIX stands
+  # in for the image's build-time compileall: one warm start writes them).
+  starts plain 10; starts plain 20; cold 27; cold 34
+  export PYTHONPYCACHEPREFIX=/tmp/pyc
+  DROP=" " starts pyc-fill 40; starts pyc 47; starts pyc 54; cold 60; cold 66
+  unset PYTHONPYCACHEPREFIX
+  guided true 2 76  # the batched masks again, in a second server start
+  timeout $(left 100) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${LEVELS:+--concurrency $LEVELS} \
+    --set prefill_chunk_tokens=0 ${XSET:-} ${SECOND---aiperf} --deadline $(( $(at 100) - 5 )) \
+    --log "$L/server-again-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
 elif [ "${PART:-a}" = a ]; then
   guided true 3 35; guided false 2 55
   for I in 1 2; do
