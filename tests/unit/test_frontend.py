@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -194,7 +195,9 @@ def test_predict_answer_and_one_count(tok: Tokenizer) -> None:
 
 
 def test_predict_stream_is_the_text(tok: Tokenizer) -> None:
-    served = serve(tok)
+    # The engine waits between steps: each chunk goes out as it is made (more than one write).
+    engine = ScriptedEngine.from_ids(tok.encode(TEXT), limits=LIMITS, step_delay_s=0.001)
+    served = serve(tok, engine)
     client = run(served, Client(body(prompt="Hi", stream=True, streaming_interval=2)))
     assert client.status == 200 and client.complete
     assert client.response_headers["content-type"].startswith("text/plain")
@@ -400,7 +403,7 @@ def test_a_predict_stream_cut_by_abort_ends_incomplete(tok: Tokenizer) -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(call(served, client))
-        while len(client.sent) < 3:  # the start and some text
+        while len(client.sent) < 2:  # the start and some text
             await asyncio.sleep(0.001)
         await asyncio.sleep(0.01)
         assert served.frontend._abort_all() == 1  # the drain's grace period is over
@@ -788,7 +791,7 @@ def test_tokens_are_counted_while_a_stream_runs(tok: Tokenizer) -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(call(served, client))
-        while len(client.sent) < 3:
+        while len(client.sent) < 2:  # the start and some text
             await asyncio.sleep(0.001)
         assert tokens() > 0  # before the stream ended
         served.frontend._abort_all()
@@ -826,3 +829,83 @@ def test_a_request_before_load_is_a_503_not_a_crash() -> None:
     with pytest.raises(HTTPException) as refused:
         asyncio.run(frontend.handle("predict", client.request()))
     assert refused.value.status_code == 503 and "loading" in refused.value.detail
+
+
+@dataclass
+class GatedClient(Client):
+    """A client slow for a while: its first body write waits until `gate` opens."""
+
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    first_write: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.sent.append(message)
+        if message.get("body") and not self.first_write.is_set():
+            self.first_write.set()
+            await self.gate.wait()
+
+
+def body_writes(client: Client) -> list[bytes]:
+    return [m["body"] for m in client.sent[1:] if m.get("body")]
+
+
+def test_events_queued_behind_a_slow_write_go_out_in_one_write(tok: Tokenizer) -> None:
+    # While one client's write waits, its stream's events queue up (the engine goes on)
+    # and then leave in one write, the same bytes in the same order; another stream on
+    # the same server meanwhile gets each event as it is made.
+    engine = ScriptedEngine.from_ids(tok.encode(TEXT), limits=LIMITS, step_delay_s=0.001)
+    served = serve(tok, engine)
+    slow = GatedClient(body(prompt="Hi", stream=True, streaming_interval=1))
+    fast = Client(body(prompt="Hi", stream=True, streaming_interval=1))
+
+    async def main() -> None:
+        slow_call = asyncio.ensure_future(call(served, slow))
+        await asyncio.wait_for(slow.first_write.wait(), 30)
+        await asyncio.wait_for(call(served, fast), 30)  # not held up by the slow one
+        assert fast.complete and not slow.complete
+        while served.frontend.admission.inflight:  # the slow stream's body is all made
+            await asyncio.sleep(0.001)
+        slow.gate.set()
+        await asyncio.wait_for(slow_call, 30)
+
+    asyncio.run(main())
+    assert len(body_writes(fast)) == len(tok.encode(TEXT))  # one write per event, as made
+    assert slow.complete and len(body_writes(slow)) == 2  # the first, then all the rest
+    assert slow.body_bytes == fast.body_bytes == TEXT.encode()
+    assert served.counts("predict") == {"length": 2}
+
+
+def test_a_coalesced_sse_stream_is_byte_identical_to_one_by_one(tok: Tokenizer) -> None:
+    # The same completion stream, once written event by event (the engine waits between
+    # steps) and once with every event queued before the first write (a gated client).
+    ids = tok.encode(TEXT)
+    request = body(prompt="Hi", stream=True, max_tokens=64)
+
+    def stream(client: Client, delay: float) -> list[bytes]:
+        engine = ScriptedEngine.from_ids(ids, limits=LIMITS, step_delay_s=delay)
+        served = serve(tok, engine)
+
+        async def main() -> None:
+            task = asyncio.ensure_future(call(served, client))
+            if isinstance(client, GatedClient):
+                await asyncio.wait_for(client.first_write.wait(), 30)
+                while served.frontend.admission.inflight:
+                    await asyncio.sleep(0.001)
+                client.gate.set()
+            await asyncio.wait_for(task, 30)
+
+        asyncio.run(main())
+        assert client.complete
+        return body_writes(client)
+
+    one_by_one = stream(Client(request, route="completions"), 0.001)
+    coalesced = stream(GatedClient(request, route="completions"), 0.0)
+    assert len(coalesced) < len(one_by_one)
+    assert _run_free(b"".join(coalesced)) == _run_free(b"".join(one_by_one))
+
+
+def _run_free(sse: bytes) -> bytes:
+    # The id (a per-process count) and `created` (the clock second) are what two runs
+    # of the same request may not share.
+    sse = re.sub(rb'"id": ?"cmpl-[^"]*"', b'"id": "cmpl-x"', sse)
+    return re.sub(rb'"created": ?\d+', b'"created": 0', sse)

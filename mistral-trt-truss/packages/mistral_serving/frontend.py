@@ -16,7 +16,7 @@ import collections
 import logging
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import HTTPException, Request
@@ -70,6 +70,51 @@ def frontend_for(config: dict[str, Any]) -> Frontend:
 
 class _SlowReader(Exception):
     """The client fell `stream_buffer_bytes` behind."""
+
+
+class _WriteClock:
+    """A time limit on each write without a timer (or, as `asyncio.wait_for`, a task) per
+    write: one timer per stream, re-armed when it fires, that cancels the writing task
+    once a write has waited `limit_s` (then the write raises TimeoutError)."""
+
+    def __init__(self, limit_s: float) -> None:
+        self._limit_s = limit_s
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
+        self._since: float | None = None  # when the write in progress began
+        self._timer: asyncio.TimerHandle | None = None
+        self._expired = False
+
+    async def timed(self, write: Awaitable[None]) -> None:
+        self._since = self._loop.time()
+        if self._timer is None:
+            self._timer = self._loop.call_at(self._since + self._limit_s, self._check)
+        try:
+            await write
+        except asyncio.CancelledError:
+            if not self._expired or self._task is None:
+                raise
+            self._task.uncancel()
+            raise TimeoutError from None
+        finally:
+            self._since = None
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        since = self._since
+        if since is not None and now - since >= self._limit_s and self._task is not None:
+            self._timer = None
+            self._expired = True
+            self._task.cancel()  # it is waiting in the write (`_since` is set only there)
+            return
+        self._timer = self._loop.call_at(
+            (now if since is None else since) + self._limit_s, self._check
+        )
 
 
 class _Stream(StreamingResponse):
@@ -127,16 +172,20 @@ class _Stream(StreamingResponse):
 
         puller = asyncio.ensure_future(pull())
         puller.add_done_callback(self._pulled)
+        clock = _WriteClock(self.write_timeout_s)
         try:
             while True:
                 if not pending and not puller.done():
                     await ready.wait()
                     ready.clear()
                 if pending:
-                    data = pending.popleft()  # one write per event, as made
-                    held -= len(data)
+                    # Everything made so far in one write (same bytes, same order; nothing
+                    # waits for a later event): writes per event were the stream's top cost.
+                    data = pending.popleft() if len(pending) == 1 else b"".join(pending)
+                    pending.clear()
+                    held = 0
                     message = {"type": "http.response.body", "body": data, "more_body": True}
-                    await asyncio.wait_for(send(message), self.write_timeout_s)
+                    await clock.timed(send(message))
                 elif puller.done():
                     break
             puller.result()
@@ -147,6 +196,7 @@ class _Stream(StreamingResponse):
             self._slow()
             return
         finally:
+            clock.stop()
             puller.cancel()  # no-op when done; else the body is closed (engine abort) by it
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
