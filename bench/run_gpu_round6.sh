@@ -5,6 +5,8 @@
 #   (cold_start.py, page cache dropped, cProfile of the load) twice; the serving layer with the
 #   replay engine at a 4 ms and an 8 ms step, 256 streams, twice each.
 # PART=g: PART=a's structured-output part alone (BUDGET=200).
+# PART=r (~3 min): the replay engine part of PART=a alone, twice, then once at Python's default
+#   GIL switch interval (5 ms).
 # PART=c (~6 min): server start -> ready and cold_start.py phases with the page cache dropped,
 #   without and with .pyc, twice each; the batched masks again; the default server again
 #   (both clients): the second run of PART=b's figures.
@@ -43,7 +45,15 @@ cold() {  # cold_start.py phases with the whole page cache dropped
   timeout $(left $1) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} \
     --profile ${PROFILE:-25} --out "$R" | cut -c1-300
 }
-if [ "${PART:-a}" = g ]; then  # the structured-output part of PART=a alone
+replay() {  # the serving layer with the replay engine: 256 streams at 8 and 4 ms steps
+  for S in 8 4; do
+    timeout $(left $1) $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \
+      --requests-per-worker ${RPW:-4} --step-ms $S ${RSET:-} "${@:2}" | tee -a "$R" | cut -c1-400
+  done
+}
+if [ "${PART:-a}" = r ]; then  # the serving layer alone: twice, then at Python's default GIL interval
+  replay 40; replay 75; replay 100 --set gil_switch_interval_ms=5
+elif [ "${PART:-a}" = g ]; then  # the structured-output part of PART=a alone
   guided true 3 55; guided false 2 100
 elif [ "${PART:-a}" = c ]; then
   # Starts: as the image ships them (no .pyc), then with .pyc (PYTHONPYCACHEPREFIX stands

@@ -44,12 +44,16 @@ def test_start_engine_for_a_checkpoint_and_for_replay(dev_model):
         assert isinstance(eng.guided, GuidedDecoder)  # response_format on PyTorch engines
     finally:
         eng.shutdown()
-    settings = settings_for(dev_model, engine="replay")
+    settings = settings_for(dev_model, engine="replay", gil_switch_interval_ms=0.25)
+    before = sys.getswitchinterval()
     replay = start_engine(open_artifact(dev_model, settings), settings, tokenizer)
     try:
         assert isinstance(replay, ReplayEngine)
+        # It stands in for a GPU engine's step thread: the same GIL switch interval.
+        assert sys.getswitchinterval() == pytest.approx(0.00025)
     finally:
         replay.shutdown()
+        sys.setswitchinterval(before)
 
 
 def test_the_dynamic_engine_module_does_not_import_the_static_one():

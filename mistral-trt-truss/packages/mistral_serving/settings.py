@@ -280,8 +280,9 @@ class TorchEngineSettings(LimitsSettings):
         0.5,
         gt=0,
         le=1000,
-        description="PyTorch engine on a GPU: the process's GIL switch interval "
-        "(sys.setswitchinterval); the engine thread and the event loop share the GIL.",
+        description="PyTorch engine on a GPU (and the replay engine, which stands in for "
+        "one): the process's GIL switch interval (sys.setswitchinterval); the engine "
+        "thread and the event loop share the GIL.",
     )
     engine_process: Literal["off", "on"] = Field(
         "off",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
@@ -163,6 +164,13 @@ class Engine(Protocol):
     def shutdown(self) -> None:
         """Stop the engine and free what it holds; pending streams end. Idempotent."""
         ...
+
+
+def set_gil_switch_interval(interval_ms: float) -> None:
+    """For an engine whose step thread runs every few milliseconds beside the server's
+    event loop in one process: the two share the GIL, and at Python's default 5 ms switch
+    interval a busy loop can hold the step thread for up to 5 ms per step."""
+    sys.setswitchinterval(interval_ms / 1000)
 
 
 def refuse_unsupported(sampling: SamplingOptions) -> None:

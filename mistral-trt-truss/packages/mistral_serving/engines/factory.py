@@ -108,8 +108,11 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
         check_model_config(artifact.config, str(artifact_dir / "config.json"))
     # Engines import lazily: each pulls in its own heavy stack (torch, tensorrt_llm).
     if settings.engine == "replay":  # benchmarks only: see engines/replay.py
+        from mistral_serving.engines.base import set_gil_switch_interval
         from mistral_serving.engines.replay import ReplayEngine
 
+        # It stands in for a fast GPU engine: the PyTorch engine's GIL switch interval.
+        set_gil_switch_interval(settings.gil_switch_interval_ms)
         return ReplayEngine.for_tokenizer(
             tokenizer,
             settings.max_batch_size,

@@ -43,7 +43,6 @@ import collections
 import inspect
 import logging
 import random
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -68,6 +67,7 @@ from mistral_serving.engines.base import (
     deliver,
     read_stream,
     refuse_unsupported,
+    set_gil_switch_interval,
     stop_ids_for,
 )
 from mistral_serving.engines.pytorch.cpus import available_cpus, default_torch_threads
@@ -178,11 +178,8 @@ def load_model(
         placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
     model = model.to(device).eval()
-    if device.type == "cuda":
-        # The engine thread and the server's event loop share the GIL. At Python's
-        # default 5 ms switch interval a busy loop can hold the engine thread for up
-        # to 5 ms per decode step (a step is 7-15 ms on an H200).
-        sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
+    if device.type == "cuda":  # a decode step is 7-15 ms on an H200
+        set_gil_switch_interval(settings.gil_switch_interval_ms)
     return LoadedModel(model, max_seq, max_input)
 
 
