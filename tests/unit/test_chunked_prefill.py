@@ -281,3 +281,39 @@ def test_an_allocation_failure_in_a_mixed_step_ends_only_its_request(dev_model):
             eng.shutdown()
 
     assert run(with_bad=True) == run(with_bad=False)
+
+
+def test_an_allocation_failure_after_a_mixed_step_commits_is_not_retried(dev_model):
+    # After the commit the decode rows have stepped and the pieces advanced: a retry as
+    # "the decode alone" would step every running row twice. Such a failure is the
+    # engine's: every request in flight gets it, and nothing is decoded again.
+    eng = make_engine(dev_model, max_batch_size=4, prefill_chunk_tokens=16)
+    injected, decoded_after = [], []
+    real_join, real_decode = eng._join_prefilled, eng._decode
+
+    def join(p):
+        if p.seq.request_id == "long" and not injected:
+            injected.append(True)
+            raise RuntimeError("CUDA out of memory (injected after the commit)")
+        return real_join(p)
+
+    def decode():
+        if injected:
+            decoded_after.append(True)
+        return real_decode()
+
+    eng._join_prefilled, eng._decode = join, decode
+    try:
+
+        async def one(rid, prompt, delay):
+            with pytest.raises(Exception, match="injected after the commit"):
+                await collect(eng, rid, prompt, SamplingOptions(max_new_tokens=300, ignore_eos=True), delay)  # fmt: skip
+
+        async def main():
+            # "short" is decoding while "long" (150 tokens, 10 chunks) finishes its prefill.
+            await asyncio.gather(one("short", PROMPTS[0], 0.0), one("long", LONG, 0.05))
+
+        asyncio.run(main())
+    finally:
+        eng.shutdown()
+    assert injected and not decoded_after

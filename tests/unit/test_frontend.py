@@ -909,3 +909,25 @@ def _run_free(sse: bytes) -> bytes:
     # of the same request may not share.
     sse = re.sub(rb'"id": ?"cmpl-[^"]*"', b'"id": "cmpl-x"', sse)
     return re.sub(rb'"created": ?\d+', b'"created": 0', sse)
+
+
+def test_the_write_clock_turns_its_own_cancel_into_a_timeout_and_keeps_anothers():
+    from mistral_serving.frontend import _WriteClock
+
+    async def write_that_never_ends(external_cancel: bool) -> str:
+        clock = _WriteClock(0.0)  # due at once: the first loop pass cancels the write
+        task = asyncio.current_task()
+        assert task is not None
+        if external_cancel:  # a shutdown cancelling the same task in the same pass
+            asyncio.get_running_loop().call_soon(task.cancel)
+        try:
+            await clock.timed(asyncio.get_running_loop().create_future())
+        except TimeoutError:
+            return "timeout"
+        finally:
+            clock.stop()
+        return "written"
+
+    assert asyncio.run(write_that_never_ends(False)) == "timeout"
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(write_that_never_ends(True))

@@ -160,6 +160,7 @@ def test_the_light_config_reads_what_the_model_class_reads(
     [
         lambda c: c.pop("num_key_value_heads"),  # Mistral's default (8) is the model class's
         lambda c: c.pop("sliding_window"),  # Mistral's default is 4096
+        lambda c: c.pop("hidden_act"),  # the model classes' default (silu); the base has none
         lambda c: c.pop("tie_word_embeddings"),  # the base class's default is True
         lambda c: c.update(
             rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}
@@ -216,3 +217,13 @@ def test_a_checkpoint_without_safetensors_falls_back(dev_model, tmp_path, caplog
     loaded = load(model)
     assert "no safetensors files" in caplog.text
     assert torch.equal(loaded.lm_head.weight, ref.lm_head.weight)
+
+
+def test_a_llama_config_needs_no_sliding_window_key(dev_model):
+    # LlamaConfig has no sliding_window field: its config.json never carries the key.
+    raw = json.loads((dev_model / "config.json").read_text())
+    raw.pop("sliding_window")
+    assert light_config(raw) is None  # Mistral: the model class's default (4096) applies
+    raw.update(model_type="llama", architectures=["LlamaForCausalLM"])
+    light = light_config(raw)
+    assert light is not None and getattr(light, "sliding_window", None) is None

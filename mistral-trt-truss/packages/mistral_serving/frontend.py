@@ -73,8 +73,8 @@ class _SlowReader(Exception):
 
 
 class _WriteClock:
-    """A time limit on each write without a timer (or, as `asyncio.wait_for`, a task) per
-    write: one timer per stream, re-armed when it fires, that cancels the writing task
+    """A time limit on each write without a timer (and, in Python 3.11's
+    `asyncio.wait_for`, a task) per write: one timer per stream, re-armed when it fires, that cancels the writing task
     once a write has waited `limit_s` (then the write raises TimeoutError)."""
 
     def __init__(self, limit_s: float) -> None:
@@ -94,7 +94,10 @@ class _WriteClock:
         except asyncio.CancelledError:
             if not self._expired or self._task is None:
                 raise
-            self._task.uncancel()
+            # Ours becomes the TimeoutError; a cancel from elsewhere at the same time (a
+            # shutdown) stays a cancel, as asyncio.timeout does it.
+            if self._task.uncancel() > 0:
+                raise
             raise TimeoutError from None
         finally:
             self._since = None

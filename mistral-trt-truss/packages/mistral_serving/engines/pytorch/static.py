@@ -188,10 +188,11 @@ def _load_direct(
     return model
 
 
-# config.json keys the direct loader reads whose defaults differ between transformers'
-# base config class and the model's own (Mistral's num_key_value_heads 8 and
-# sliding_window 4096, the base class's tie_word_embeddings True).
+# config.json keys the direct loader (engines/pytorch/llama.py) reads that transformers'
+# base config class lacks or defaults differently from the model's own (Mistral's
+# num_key_value_heads 8 and sliding_window 4096, the base class's tie_word_embeddings True).
 _LIGHT_CONFIG_KEYS = (
+    "hidden_act",
     "hidden_size",
     "intermediate_size",
     "num_attention_heads",
@@ -201,8 +202,8 @@ _LIGHT_CONFIG_KEYS = (
     "vocab_size",
     "max_position_embeddings",
     "tie_word_embeddings",
-    "sliding_window",
 )
+_LIGHT_CONFIG_KEYS_BY_TYPE = {"mistral": ("sliding_window",)}  # Llama has no such field
 
 
 def light_config(raw: dict[str, Any]) -> Any | None:
@@ -215,7 +216,8 @@ def light_config(raw: dict[str, Any]) -> Any | None:
     custom-op registration, scikit-learn)."""
     from transformers import PretrainedConfig
 
-    if any(k not in raw for k in _LIGHT_CONFIG_KEYS):
+    needed = (*_LIGHT_CONFIG_KEYS, *_LIGHT_CONFIG_KEYS_BY_TYPE.get(str(raw.get("model_type")), ()))
+    if any(k not in raw for k in needed):
         return None
     rope = types.SimpleNamespace(
         rope_parameters=raw.get("rope_parameters"), rope_scaling=raw.get("rope_scaling")
@@ -262,6 +264,7 @@ class StaticTorchEngine(TorchEngine):
         self._wgu: list[torch.Tensor] = []
         self._chunk = options.prefill_chunk_tokens  # 0: whole prompts (TorchEngine's loop)
         self._prefilling: list[_Prefilling] = []  # chunked prefills under way, oldest first
+        self._mixed_committed = False  # the current mixed step has committed (see _chunk_step)
         # Structured output: one bitmask per step for all constrained rows
         # (`guided_batch.py`); False: each row masks itself (`guided.GuidedMatcher.mask`).
         self.batch_masks = options.guided_batch_mask
@@ -420,10 +423,19 @@ class StaticTorchEngine(TorchEngine):
         normed: torch.Tensor = self._model.model.norm(x)
         return normed
 
+    def _decode_width(self) -> int:
+        """The columns a decode step of the running rows attends to: their longest row's
+        next position, rounded up to a length bucket (one captured graph per bucket)."""
+        return min(self._cols, math.ceil((max(self._lens) + 1) / LENGTH_BUCKET) * LENGTH_BUCKET)
+
+    def _decode_mask(self, n: int, width: int) -> torch.Tensor:
+        """[n, 1, 1, width]: each of rows 0..n-1 sees the columns up to its next position."""
+        return (self._cols_range[:width][None, :] <= self._posv[:n, None])[:, None, None, :]
+
     def _decode_logits(self, n: int, width: int) -> torch.Tensor:
         ids = self._tok[:n, None]
         pos = self._posv[:n, None]
-        mask = (self._cols_range[:width][None, :] <= pos)[:, None, None, :]
+        mask = self._decode_mask(n, width)
         logits: torch.Tensor = self._model.lm_head(self._forward(ids, pos, 0, width, mask)[:, 0])
         return logits
 
@@ -452,7 +464,7 @@ class StaticTorchEngine(TorchEngine):
     def _decode(self) -> None:
         n = len(self._running)
         # self._posv holds each row's next position; its token sits in self._tok.
-        width = min(self._cols, math.ceil((max(self._lens) + 1) / LENGTH_BUCKET) * LENGTH_BUCKET)
+        width = self._decode_width()
         if self._use_graphs:
             bucket = min(self._slots, 1 << (n - 1).bit_length())
             logits = self._replay(bucket, width)[:n]
@@ -606,13 +618,15 @@ class StaticTorchEngine(TorchEngine):
             count = min(len(p.seq.prompt) - p.done, left)
             pieces.append((p, count))
             left -= count
+        self._mixed_committed = False
         try:
             self._prefill_pieces(pieces)
         except Exception as exc:
-            if not is_allocation_failure(exc):
+            # Retried only when nothing was committed (the pass's big allocations: forward,
+            # echo logprobs, lm_head). After the commit the decode rows have stepped and the
+            # pieces advanced: a retry would step them twice, so the failure is the engine's.
+            if not is_allocation_failure(exc) or self._mixed_committed:
                 raise
-            # The pass's big allocations (forward, echo logprobs, lm_head) all come before
-            # `_mixed_step` commits anything: the decode rows have not stepped yet.
             retry = len(pieces) > 1 or bool(self._running)
             if self._running:
                 self._decode()
@@ -632,7 +646,8 @@ class StaticTorchEngine(TorchEngine):
         p.seq.emit(EngineError(f"prefill failed for this request: {exc!r}"[:300]))
 
     def _prefill_pieces(self, pieces: list[tuple[_Prefilling, int]]) -> None:
-        """The step's prompt pieces, with the running rows' decode in the same pass."""
+        """The step's prompt pieces, with the running rows' decode in the same pass (the
+        seam where tests count and fail a chunk step's passes)."""
         self._mixed_step(pieces, decode=True)
 
     def _mixed_step(self, pieces: list[tuple[_Prefilling, int]], decode: bool) -> None:
@@ -666,10 +681,8 @@ class StaticTorchEngine(TorchEngine):
         piece_slots = torch.tensor([p.slot for p, _ in pieces], device=dev)
         decode_width, decode_mask = 0, None
         if n:  # the decode step's own length bucket and mask (`_decode_logits`)
-            top = math.ceil((max(self._lens) + 1) / LENGTH_BUCKET) * LENGTH_BUCKET
-            decode_width = min(self._cols, top)
-            cols = self._cols_range[:decode_width][None, :]
-            decode_mask = (cols <= self._posv[:n, None])[:, None, None, :]
+            decode_width = self._decode_width()
+            decode_mask = self._decode_mask(n, decode_width)
         hidden = self._mixed_forward(
             ids,
             pos,
@@ -689,7 +702,7 @@ class StaticTorchEngine(TorchEngine):
         finishing = [r for r, (p, c) in enumerate(pieces) if p.done + c == len(p.seq.prompt)]
         rows = [*range(n), *(starts[r] + counts[r] - 1 for r in finishing)]
         logits = self._model.lm_head(hidden[torch.tensor(rows, device=dev)]) if rows else None
-        # Committed from here on.
+        self._mixed_committed = True  # from here on (see `_chunk_step`)
         for r, (p, c) in enumerate(pieces):
             if p.lps is not None:
                 p.lps += lps[r]
