@@ -151,6 +151,30 @@ def unsupported(config: Any) -> str | None:
     return None
 
 
+# config.json keys these modules read that transformers' base config class lacks or
+# defaults differently from the model's own class (Mistral's num_key_value_heads 8 and
+# sliding_window 4096, the base class's tie_word_embeddings True, hidden_act's silu).
+_CONFIG_KEYS = (
+    "hidden_act",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_hidden_layers",
+    "rms_norm_eps",
+    "vocab_size",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+)
+_CONFIG_KEYS_BY_TYPE = {"mistral": ("sliding_window",)}  # Llama's config has no such field
+
+
+def config_keys_without_shared_defaults(raw: dict[str, Any]) -> tuple[str, ...]:
+    """The keys config.json must hold for these modules to read it through transformers'
+    base config class (`static.light_config`) as the model's own class would."""
+    return (*_CONFIG_KEYS, *_CONFIG_KEYS_BY_TYPE.get(str(raw.get("model_type")), ()))
+
+
 def rope_parameters(config: Any) -> dict[str, Any]:
     """transformers 5 keeps RoPE in `rope_parameters`; 4.x in `rope_scaling`/`rope_theta`."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)

@@ -188,36 +188,17 @@ def _load_direct(
     return model
 
 
-# config.json keys the direct loader (engines/pytorch/llama.py) reads that transformers'
-# base config class lacks or defaults differently from the model's own (Mistral's
-# num_key_value_heads 8 and sliding_window 4096, the base class's tie_word_embeddings True).
-_LIGHT_CONFIG_KEYS = (
-    "hidden_act",
-    "hidden_size",
-    "intermediate_size",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "num_hidden_layers",
-    "rms_norm_eps",
-    "vocab_size",
-    "max_position_embeddings",
-    "tie_word_embeddings",
-)
-_LIGHT_CONFIG_KEYS_BY_TYPE = {"mistral": ("sliding_window",)}  # Llama has no such field
-
-
 def light_config(raw: dict[str, Any]) -> Any | None:
     """The checkpoint's config.json (`raw`, as read once by the artifact) as transformers'
-    base config class, or None where the model's own class is needed: a key above missing
-    (its default is the model class's) or a RoPE other than the default (the model class
-    normalises its parameters). The model's own class costs a cold start 7-8.5 s on the
-    H200 image: in transformers 5.17 its docstring decorator imports the auto model classes
+    base config class, or None where the model's own class is needed: a key missing whose
+    default is the model class's (`llama.config_keys_without_shared_defaults`) or a RoPE
+    other than the default (the model class normalises its parameters). The model's own
+    class costs a cold start 7-8.5 s on the H200 image: in transformers 5.17 its docstring decorator imports the auto model classes
     and, through them, generation and tensor-parallel code (torch.distributed.tensor's
     custom-op registration, scikit-learn)."""
     from transformers import PretrainedConfig
 
-    needed = (*_LIGHT_CONFIG_KEYS, *_LIGHT_CONFIG_KEYS_BY_TYPE.get(str(raw.get("model_type")), ()))
-    if any(k not in raw for k in needed):
+    if any(k not in raw for k in llama.config_keys_without_shared_defaults(raw)):
         return None
     rope = types.SimpleNamespace(
         rope_parameters=raw.get("rope_parameters"), rope_scaling=raw.get("rope_scaling")
@@ -389,8 +370,7 @@ class StaticTorchEngine(TorchEngine):
         k_cache, v_cache = self._kv()
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = torch.split(F.linear(h, self._wqkv[i]), [hq * d, hkv * d, hkv * d], dim=-1)
+            q, k, v = self._qkv(i, layer, x)
             q = q.reshape(n, t, hq, d).transpose(1, 2)
             k = k.reshape(n, t, hkv, d).transpose(1, 2)
             v = v.reshape(n, t, hkv, d)
@@ -417,11 +397,25 @@ class StaticTorchEngine(TorchEngine):
                     enable_gqa=hkv != hq,
                 )
                 o = o.transpose(1, 2).reshape(n, t, hq * d)
-            x = x + attn.o_proj(o)
-            gate, up = F.linear(layer.post_attention_layernorm(x), self._wgu[i]).chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            x = self._mlp(i, layer, x + attn.o_proj(o))
         normed: torch.Tensor = self._model.model.norm(x)
         return normed
+
+    def _qkv(
+        self, i: int, layer: Any, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer i's queries, keys and values of `x` (one fused projection), unrotated."""
+        h = layer.input_layernorm(x)
+        d = self._head_dim
+        sizes = [self._n_heads * d, self._n_kv * d, self._n_kv * d]
+        q, k, v = torch.split(F.linear(h, self._wqkv[i]), sizes, dim=-1)
+        return q, k, v
+
+    def _mlp(self, i: int, layer: Any, x: torch.Tensor) -> torch.Tensor:
+        """`x` plus layer i's MLP of it (fused gate/up projection)."""
+        gate, up = F.linear(layer.post_attention_layernorm(x), self._wgu[i]).chunk(2, dim=-1)
+        out: torch.Tensor = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+        return out
 
     def _decode_width(self) -> int:
         """The columns a decode step of the running rows attends to: their longest row's
@@ -746,8 +740,7 @@ class StaticTorchEngine(TorchEngine):
         k_cache, v_cache = self._kv()
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q, k, v = torch.split(F.linear(h, self._wqkv[i]), [hq * d, hkv * d, hkv * d], dim=-1)
+            q, k, v = self._qkv(i, layer, x)
             q = self._rotate(q.reshape(total, hq, d), cos, sin)
             k = self._rotate(k.reshape(total, hkv, d), cos, sin)
             kc, vc = k_cache[i], v_cache[i]
@@ -771,9 +764,7 @@ class StaticTorchEngine(TorchEngine):
             )
             # Back to the flat axis: the real queries, row by row (= packed order).
             outs.append(o.transpose(1, 2)[valid].reshape(-1, hq * d))
-            x = x + attn.o_proj(torch.cat(outs) if n else outs[0])
-            gate, up = F.linear(layer.post_attention_layernorm(x), self._wgu[i]).chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+            x = self._mlp(i, layer, x + attn.o_proj(torch.cat(outs) if n else outs[0]))
         normed: torch.Tensor = self._model.model.norm(x)
         return normed
 
