@@ -549,15 +549,17 @@ class CallStream:
         self._constrained = constrained
         self._sent = ""
         self._held = ""
+        self._after: list[str] = []  # the text fed once a call has started (for `finish`)
         self._head = ""  # the text before the call's start (content if it parses)
         self._calls = _CallText(fmt, constrained) if constrained else None
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         """(the content that can go out now, "" if none; the call pieces read so far)."""
-        self._held += text
         if self._calls is not None:
+            self._after.append(text)  # joined once, in `finish`
             self._calls.feed(text)
             return "", self._calls.drain()
+        self._held += text
         keep = self._hold_from(self._held)
         out, self._held = self._held[:keep], self._held[keep:]
         self._sent += out
@@ -595,7 +597,7 @@ class CallStream:
 
     def finish(self) -> tuple[ParsedAnswer, str, list[CallDelta]]:
         """(the parse of the whole answer, the content still to send, the last pieces)."""
-        whole = self._sent + self._held
+        whole = self._sent + self._held + "".join(self._after)
         reader = self._calls
         if reader is not None and reader.finish():
             calls = tuple(ParsedCall(c.name or "", "".join(c.arguments)) for c in reader.calls)
