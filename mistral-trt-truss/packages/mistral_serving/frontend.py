@@ -74,8 +74,9 @@ class _SlowReader(Exception):
 
 class _WriteClock:
     """A time limit on each write without a timer (and, in Python 3.11's
-    `asyncio.wait_for`, a task) per write: one timer per stream, re-armed when it fires, that cancels the writing task
-    once a write has waited `limit_s` (then the write raises TimeoutError)."""
+    `asyncio.wait_for`, a task) per write: one timer per stream, re-armed when it fires,
+    that cancels the writing task once a write has waited `limit_s` (then the write
+    raises TimeoutError)."""
 
     def __init__(self, limit_s: float) -> None:
         self._limit_s = limit_s
