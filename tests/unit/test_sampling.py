@@ -190,3 +190,95 @@ def test_extreme_penalties_keep_a_finite_logit_finite():
     assert pick(logits, row([1], temperature=1.0, repetition_penalty=10.0, logprobs=2)) == 1
     # A penalty near 0 divides by almost nothing: +inf would win over everything, NaN later.
     assert pick([1.0, 2.0, 0.5], row([0], temperature=0.7, repetition_penalty=5e-324)) == 0
+
+
+# ---- plain sampled rows: one batched draw ----
+
+
+def reference_kept(logits: list[float], opts: SamplingOptions) -> set[int]:
+    """The tokens one row may draw: the row-by-row formula of the sampler before rows were
+    batched (shift, temperature, top-k's k-th value, top-p's smallest prefix), as a spec."""
+    row = torch.tensor(logits, dtype=torch.float32)
+    row = (row - row.max()) / min(opts.temperature, 1e4)
+    if 0 < opts.top_k < row.numel():
+        row = row.masked_fill(row < torch.topk(row, opts.top_k).values[-1], -math.inf)
+    if opts.top_p < 1.0:
+        sorted_logits, order = torch.sort(row, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = probs.cumsum(-1) - probs > opts.top_p
+        row = row.scatter(0, order, sorted_logits.masked_fill(drop, -math.inf))
+    return {i for i, v in enumerate(row.tolist()) if v != -math.inf}
+
+
+sampled_options = st.builds(
+    SamplingOptions,
+    max_new_tokens=st.just(8),
+    temperature=st.one_of(st.floats(1e-5, 2.0), st.just(2.0)),
+    top_k=st.one_of(st.just(0), st.integers(2, VOCAB + 2)),
+    top_p=st.one_of(st.just(1.0), st.floats(1e-6, 1.0)),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batch=st.lists(
+        st.tuples(sampled_options, st.lists(st.floats(-30, 30, width=32), min_size=VOCAB,
+                                            max_size=VOCAB)),
+        min_size=1, max_size=8,
+    ),
+    seed=st.integers(0, 2**32),
+)  # fmt: skip
+def test_plain_sampled_rows_draw_together_from_each_rows_own_truncation(batch, seed):
+    rows = [Row([0], opts, generator=torch.Generator().manual_seed(seed)) for opts, _ in batch]
+    out = sample_next_tokens(torch.tensor([logits for _, logits in batch]), rows)
+    for (opts, logits), got in zip(batch, out):
+        assert isinstance(got, Sampled) and got.logprob is None
+        assert got.token in reference_kept(logits, opts), (opts, logits, got)
+
+
+def test_plain_sampled_rows_take_one_draw_not_the_per_row_path(monkeypatch):
+    import mistral_serving.engines.sampling as sampling
+
+    calls = []
+    monkeypatch.setattr(sampling, "sample_row", lambda r, s: calls.append(s) or Sampled(0))
+    rows = [row(temperature=0.8), row(temperature=1.0, top_k=3), row(temperature=1.0, top_p=0.5)]
+    seeded = Row([0], SamplingOptions(max_new_tokens=8, temperature=1.0, seed=7))
+    out = sample_next_tokens(torch.tensor([LOGITS] * 4), [*rows, seeded])
+    assert calls == [seeded]  # only the seeded row went row by row: it keeps its own sequence
+    assert all(isinstance(o, Sampled) for o in out[:3])
+
+
+def test_the_batched_draw_follows_the_softmax():
+    """4,000 identical rows, temperature 0.5 over logits 0..3: each token's share is its
+    softmax probability, within 5 standard errors (a seeded generator: the same draw each
+    run); the top-k and top-p rows in the same batch never leave their kept sets."""
+    logits = [0.0, 1.0, 2.0, 3.0]
+    n = 4000
+    plain = [Row([0], SamplingOptions(max_new_tokens=8, temperature=0.5)) for _ in range(n)]
+    plain[0].generator.manual_seed(1234)
+    topk = Row([0], SamplingOptions(max_new_tokens=8, temperature=5.0, top_k=2))
+    topp = Row([0], SamplingOptions(max_new_tokens=8, temperature=5.0, top_p=0.3))
+    out = sample_next_tokens(torch.tensor([logits] * (n + 2)), [*plain, topk, topp])
+    tokens = [o.token for o in out if isinstance(o, Sampled)]
+    assert len(tokens) == n + 2
+    probs = torch.softmax(torch.tensor(logits) / 0.5, -1).tolist()
+    for t, p in enumerate(probs):
+        share = tokens[:n].count(t) / n
+        assert abs(share - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-9, (t, share, p)
+    assert tokens[n] in {2, 3} and tokens[n + 1] in {2, 3}
+
+
+def test_a_seeded_row_beside_batched_rows_repeats_its_own_sequence():
+    logits = torch.tensor([LOGITS] * 3)
+    seeded = SamplingOptions(max_new_tokens=8, temperature=1.5, top_p=0.9, seed=11)
+
+    def seeded_row() -> Row:
+        return Row([0], seeded, generator=torch.Generator().manual_seed(11))
+
+    alone = [sample_next_tokens(logits[:1], [seeded_row()])[0] for _ in range(20)]
+    beside = [
+        sample_next_tokens(logits, [row(temperature=1.0), seeded_row(), row(top_k=1)])
+        for _ in range(20)
+    ]
+    assert [b[1] for b in beside] == alone
+    assert all(b[2] == Sampled(1) for b in beside)

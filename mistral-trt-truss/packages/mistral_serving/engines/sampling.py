@@ -25,7 +25,12 @@ request's options. For one row (float32):
    token: the kept set is the smallest one reaching top_p, and it is never empty), and a
    draw from the softmax with the request's own generator (seeded requests repeat).
 
-Rows that are plain greedy (no penalty, no logprobs, no mask) take one batched argmax.
+Rows that are plain greedy (no penalty, no logprobs, no mask) take one batched argmax;
+plain sampled rows (the same, and no seed) take one batched draw: the same shift,
+temperature, top-k and top-p as row by row (one `_truncate` for both), then one
+`multinomial` over all of them with the first such row's generator (an unseeded request's
+generator is seeded at random, so the draw is as random; a seeded request keeps its own
+generator row by row, and so its own sequence).
 
 Prompt logprobs (`prompt_logprobs`, for echo) come from the prefill's logits at prompt
 positions 0..n-2, each the model's own log-softmax (no penalty, mask or temperature): the
@@ -86,7 +91,14 @@ def sample_next_tokens(logits: torch.Tensor, seqs: Sequence[Row]) -> list[Sample
                 out[i] = Sampled(tok) if tok >= 0 else EngineError(_NO_FINITE)
         except Exception:  # noqa: BLE001 - fall back to the careful per-row path
             fast = []
-    done = set(fast)
+    drawn = [i for i, s in enumerate(seqs) if _plain_sampled(s)]
+    if drawn:
+        try:
+            for i, tok in zip(drawn, _draw_batch(logits, drawn, seqs)):
+                out[i] = Sampled(tok) if tok >= 0 else EngineError(_NO_FINITE)
+        except Exception:  # noqa: BLE001 - fall back to the careful per-row path
+            drawn = []
+    done = set(fast) | set(drawn)
     for i, seq in enumerate(seqs):
         if i in done:
             continue
@@ -110,6 +122,31 @@ def _plain_greedy(seq: Row) -> bool:
         and seq.mask_fn is None
         and not _min_tokens_pending(seq)
     )
+
+
+def _plain_sampled(seq: Row) -> bool:
+    s = seq.sampling
+    return (
+        not s.greedy
+        and s.seed is None
+        and not _penalized(s)
+        and s.logprobs is None
+        and seq.mask_fn is None
+        and not _min_tokens_pending(seq)
+    )
+
+
+def _draw_batch(logits: torch.Tensor, rows: list[int], seqs: Sequence[Row]) -> list[int]:
+    """One token per plain sampled row (`rows` of `logits`), -1 for a row without a finite
+    logit: sanitized, truncated as `_pick` does row by row, one draw, one host read."""
+    x = _sanitize(logits.index_select(0, torch.tensor(rows, device=logits.device)).float())
+    ok = torch.isfinite(x.max(-1).values)
+    x = torch.where(ok[:, None], x, torch.zeros_like(x))  # as sample_row: the math stays finite
+    x = _truncate(x, [seqs[i].sampling for i in rows])
+    generator = seqs[rows[0]].generator
+    tokens = torch.multinomial(x.softmax(-1), 1, generator=generator)[:, 0]
+    picked: list[int] = tokens.masked_fill(~ok, -1).tolist()
+    return picked
 
 
 def _penalized(s: SamplingOptions) -> bool:
@@ -211,19 +248,33 @@ def _pick(row: torch.Tensor, opts: SamplingOptions, generator: torch.Generator) 
     """The chosen token id as a 0-d tensor (still on the device)."""
     if opts.greedy:
         return row.argmax()
-    temperature = min(opts.temperature, 1e4)  # the schema stops at 2; inf/inf would be NaN
-    row = (row - row.max()) / temperature  # max 0: nothing overflows, softmax sums >= 1
-    if 0 < opts.top_k < row.numel():
-        kth = torch.topk(row, opts.top_k).values[-1]
-        row = row.masked_fill(row < kth, -math.inf)
-    if opts.top_p < 1.0:
-        sorted_logits, order = torch.sort(row, descending=True)
+    kept = _truncate(row[None], [opts])
+    return torch.multinomial(kept.softmax(-1), 1, generator=generator)[0, 0]
+
+
+def _truncate(x: torch.Tensor, opts: Sequence[SamplingOptions]) -> torch.Tensor:
+    """Rows `x` [n, vocab] (finite maxima) shifted so each maximum is 0, divided by each
+    row's temperature, then each row's top-k and top-p: what is left to draw from."""
+    vocab = x.shape[-1]
+    # The schema stops at 2; inf/inf would be NaN. Max 0: nothing overflows, softmax sums >= 1.
+    temps = torch.tensor([min(o.temperature, 1e4) for o in opts], device=x.device)
+    x = (x - x.max(-1, keepdim=True).values) / temps[:, None].to(x.dtype)
+    ks = [o.top_k if 0 < o.top_k < vocab else 0 for o in opts]
+    if any(ks):
+        top = torch.topk(x, max(ks), dim=-1).values
+        kth = top.gather(1, torch.tensor([max(k, 1) - 1 for k in ks], device=x.device)[:, None])
+        off = torch.tensor([k == 0 for k in ks], device=x.device)[:, None]
+        x = x.masked_fill((x < kth) & ~off, -math.inf)
+    if any(o.top_p < 1.0 for o in opts):
+        # A row without top-p keeps everything (a cumulative sum may round past 1.0).
+        top_p = torch.tensor([o.top_p if o.top_p < 1.0 else math.inf for o in opts])
+        sorted_logits, order = torch.sort(x, descending=True, dim=-1)
         probs = sorted_logits.softmax(-1)
         # Keep the smallest prefix reaching top_p; the first token's "mass before" is 0,
         # so it always stays, however small top_p is.
-        drop = probs.cumsum(-1) - probs > opts.top_p
-        row = row.scatter(0, order, sorted_logits.masked_fill(drop, -math.inf))
-    return torch.multinomial(row.softmax(-1), 1, generator=generator)[0]
+        drop = probs.cumsum(-1) - probs > top_p.to(x.device, x.dtype)[:, None]
+        x = x.scatter(1, order, sorted_logits.masked_fill(drop, -math.inf))
+    return x
 
 
 def _finite_lp(value: float) -> float:
