@@ -76,11 +76,15 @@ def service_level(
     per_worker: int,
     transport: str = "raw",
     procs: int = 1,
+    temperature: float | None = None,
 ) -> dict:
     """One concurrency level against the server, through `python -m client bench`'s code:
-    streamed /v1/completions with exact-length token-id prompts, greedy."""
-    results = closed_loop_level(url, concurrency, in_len, out_len, per_worker, transport, procs)
+    streamed /v1/completions with exact-length token-id prompts, greedy unless `temperature`."""
+    results = closed_loop_level(
+        url, concurrency, in_len, out_len, per_worker, transport, procs, temperature
+    )
     row = level_row("service", concurrency, in_len, out_len, results["runs"][0]["metrics"])
+    row["temperature"] = temperature or 0.0
     if results["host"].get("warning"):
         row["host_warning"] = results["host"]["warning"]
     return row
@@ -688,8 +692,9 @@ def service_bench(args) -> None:
                     emit(figure="skipped", variant="service", concurrency=c, why="out of time")
                     continue
                 row = service_level(
-                    url, c, in_len, out_len, per_worker, args.client, args.client_procs
-                )
+                    url, c, in_len, out_len, per_worker, args.client, args.client_procs,
+                    args.temperature,
+                )  # fmt: skip
                 emit(figure="service", set=args.set, client=args.client, **row)
         if args.guidellm:
             for c in args.concurrency:
@@ -705,7 +710,8 @@ def service_bench(args) -> None:
                 if time_left() < 30:
                     emit(figure="skipped", variant="aiperf", concurrency=c, why="out of time")
                     continue
-                aiperf_level(url, model, str(Path(args.dir).resolve()), c, 128, 128, set=args.set)
+                aiperf_level(url, model, str(Path(args.dir).resolve()), c, 128, 128,
+                             temperature=args.temperature or 0.0, set=args.set)  # fmt: skip
         if args.guided:
             guided_rounds(url, args)
         if args.text_levels:
@@ -821,11 +827,19 @@ AIPERF_NO_NETWORK = {
 
 
 def aiperf_command(
-    url: str, model: str, tokenizer: str, concurrency: int, in_len: int, out_len: int, out: Path
+    url: str,
+    model: str,
+    tokenizer: str,
+    concurrency: int,
+    in_len: int,
+    out_len: int,
+    out: Path,
+    temperature: float = 0.0,
 ) -> list[str]:
     """`aiperf profile` for one closed-loop level as our client runs it: streamed
     /v1/completions, synthetic prompts of exactly `in_len` tokens, `out_len` tokens with
-    ignore_eos, 2 x concurrency requests. Output is counted by the server's usage (AIPerf
+    ignore_eos, 2 x concurrency requests, the temperature our client sends (AIPerf sends
+    none, so the server's default, 1.0, would sample where ours is greedy: other work). Output is counted by the server's usage (AIPerf
     re-tokenising every answer is client work, not the server's); one warm-up request per
     stream first, so the timed requests find AIPerf's connection pool open (without it
     AIPerf's TTFT was 2.8x our client's on the CPU check); worker processes: every core but
@@ -838,6 +852,7 @@ def aiperf_command(
         "--synthetic-input-tokens-mean", str(in_len), "--synthetic-input-tokens-stddev", "0",
         "--output-tokens-mean", str(out_len), "--output-tokens-stddev", "0",
         "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{out_len}",
+        "--extra-inputs", f"temperature:{temperature:g}",
         "--warmup-request-count", str(concurrency), "--use-server-token-count",
         "--tokenizer", tokenizer,
         "--workers-max", str(workers), "--ui", "none", "--artifact-dir", str(out),
@@ -845,18 +860,26 @@ def aiperf_command(
 
 
 def aiperf_level(
-    url: str, model: str, tokenizer: str, concurrency: int, in_len: int, out_len: int, **extra
+    url: str,
+    model: str,
+    tokenizer: str,
+    concurrency: int,
+    in_len: int,
+    out_len: int,
+    temperature: float = 0.0,
+    **extra,
 ) -> dict:
     """One level through `aiperf profile` (aiperf_command); its artifacts are kept beside
     the logs and its figures emitted as `figure="aiperf"`."""
     out = client_logs() / f"aiperf-c{concurrency}-{int(time.time())}"
-    command = aiperf_command(url, model, tokenizer, concurrency, in_len, out_len, out)
+    command = aiperf_command(url, model, tokenizer, concurrency, in_len, out_len, out, temperature)
     env = {
         k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     }
     return second_client_level("aiperf", command, env | AIPERF_NO_NETWORK,
                                out / "profile_export_aiperf.json", aiperf_figures,
-                               concurrency, in_len, out_len, **extra)  # fmt: skip
+                               concurrency, in_len, out_len, temperature=temperature,
+                               **extra)  # fmt: skip
 
 
 def aiperf_figures(report: dict) -> dict:
@@ -1154,6 +1177,11 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="engine: sweeps of the same engine")
     ap.add_argument("--guidellm", action="store_true", help="service: guidellm at each level too")
     ap.add_argument("--aiperf", action="store_true", help="service: AIPerf at each level too")
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        help="service: sample at this temperature, both clients (unset: greedy)",
+    )
     ap.add_argument("--guided", type=int, default=0, help="service: N constrained vs N plain")
     ap.add_argument("--guided-rounds", type=int, default=2)
     ap.add_argument("--guided-max-tokens", type=int, default=128)

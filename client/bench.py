@@ -589,10 +589,11 @@ def closed_loop_level(
     per_worker: int,
     transport: str = "raw",
     client_procs: int = 1,
+    temperature: float | None = None,
 ) -> dict[str, Any]:
     """One closed-loop level as the GPU and replay benchmarks run it: streamed
-    /v1/completions with exact-length token-id prompts, greedy, `per_worker` requests per
-    worker; `run_bench`'s results (one run)."""
+    /v1/completions with exact-length token-id prompts, greedy unless `temperature`,
+    `per_worker` requests per worker; `run_bench`'s results (one run)."""
     cfg = BenchConfig(
         url=url,
         backend="openai",
@@ -602,6 +603,7 @@ def closed_loop_level(
         output_len=output_len,
         concurrency=[concurrency],
         warmup=0,
+        temperature=temperature,
         transport=transport,
         client_procs=client_procs if transport == "raw" else 1,
         progress=False,

@@ -81,6 +81,10 @@ def test_the_command_is_a_closed_loop_of_two_requests_per_stream(tmp_path: Path)
     assert argv[argv.index("--output-tokens-mean") + 1] == "64"
     assert "ignore_eos:true" in argv
     assert int(argv[argv.index("--workers-max") + 1]) >= 2
+    # Greedy, as our client: without a temperature the server would sample (other work).
+    assert "temperature:0" in argv
+    sampled = gpu_bench.aiperf_command("http://x", "m", "/t", 1, 8, 8, tmp_path, temperature=0.7)
+    assert "temperature:0.7" in sampled
 
 
 def guidellm_shaped() -> dict:

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Round 7's device calls (H200).
+# PART=a (~8 min): the sampler's step cost (sampler_bench.py); the in-process engine 128/128 at
+#   c = 1/16/64/256 (chunked prefill off); the default server, greedy, with the project's
+#   client and AIPerf (now sending the same temperature, 0) at each level; a second server
+#   start sampling at temperature 1 (both clients) at c = 16/256.
+# Prepared as in docs/performance.md ("Round 7: commands"): .whl/ (server wheels),
+#   .benchcarry/ctx/app, .benchcarry/tok, .whl-aiperf/ (AIPerf's wheels).
+# Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]): PART=a bash bench/run_gpu_round7.sh
+set -u -o pipefail
+BUDGET=${BUDGET:-450}
+source bench/gpu_env.sh
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
+  $PY -c 'import torch, importlib.metadata as m; print("torch", torch.__version__); import triton; print("triton", triton.__version__)'
+} 2>&1 | tee "$OUT/env.txt"
+[ -f "$ART/config.json" ] || $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tail -3
+
+if [ -d .whl-aiperf ] && [ -z "${AIPERF_PY:-}" ]; then  # AIPerf's own path: its fastapi/pydantic must not reach the server
+  mkdir -p /tmp/ap && for w in .whl-aiperf/*.whl; do $PY -m zipfile -e "$w" /tmp/ap; done
+  printf '#!/bin/sh\nPYTHONPATH=/tmp/ap exec %s "$@"\n' "$PY" > /tmp/aiperf-py && chmod +x /tmp/aiperf-py
+  export AIPERF_PY=/tmp/aiperf-py; $AIPERF_PY -m aiperf --version 2>&1 | tail -1
+fi
+START=$(date +%s)  # the budget's percentages count from here: the set-up above varies (~30 s)
+service() {  # $1: the last percent of the budget; the rest: gpu_bench service options
+  timeout $(left $1) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
+    "${@:2}" --deadline $(( $(at $1) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+  snap
+}
+if [ "${PART:-a}" = a ]; then
+  timeout $(left 6) $PY bench/sampler_bench.py ${SAMPLER_ROWS:+--rows $SAMPLER_ROWS} | tee -a "$R"
+  timeout $(left 25) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${LEVELS:+--concurrency $LEVELS} \
+    --set prefill_chunk_tokens=0 ${XSET:-} --deadline $(at 25) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+  service 72 ${LEVELS:+--concurrency $LEVELS} --aiperf
+  service 100 --concurrency ${SAMPLED_LEVELS:-16 256} --temperature 1 --aiperf
+fi
+snap; echo "total $(( $(date +%s) - START )) s"
