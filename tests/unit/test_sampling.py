@@ -243,19 +243,25 @@ def test_plain_sampled_rows_take_one_draw_not_the_per_row_path(monkeypatch):
     monkeypatch.setattr(sampling, "sample_row", lambda r, s: calls.append(s) or Sampled(0))
     rows = [row(temperature=0.8), row(temperature=1.0, top_k=3), row(temperature=1.0, top_p=0.5)]
     seeded = Row([0], SamplingOptions(max_new_tokens=8, temperature=1.0, seed=7))
-    out = sample_next_tokens(torch.tensor([LOGITS] * 4), [*rows, seeded])
-    assert calls == [seeded]  # only the seeded row went row by row: it keeps its own sequence
-    assert all(isinstance(o, Sampled) for o in out[:3])
+    penalized = row([1], temperature=1.0, repetition_penalty=1.2)
+    out = sample_next_tokens(torch.tensor([LOGITS] * 5), [*rows, seeded, penalized])
+    assert calls == [penalized]  # only what the batch does not do goes row by row
+    assert all(isinstance(o, Sampled) for o in out[:4])
 
 
-def test_the_batched_draw_follows_the_softmax():
-    """4,000 identical rows, temperature 0.5 over logits 0..3: each token's share is its
-    softmax probability, within 5 standard errors (a seeded generator: the same draw each
-    run); the top-k and top-p rows in the same batch never leave their kept sets."""
+@pytest.mark.parametrize("seeded", [False, True])
+def test_the_batched_draw_follows_the_softmax(seeded):
+    """4,000 rows, temperature 0.5 over logits 0..3, unseeded (one shared draw) or each with
+    its own seed (its own generator): each token's share is its softmax probability, within
+    5 standard errors (seeded generators: the same draw each run); the top-k and top-p rows
+    in the same batch never leave their kept sets."""
     logits = [0.0, 1.0, 2.0, 3.0]
     n = 4000
-    plain = [Row([0], SamplingOptions(max_new_tokens=8, temperature=0.5)) for _ in range(n)]
-    plain[0].generator.manual_seed(1234)
+
+    def opts(i: int) -> SamplingOptions:
+        return SamplingOptions(max_new_tokens=8, temperature=0.5, seed=i if seeded else None)
+
+    plain = [Row([0], opts(i), generator=torch.Generator().manual_seed(i)) for i in range(n)]
     topk = Row([0], SamplingOptions(max_new_tokens=8, temperature=5.0, top_k=2))
     topp = Row([0], SamplingOptions(max_new_tokens=8, temperature=5.0, top_p=0.3))
     out = sample_next_tokens(torch.tensor([logits] * (n + 2)), [*plain, topk, topp])
@@ -266,6 +272,15 @@ def test_the_batched_draw_follows_the_softmax():
         share = tokens[:n].count(t) / n
         assert abs(share - p) <= 5 * math.sqrt(p * (1 - p) / n) + 1e-9, (t, share, p)
     assert tokens[n] in {2, 3} and tokens[n + 1] in {2, 3}
+
+
+def test_a_truncated_token_is_never_drawn_even_where_the_race_draws_zero(monkeypatch):
+    """E = 0 (possible in floating point) on a token top-k removed (p = 0) would make 0 / 0 =
+    NaN, which argmax would pick: E is clamped above 0."""
+    original = torch.Tensor.exponential_
+    monkeypatch.setattr(torch.Tensor, "exponential_", lambda t, **kw: original(t, **kw).fill_(0.0))
+    r = Row([0], SamplingOptions(max_new_tokens=8, temperature=1.0, top_k=2))
+    assert sample_next_tokens(torch.tensor([LOGITS]), [r])[0].token in {1, 2}
 
 
 def test_a_seeded_row_beside_batched_rows_repeats_its_own_sequence():

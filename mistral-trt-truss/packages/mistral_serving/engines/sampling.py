@@ -26,11 +26,12 @@ request's options. For one row (float32):
    draw from the softmax with the request's own generator (seeded requests repeat).
 
 Rows that are plain greedy (no penalty, no logprobs, no mask) take one batched argmax;
-plain sampled rows (the same, and no seed) take one batched draw: the same shift,
-temperature, top-k and top-p as row by row (one `_truncate` for both), then one
-`multinomial` over all of them with the first such row's generator (an unseeded request's
-generator is seeded at random, so the draw is as random; a seeded request keeps its own
-generator row by row, and so its own sequence).
+plain sampled rows (the same, and no min_tokens pending) take one batched draw: the same
+shift, temperature, top-k and top-p as row by row (one `_truncate` for both), then the
+exponential race (argmax of p / E with E ~ Exp(1), which picks token i with probability
+p_i, as vLLM samples): a seeded row's E comes from its own generator, so it repeats its own
+sequence whatever else is in the batch; unseeded rows share one draw from the first such
+row's generator (seeded at random per request).
 
 Prompt logprobs (`prompt_logprobs`, for echo) come from the prefill's logits at prompt
 positions 0..n-2, each the model's own log-softmax (no penalty, mask or temperature): the
@@ -128,7 +129,6 @@ def _plain_sampled(seq: Row) -> bool:
     s = seq.sampling
     return (
         not s.greedy
-        and s.seed is None
         and not _penalized(s)
         and s.logprobs is None
         and seq.mask_fn is None
@@ -136,15 +136,27 @@ def _plain_sampled(seq: Row) -> bool:
     )
 
 
+_TINY = torch.finfo(torch.float32).tiny
+
+
 def _draw_batch(logits: torch.Tensor, rows: list[int], seqs: Sequence[Row]) -> list[int]:
     """One token per plain sampled row (`rows` of `logits`), -1 for a row without a finite
-    logit: sanitized, truncated as `_pick` does row by row, one draw, one host read."""
+    logit: sanitized, truncated as `_pick` does row by row, one race, one host read."""
     x = _sanitize(logits.index_select(0, torch.tensor(rows, device=logits.device)).float())
     ok = torch.isfinite(x.max(-1).values)
     x = torch.where(ok[:, None], x, torch.zeros_like(x))  # as sample_row: the math stays finite
-    x = _truncate(x, [seqs[i].sampling for i in rows])
-    generator = seqs[rows[0]].generator
-    tokens = torch.multinomial(x.softmax(-1), 1, generator=generator)[:, 0]
+    probs = _truncate(x, [seqs[i].sampling for i in rows]).softmax(-1)
+    race = torch.empty_like(probs)
+    unseeded = [r for r, i in enumerate(rows) if seqs[i].sampling.seed is None]
+    if unseeded:
+        shared = torch.empty((len(unseeded), probs.shape[-1]), device=probs.device)
+        shared.exponential_(generator=seqs[rows[unseeded[0]]].generator)
+        race[unseeded] = shared
+    for r, i in enumerate(rows):
+        if seqs[i].sampling.seed is not None:
+            race[r].exponential_(generator=seqs[i].generator)
+    # E is clamped above 0: a truncated token (p = 0) must score 0, never 0 / 0 = NaN.
+    tokens = (probs / race.clamp_min(_TINY)).argmax(-1)
     picked: list[int] = tokens.masked_fill(~ok, -1).tolist()
     return picked
 
