@@ -190,3 +190,42 @@ def test_the_triton_kernels_match_the_torch_ops_under_the_interpreter() -> None:
         # float32: the kernels' own arithmetic (order of the variance sum, rsqrt).
         # bfloat16: a few roundings (the interpreter truncates to bf16, the GPU rounds).
         assert err < (1e-5 if "float32" in name else 0.03), (name, err)
+
+
+ENGINE_INTERPRETED = r"""
+import sys, torch
+from bench.step_bench import idle_engine, random_model, shape_config
+from mistral_serving.engines.pytorch import fused
+shape = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "mlp": 96, "vocab": 300}
+model = random_model(shape_config(shape, 256), torch.device("cpu"), torch.float32, seed=3)
+with torch.inference_mode():
+    eng = idle_engine(model, 4, 256, "off")
+    ids = torch.randint(0, 300, (3, 9))
+    outs = []
+    for ops in (fused.TorchOps(), fused.TritonOps()):
+        eng._ops = ops
+        prefill = eng._forward(ids, torch.arange(9)[None].expand(3, 9), 0, 9, None)
+        eng._tok[:3], eng._posv[:3] = ids[:, -1], 9
+        outs.append((prefill, eng._decode_logits(3, 256)))
+(p0, d0), (p1, d1) = outs
+print((p0 - p1).abs().max().item(), (d0 - d1).abs().max().item())
+"""
+
+
+def test_the_engine_forward_with_the_triton_kernels_equals_the_torch_ops() -> None:
+    # The static engine's prefill and decode passes (float32, interpreted): the kernels
+    # see the engine's own shapes and strides (q/k views of the fused projection, [n, T]).
+    pytest.importorskip("triton")
+    paths = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(paths))
+    out = subprocess.run(
+        [sys.executable, "-c", ENGINE_INTERPRETED],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    prefill, decode = map(float, out.stdout.split())
+    assert prefill < 1e-4 and decode < 1e-4
