@@ -159,6 +159,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.engines.base",
                 "mistral_serving.engines.pytorch.cpus",
                 "mistral_serving.engines.pytorch.llama",
+                "mistral_serving.engines.pytorch.fused",
                 "mistral_serving.engines.pytorch.weights",
             ),
         ),

@@ -295,6 +295,15 @@ class TorchEngineSettings(LimitsSettings):
         True,
         description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs.",
     )
+    fused_kernels: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Static PyTorch engine: the forward pass's element-wise chain (residual "
+        "add + RMSNorm, RoPE of q and k, SiLU x up) as fused Triton kernels "
+        "(engines/pytorch/fused.py). `auto`: on a CUDA GPU where Triton imports and the "
+        "kernels agree with the torch ops on the model's shapes at start, else the torch ops "
+        "(the reason in /version's details); `on`: the engine fails to start without them; "
+        "`off`: the torch ops.",
+    )
     torch_threads: int | None = Field(
         None,
         ge=1,

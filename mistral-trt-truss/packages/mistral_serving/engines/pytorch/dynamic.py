@@ -194,6 +194,7 @@ class TorchOptions:
     ].default  # the static engine's
     prefill_chunk_tokens: int = 0  # the static engine's chunked prefill (0: off)
     guided_batch_mask: bool = True  # the static engine's batched structured-output masks
+    fused_kernels: str = "auto"  # the static engine's Triton kernels (auto|on|off)
 
     @classmethod
     def from_settings(cls, settings: TorchEngineSettings) -> TorchOptions:
@@ -203,6 +204,7 @@ class TorchOptions:
             settings.cuda_graphs,
             settings.prefill_chunk_tokens,
             settings.guided_batch_mask,
+            settings.fused_kernels,
         )
 
 

@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 
 from mistral_serving.engines.base import EngineError, EngineLimits, TokenDelta, TokenLogprob
-from mistral_serving.engines.pytorch import llama
+from mistral_serving.engines.pytorch import fused, llama
 from mistral_serving.engines.pytorch.dynamic import (
     LoadedModel,
     TorchEngine,
@@ -251,6 +251,7 @@ class StaticTorchEngine(TorchEngine):
         self.batch_masks = options.guided_batch_mask
         self._masker: BatchMasker | None = None
         self._fuse_weights()
+        self._ops, self._ops_off = self._choose_ops(probed, options.fused_kernels)
 
     def _details(self) -> dict[str, object]:
         return {
@@ -258,7 +259,25 @@ class StaticTorchEngine(TorchEngine):
             "kv_columns": self._cols,
             "cuda_graphs": self._use_graphs,
             "prefill_chunk_tokens": self._chunk,
+            "fused_kernels": self._ops.name if self._ops_off is None else f"off: {self._ops_off}",
         }
+
+    @torch.no_grad()
+    def _choose_ops(self, model: Any, setting: str) -> tuple[fused.TorchOps, str | None]:
+        """The element-wise ops of the forward pass (`fused.py`): the Triton kernels where
+        `fused_kernels` allows them and they agree with torch on this model's shapes."""
+        layer, dev = self._layers[0], next(model.parameters()).device
+        heads = (self._n_heads, self._n_kv, self._head_dim)
+        inner = int(self._wgu[0].shape[0]) // 2
+
+        def check(ops: fused.TorchOps) -> None:
+            with torch.inference_mode():
+                fused.self_check(ops, layer.input_layernorm, layer.mlp.act_fn, heads, inner)
+
+        ops, why = fused.choose(setting, dev, check)
+        if why is not None and setting == "on":
+            raise EngineError(f"fused_kernels=on, but the fused kernels cannot run: {why}")
+        return ops, why
 
     @classmethod
     def limits_for(cls, loaded: LoadedModel, settings: TorchEngineSettings) -> EngineLimits:
@@ -339,15 +358,9 @@ class StaticTorchEngine(TorchEngine):
         freqs = positions[..., None].float() * self._inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         return (
-            (emb.cos() * self._rope_scale).to(dtype)[:, None],
-            (emb.sin() * self._rope_scale).to(dtype)[:, None],
-        )  # [n, 1, T, D]
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+            (emb.cos() * self._rope_scale).to(dtype).unsqueeze(-2),
+            (emb.sin() * self._rope_scale).to(dtype).unsqueeze(-2),
+        )  # [..., 1, D]: broadcast over the heads
 
     def _forward(
         self,
@@ -365,19 +378,18 @@ class StaticTorchEngine(TorchEngine):
         n, t = ids.shape
         hq, hkv, d = self._n_heads, self._n_kv, self._head_dim
         x = self._model.model.embed_tokens(ids)
-        cos, sin = self._rope(positions, x.dtype)
+        cos, sin = self._rope(positions, x.dtype)  # [n, T, 1, head dim]
         slots = torch.arange(row0, row0 + n, device=ids.device)[:, None].expand(n, t)
         k_cache, v_cache = self._kv()
+        h = self._ops.rms_norm(x, self._layers[0].input_layernorm)
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(i, layer, x)
-            q = q.reshape(n, t, hq, d).transpose(1, 2)
-            k = k.reshape(n, t, hkv, d).transpose(1, 2)
-            v = v.reshape(n, t, hkv, d)
-            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            q, k, v = self._qkv(i, h)
+            q, k = self._ops.rope(q.reshape(n, t, hq, d), k.reshape(n, t, hkv, d), cos, sin)
             kc, vc = k_cache[i], v_cache[i]
-            kc[slots, :, positions] = k.transpose(1, 2)  # [n, T, hkv, d] at (slot, :, pos)
-            vc[slots, :, positions] = v
+            kc[slots, :, positions] = k  # [n, T, hkv, d] at (slot, :, pos)
+            vc[slots, :, positions] = v.reshape(n, t, hkv, d)
+            q = q.transpose(1, 2)  # [n, hq, T, d]
             if decode_mask is not None:
                 # One query per sequence: fold the query heads of a KV head into the query
                 # axis, so this is plain multi-head attention over the slot's columns.
@@ -397,25 +409,30 @@ class StaticTorchEngine(TorchEngine):
                     enable_gqa=hkv != hq,
                 )
                 o = o.transpose(1, 2).reshape(n, t, hq * d)
-            x = self._mlp(i, layer, x + attn.o_proj(o))
-        normed: torch.Tensor = self._model.model.norm(x)
-        return normed
+            x, h = self._mlp(i, layer, x, attn.o_proj(o))
+        return h  # the final norm's output (`_mlp` of the last layer)
 
-    def _qkv(
-        self, i: int, layer: Any, x: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Layer i's queries, keys and values of `x` (one fused projection), unrotated."""
-        h = layer.input_layernorm(x)
+    def _qkv(self, i: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Layer i's queries, keys and values of its normed input `h` (one fused
+        projection), unrotated."""
         d = self._head_dim
         sizes = [self._n_heads * d, self._n_kv * d, self._n_kv * d]
         q, k, v = torch.split(F.linear(h, self._wqkv[i]), sizes, dim=-1)
         return q, k, v
 
-    def _mlp(self, i: int, layer: Any, x: torch.Tensor) -> torch.Tensor:
-        """`x` plus layer i's MLP of it (fused gate/up projection)."""
-        gate, up = F.linear(layer.post_attention_layernorm(x), self._wgu[i]).chunk(2, dim=-1)
-        out: torch.Tensor = x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
-        return out
+    def _mlp(
+        self, i: int, layer: Any, x: torch.Tensor, attn_out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream `x` after layer i (its attention output `attn_out` added,
+        then its MLP, fused gate/up projection) and the next norm of it (the next layer's
+        input norm; after the last layer the model's final norm). Each add and the norm
+        after it are one op (`fused.py`: one kernel where the fused kernels run)."""
+        ops = self._ops
+        x, h = ops.add_rms_norm(x, attn_out, layer.post_attention_layernorm)
+        act = ops.act_mul(layer.mlp.act_fn, F.linear(h, self._wgu[i]))
+        last = i + 1 == len(self._layers)
+        norm = self._model.model.norm if last else self._layers[i + 1].input_layernorm
+        return ops.add_rms_norm(x, layer.mlp.down_proj(act), norm)
 
     def _decode_width(self) -> int:
         """The columns a decode step of the running rows attends to: their longest row's
@@ -738,11 +755,11 @@ class StaticTorchEngine(TorchEngine):
         x = self._model.model.embed_tokens(ids)  # [N, H]
         cos, sin = self._rope(positions, x.dtype)  # [N, 1, head dim]: broadcast over heads
         k_cache, v_cache = self._kv()
+        h = self._ops.rms_norm(x, self._layers[0].input_layernorm)
         for i, layer in enumerate(self._layers):
             attn = layer.self_attn
-            q, k, v = self._qkv(i, layer, x)
-            q = self._rotate(q.reshape(total, hq, d), cos, sin)
-            k = self._rotate(k.reshape(total, hkv, d), cos, sin)
+            q, k, v = self._qkv(i, h)
+            q, k = self._ops.rope(q.reshape(total, hq, d), k.reshape(total, hkv, d), cos, sin)
             kc, vc = k_cache[i], v_cache[i]
             kc[slots, :, positions] = k  # [N, hkv, d] at (slot, :, position)
             vc[slots, :, positions] = v.reshape(total, hkv, d)
@@ -764,9 +781,8 @@ class StaticTorchEngine(TorchEngine):
             )
             # Back to the flat axis: the real queries, row by row (= packed order).
             outs.append(o.transpose(1, 2)[valid].reshape(-1, hq * d))
-            x = self._mlp(i, layer, x + attn.o_proj(torch.cat(outs) if n else outs[0]))
-        normed: torch.Tensor = self._model.model.norm(x)
-        return normed
+            x, h = self._mlp(i, layer, x, attn.o_proj(torch.cat(outs) if n else outs[0]))
+        return h
 
     def _join_prefilled(self, p: _Prefilling) -> None:
         """`p`'s prompt is in its slot: it becomes running row n (its columns moved there;
