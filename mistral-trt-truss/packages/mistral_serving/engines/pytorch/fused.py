@@ -18,6 +18,7 @@ CUDA device (it is not torch.compile: no dynamo, no sympy).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from typing import Any
@@ -209,13 +210,14 @@ def _kernels() -> Any:
     global _KERNELS
     if _KERNELS is not None:
         return _KERNELS
-    import triton
-    import triton.language as tl
+    # Through importlib: triton ships no type information (its objects are Any here).
+    triton = importlib.import_module("triton")
+    tl = importlib.import_module("triton.language")
 
     @triton.jit  # type: ignore[untyped-decorator]
     def add_rms_norm(  # type: ignore[no-untyped-def]
         x_ptr, d_ptr, w_ptr, r_ptr, y_ptr, x_stride, d_stride, hidden, eps,
-        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,
+        HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr,  # type: ignore[name-defined]
     ):  # fmt: skip
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
@@ -236,7 +238,7 @@ def _kernels() -> Any:
     @triton.jit  # type: ignore[untyped-decorator]
     def rope(  # type: ignore[no-untyped-def]
         q_ptr, k_ptr, cos_ptr, sin_ptr, qo_ptr, ko_ptr, q_stride, k_stride, cos_stride,
-        sin_stride, q_heads, kv_heads, half, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+        sin_stride, q_heads, kv_heads, half, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,  # type: ignore[name-defined]
     ):  # fmt: skip
         # Program (token, 0) rotates the token's q heads, (token, 1) its k heads.
         tok = tl.program_id(0).to(tl.int64)
@@ -265,7 +267,7 @@ def _kernels() -> Any:
         tl.store(dst + at + half, (x2 * c2 + x1 * s2).to(dst.dtype.element_ty), mask=mask)
 
     @triton.jit  # type: ignore[untyped-decorator]
-    def silu_mul(gu_ptr, out_ptr, gu_stride, inner, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    def silu_mul(gu_ptr, out_ptr, gu_stride, inner, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def, name-defined]
         row = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < inner
