@@ -8,6 +8,8 @@
 #   decode step with and without them (step_bench.py); the sampler again; the in-process
 #   engine with fused_kernels off and auto; the default server (fused on) greedy with both
 #   clients, then sampling at temperature 1 with both clients at c = 16/256.
+# PART=c (~3 min): cold starts with the page cache dropped (fused kernels on, their start-up
+#   check included): cold_start.py phases twice, the server's start -> ready twice.
 # Prepared as in docs/performance.md ("Round 7: commands"): .whl/ (server wheels),
 #   .benchcarry/ctx/app, .benchcarry/tok, .whl-aiperf/ (AIPerf's wheels); PART=b also .whl-test/
 #   (pytest, hypothesis and what they need, for Python 3.12).
@@ -37,6 +39,15 @@ if [ "${PART:-a}" = a ]; then
     --set prefill_chunk_tokens=0 ${XSET:-} --deadline $(at 25) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
   service 72 ${LEVELS:+--concurrency $LEVELS} --aiperf
   service 100 --concurrency ${SAMPLED_LEVELS:-16 256} --temperature 1 --aiperf
+elif [ "${PART:-a}" = c ]; then
+  for I in 1 2; do
+    timeout $(left $((I * 25))) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} \
+      --out "$R" | cut -c1-300
+  done
+  for I in 1 2; do
+    timeout $(left $((50 + I * 25))) $B service "$ART" .benchcarry/ctx/app --start-only ${DROP---drop-page-cache} \
+      ${XSET:-} --log "$L/server-start-$I.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-300
+  done
 elif [ "${PART:-a}" = b ]; then
   if [ -d .whl-test ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-test .whl-test/*.whl
