@@ -839,8 +839,9 @@ def aiperf_command(
     """`aiperf profile` for one closed-loop level as our client runs it: streamed
     /v1/completions, synthetic prompts of exactly `in_len` tokens, `out_len` tokens with
     ignore_eos, 2 x concurrency requests, the temperature our client sends (AIPerf sends
-    none, so the server's default, 1.0, would sample where ours is greedy: other work). Output is counted by the server's usage (AIPerf
-    re-tokenising every answer is client work, not the server's); one warm-up request per
+    none, so the server's default, 1.0, would sample where ours is greedy: other work).
+    Output is counted by the server's usage (AIPerf re-tokenising every answer is client
+    work, not the server's); one warm-up request per
     stream first, so the timed requests find AIPerf's connection pool open (without it
     AIPerf's TTFT was 2.8x our client's on the CPU check); worker processes: every core but
     two (AIPerf's default, 0.75 of them less one, left it short of streams on 2 cores)."""
