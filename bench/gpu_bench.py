@@ -424,7 +424,7 @@ def engine_bench(args) -> None:
     if args.correctness:
         correctness_check(engine, model, args)
     if args.long:
-        sweep(engine, name, levels, 1024, 256, 1, 60)
+        sweep(engine, name, args.long_concurrency or levels, 1024, 256, 1, 60)
     release(engine)
     del engine
 
@@ -687,7 +687,7 @@ def service_bench(args) -> None:
         gc_at_ready = gc_histogram(url)  # the run's pauses: from here to the end
         shapes = [(128, 128, 2, 20)] + ([(1024, 256, 1, 60)] if args.long else [])
         for in_len, out_len, per_worker, budget in shapes:
-            for c in args.concurrency:
+            for c in levels_for(args, in_len):
                 if time_left() < budget:
                     emit(figure="skipped", variant="service", concurrency=c, why="out of time")
                     continue
@@ -706,12 +706,13 @@ def service_bench(args) -> None:
             from mistral_serving.settings import Settings
 
             model = Settings.load(settings).served_model_name
-            for c in args.concurrency:
-                if time_left() < 30:
-                    emit(figure="skipped", variant="aiperf", concurrency=c, why="out of time")
-                    continue
-                aiperf_level(url, model, str(Path(args.dir).resolve()), c, 128, 128,
-                             temperature=args.temperature or 0.0, set=args.set)  # fmt: skip
+            for in_len, out_len, _, _ in shapes:
+                for c in levels_for(args, in_len):
+                    if time_left() < 30:
+                        emit(figure="skipped", variant="aiperf", concurrency=c, why="out of time")
+                        continue
+                    aiperf_level(url, model, str(Path(args.dir).resolve()), c, in_len, out_len,
+                                 temperature=args.temperature or 0.0, set=args.set)  # fmt: skip
         if args.guided:
             guided_rounds(url, args)
         if args.text_levels:
@@ -722,6 +723,11 @@ def service_bench(args) -> None:
         emit(figure="server_gc", set=args.set, **gc_pauses(gc_at_ready, gc_histogram(url)))
     finally:
         server.stop(timeout=30)
+
+
+def levels_for(args: argparse.Namespace, in_len: int) -> list[int]:
+    """The concurrency levels of a shape: --long-concurrency for 1024 in, if given."""
+    return list(args.long_concurrency or args.concurrency) if in_len == 1024 else args.concurrency
 
 
 # ---- second clients, unchanged, from the package index: guidellm and AIPerf ----
@@ -1175,6 +1181,9 @@ def main() -> int:
     )
     ap.add_argument("--client-procs", type=int, default=4)
     ap.add_argument("--long", action="store_true", help="also 1024 in / 256 out")
+    ap.add_argument(
+        "--long-concurrency", type=int, nargs="+", help="--long's levels (default: --concurrency)"
+    )
     ap.add_argument("--repeat", type=int, default=1, help="engine: sweeps of the same engine")
     ap.add_argument("--guidellm", action="store_true", help="service: guidellm at each level too")
     ap.add_argument("--aiperf", action="store_true", help="service: AIPerf at each level too")

@@ -19,3 +19,9 @@ snap() { tar czf "$OUT/logs.tgz" -C "$L" . 2>/dev/null; }
 at() { echo $((START + BUDGET * $1 / 100)); }   # a deadline: percent of the budget
 left() { echo $(( $(at $1) - $(date +%s) )); }   # seconds until it (a phase's timeout)
 B="$PY bench/gpu_bench.py"
+aiperf_setup() {  # AIPerf from .whl-aiperf/ on its own path (its fastapi/pydantic must not reach the server)
+  [ -d .whl-aiperf ] && [ -z "${AIPERF_PY:-}" ] || return 0
+  mkdir -p /tmp/ap && for w in .whl-aiperf/*.whl; do $PY -m zipfile -e "$w" /tmp/ap; done
+  printf '#!/bin/sh\nPYTHONPATH=/tmp/ap exec %s "$@"\n' "$PY" > /tmp/aiperf-py && chmod +x /tmp/aiperf-py
+  export AIPERF_PY=/tmp/aiperf-py; $AIPERF_PY -m aiperf --version 2>&1 | tail -1
+}

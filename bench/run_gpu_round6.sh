@@ -26,11 +26,7 @@ CHUNKS=${CHUNKS:-512}
 } 2>&1 | tee "$OUT/env.txt"
 [ -f "$ART/config.json" ] || $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tail -3
 
-if [ -d .whl-aiperf ] && [ -z "${AIPERF_PY:-}" ]; then  # AIPerf's own path: its fastapi/pydantic must not reach the server
-  mkdir -p /tmp/ap && for w in .whl-aiperf/*.whl; do $PY -m zipfile -e "$w" /tmp/ap; done
-  printf '#!/bin/sh\nPYTHONPATH=/tmp/ap exec %s "$@"\n' "$PY" > /tmp/aiperf-py && chmod +x /tmp/aiperf-py
-  export AIPERF_PY=/tmp/aiperf-py; $AIPERF_PY -m aiperf --version 2>&1 | tail -1
-fi
+aiperf_setup
 guided() {  # $1: guided_batch_mask, $2: rounds, $3: the last percent of the budget
   timeout $(left $3) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} \
     --concurrency 1 --set guided_batch_mask=$1 ${XSET:-} --guided ${GUIDED:-64} --guided-rounds $2 \

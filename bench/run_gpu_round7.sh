@@ -22,11 +22,7 @@ source bench/gpu_env.sh
 } 2>&1 | tee "$OUT/env.txt"
 [ -f "$ART/config.json" ] || $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tail -3
 
-if [ -d .whl-aiperf ] && [ -z "${AIPERF_PY:-}" ]; then  # AIPerf's own path: its fastapi/pydantic must not reach the server
-  mkdir -p /tmp/ap && for w in .whl-aiperf/*.whl; do $PY -m zipfile -e "$w" /tmp/ap; done
-  printf '#!/bin/sh\nPYTHONPATH=/tmp/ap exec %s "$@"\n' "$PY" > /tmp/aiperf-py && chmod +x /tmp/aiperf-py
-  export AIPERF_PY=/tmp/aiperf-py; $AIPERF_PY -m aiperf --version 2>&1 | tail -1
-fi
+aiperf_setup
 START=$(date +%s)  # the budget's percentages count from here: the set-up above varies (~30 s)
 service() {  # $1: the last percent of the budget; the rest: gpu_bench service options
   timeout $(left $1) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \

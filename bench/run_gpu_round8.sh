@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Round 8's device calls (H200): every goal of the performance round measured again, twice.
+# PART=a (~9 min; run twice, as two calls): the in-process engine at 128/128 (c = 1/16/64/256)
+#   and 1024/256 (c = 16/256), chunked prefill off (the default), then at c = 256 with
+#   prefill_chunk_tokens = 512 and 2048; the default server with the project's client and
+#   AIPerf at both shapes; the peer (`transformers serve`) at c = 1 and 256.
+# PART=c (~5 min): cold starts with the whole page cache dropped: cold_start.py phases with
+#   the prefetch at launch (the server's default), after torch's import, and off, twice
+#   each; the server's start -> ready twice with its prefetch and once without; the replay
+#   engine (the serving layer alone) at an 8 and a 4 ms step, 256 streams, twice.
+# Prepared as in docs/performance.md (section R8): .whl/, .benchcarry/, .whl-aiperf/ (PART=a),
+#   .cache/dev-model (PART=c: the replay engine's tokenizer).
+# Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]): PART=a bash bench/run_gpu_round8.sh
+set -u -o pipefail
+BUDGET=${BUDGET:-550}
+source bench/gpu_env.sh
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
+  $PY -c 'import torch; print("torch", torch.__version__); import triton; print("triton", triton.__version__)'
+} 2>&1 | tee "$OUT/env.txt"
+[ -f "$ART/config.json" ] || $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tail -3
+aiperf_setup
+START=$(date +%s)  # the budget's percentages count from here: the set-up above varies (~30 s)
+LONG_LEVELS=${LONG_LEVELS:-16 256}
+engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine options
+  timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${XSET:-} "${@:2}" \
+    --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+}
+if [ "${PART:-a}" = a ]; then
+  engine 17 ${LEVELS:+--concurrency $LEVELS} --long --long-concurrency $LONG_LEVELS
+  for C in ${CHUNKS:-512 2048}; do
+    engine $([ "$C" = "${CHUNKS%% *}" ] && echo 23 || echo 29) --concurrency ${TOP:-256} \
+      --long --long-concurrency ${TOP:-256} --set prefill_chunk_tokens=$C
+  done
+  timeout $(left 83) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
+    ${LEVELS:+--concurrency $LEVELS} --long --long-concurrency $LONG_LEVELS --aiperf \
+    --deadline $(( $(at 83) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+  snap
+  [ -n "${SKIP_PEER:-}" ] || timeout $(left 100) $B peer "$ART" --text-levels ${PEER_LEVELS:-1 256} \
+    --peer-flags="${PEER_FLAGS---cb-use-cuda-graph}" --deadline $(( $(at 100) - 10 )) --log "$L/peer.log" \
+    --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+elif [ "${PART:-a}" = c ]; then
+  for I in 1 2; do for P in launch after-torch off; do
+    timeout $(left $(( (I - 1) * 25 + 25 ))) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} \
+      ${MBS:+--max-batch-size $MBS} --prefetch $P --out "$R" | cut -c1-300
+  done; done
+  for S in true true false; do
+    timeout $(left 70) $B service "$ART" .benchcarry/ctx/app --start-only ${DROP---drop-page-cache} \
+      ${XSET:-} --set prefetch_artifact=$S --log "$L/server-start-$S-$RANDOM.log" --out "$R" 2>&1 \
+      | grep -a '"figure"' | cut -c1-300
+  done
+  for I in 1 2; do for S in 8 4; do
+    timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \
+      --requests-per-worker ${RPW:-4} --step-ms $S ${RSET:-} | tee -a "$R" | cut -c1-400
+  done; done
+fi
+snap; echo "total $(( $(date +%s) - START )) s"
