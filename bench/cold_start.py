@@ -1,7 +1,7 @@
 """Where a cold start's seconds go: a fresh interpreter loads the PyTorch engine the way
 the server's engine does (factory defaults), timing each phase from process start.
 
-    python bench/cold_start.py ARTIFACT --evict all|artifact|none [--prefetch launch|after-torch|off] [--out results.jsonl]
+    python bench/cold_start.py ARTIFACT --evict all|artifact|none [--out results.jsonl]
 
 --evict none: nothing evicted (what is cached stays). --evict all: `sync; echo 3 > /proc/sys/vm/drop_caches` first (root only: nothing is
 cached, the Python packages and CUDA libraries included). --evict artifact: only the
@@ -36,9 +36,7 @@ def evict(artifact: Path, what: str) -> None:
                 os.close(fd)
 
 
-def child(
-    artifact: str, t0: float, max_batch_size: int, max_seq_len: int, profile: int, prefetch: str
-) -> None:
+def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int, profile: int) -> None:
     marks = {}
 
     def mark(name: str) -> None:
@@ -56,23 +54,14 @@ def child(
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(Stamped("%(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
-    sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
-    from mistral_serving import prefetch as page_cache
-
-    if prefetch == "launch":  # as the launcher does, before the engine's imports
-        page_cache.start(Path(artifact))
-        mark("prefetch started")
     import torch
-
-    if prefetch == "after-torch":  # the alternative: torch's own cold reads go first
-        page_cache.start(Path(artifact))
-        mark("prefetch started")
 
     mark("import torch")
     if torch.cuda.is_available():
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
         mark("CUDA context")
+    sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
     import transformers  # noqa: F401
 
     from mistral_serving.engines.factory import start_torch_engine
@@ -123,23 +112,10 @@ def main() -> int:
     ap.add_argument("--max-seq-len", type=int, default=2048)
     ap.add_argument("--out")
     ap.add_argument("--profile", type=int, default=0, help="cProfile the load: top N functions")
-    ap.add_argument(
-        "--prefetch",
-        choices=["launch", "after-torch", "off"],
-        default="launch",
-        help="when to start reading the artifact into the page cache (launch: as the server)",
-    )
     ap.add_argument("--child", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child is not None:
-        child(
-            args.artifact,
-            args.child,
-            args.max_batch_size,
-            args.max_seq_len,
-            args.profile,
-            args.prefetch,
-        )
+        child(args.artifact, args.child, args.max_batch_size, args.max_seq_len, args.profile)
         return 0
     if args.evict != "none":
         evict(Path(args.artifact), args.evict)
@@ -157,8 +133,6 @@ def main() -> int:
             str(args.max_seq_len),
             "--profile",
             str(args.profile),
-            "--prefetch",
-            args.prefetch,
         ],
         capture_output=True,
         text=True,
@@ -169,7 +143,7 @@ def main() -> int:
     row["log"] = [line for line in out.stderr.splitlines() if line.startswith("[")][
         -(40 + args.profile) :
     ]
-    row = {"figure": "cold_start_phases", "evicted": args.evict, "prefetch": args.prefetch, **row}
+    row = {"figure": "cold_start_phases", "evicted": args.evict, **row}
     print(json.dumps(row), flush=True)
     if args.out:
         with open(args.out, "a") as f:

@@ -4,10 +4,10 @@
 #   and 1024/256 (c = 16/256), chunked prefill off (the default), then at c = 256 with
 #   prefill_chunk_tokens = 512 and 2048; the default server with the project's client and
 #   AIPerf at both shapes; the peer (`transformers serve`) at c = 1 and 256.
-# PART=c (~5 min): cold starts with the whole page cache dropped: cold_start.py phases with
-#   the prefetch at launch (the server's default), after torch's import, and off, twice
-#   each; the server's start -> ready twice with its prefetch and once without; the replay
-#   engine (the serving layer alone) at an 8 and a 4 ms step, 256 streams, twice.
+# PART=c (~4 min): cold starts with the whole page cache dropped: cold_start.py phases twice,
+#   the server's start -> ready twice; the replay engine (the serving layer alone) at an 8
+#   and a 4 ms step, 256 streams, twice. (Run 23 also ran a page-cache prefetch at launch,
+#   after torch's import and off, from commit f6acab4: it lost, and was removed.)
 # Prepared as in docs/performance.md (section R8): .whl/, .benchcarry/, .whl-aiperf/ (PART=a),
 #   .cache/dev-model (PART=c: the replay engine's tokenizer).
 # Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]): PART=a bash bench/run_gpu_round8.sh
@@ -39,14 +39,13 @@ if [ "${PART:-a}" = a ]; then
     --peer-flags="${PEER_FLAGS---cb-use-cuda-graph}" --deadline $(( $(at 100) - 10 )) --log "$L/peer.log" \
     --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
 elif [ "${PART:-a}" = c ]; then
-  for I in 1 2; do for P in launch after-torch off; do
-    timeout $(left $(( (I - 1) * 25 + 25 ))) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} \
-      ${MBS:+--max-batch-size $MBS} --prefetch $P --out "$R" | cut -c1-300
-  done; done
-  for S in true true false; do
-    timeout $(left 70) $B service "$ART" .benchcarry/ctx/app --start-only ${DROP---drop-page-cache} \
-      ${XSET:-} --set prefetch_artifact=$S --log "$L/server-start-$S-$RANDOM.log" --out "$R" 2>&1 \
-      | grep -a '"figure"' | cut -c1-300
+  for I in 1 2; do
+    timeout $(left $((I * 25))) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} \
+      ${MBS:+--max-batch-size $MBS} --out "$R" | cut -c1-300
+  done
+  for I in 1 2; do
+    timeout $(left $((50 + I * 10))) $B service "$ART" .benchcarry/ctx/app --start-only ${DROP---drop-page-cache} \
+      ${XSET:-} --log "$L/server-start-$I-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-300
   done
   for I in 1 2; do for S in 8 4; do
     timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \

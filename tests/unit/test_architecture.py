@@ -174,7 +174,6 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_serving.engines.pytorch.guided",
                 "mistral_serving.engines.trtllm.checks",
                 "mistral_serving.artifact_sources",
-                "mistral_serving.prefetch",
                 "mistral_serving.grammar_pool",
                 "mistral_serving.grammar",
                 "mistral_serving.tool_calls",

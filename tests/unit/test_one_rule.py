@@ -78,12 +78,21 @@ def test_the_body_guard_answers_predicts_refusals_in_the_formats_shape(
 
 
 def test_only_artifacts_decides_local_directory_or_hub_snapshot() -> None:
-    # The launcher's prefetch asks artifacts.local_directory, never cached_snapshot itself.
+    # The read-ahead decided it too (via cached_snapshot) before it was removed.
     assert where(lambda n: names(n, "cached_snapshot", "_REPO_ID")) == {"artifacts.py"}
     defined = where(lambda n: isinstance(n, ast.FunctionDef) and n.name == "resolve_artifact")
     assert defined == {"artifacts.py"}
     # The Hub is called in one place; the volume fill goes through artifacts.download too.
     assert where(lambda n: names(n, "snapshot_download")) == {"artifacts.py"}
+
+
+def test_the_read_ahead_is_gone_with_its_setting() -> None:
+    from mistral_serving.settings import Settings
+
+    assert "load_prefetch_threads" not in Settings.model_fields
+    assert not (SERVING / "prefetch.py").exists()
+    with pytest.raises(ImportError):
+        __import__("mistral_serving.prefetch")
 
 
 # ---- one length rule: EngineLimits.fit ----

@@ -108,23 +108,6 @@ def resolve_artifact(settings: ArtifactSettings, hf_token: str | None) -> Path:
     return download(settings.artifact, settings.artifact_revision, settings.cache_path, hf_token)
 
 
-def local_directory(settings: ArtifactSettings) -> Path | None:
-    """The artifact's directory when this machine already holds it (a local directory, or
-    a repo's snapshot at a pinned commit in the cache), found without the network; None
-    otherwise (it is downloaded later, or the setting is wrong: `resolve_artifact` says)."""
-    try:
-        local = Path(settings.artifact).expanduser()
-        if settings.artifact and local.is_dir():
-            return local
-        revision = settings.artifact_revision
-        if _REPO_ID.match(settings.artifact) and revision and COMMIT_SHA.match(revision):
-            snapshot = cached_snapshot(settings.artifact, revision, settings.cache_path)
-            return snapshot if snapshot.is_dir() else None
-    except (OSError, ValueError):  # a name the filesystem refuses: resolve_artifact reports it
-        return None
-    return None
-
-
 def cached_snapshot(repo_id: str, revision: str, cache_dir: Path) -> Path:
     """Where `download` keeps repo@revision (huggingface_hub's cache layout under
     `cache_dir/hub`), whether or not it is there yet."""

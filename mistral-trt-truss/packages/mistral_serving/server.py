@@ -18,8 +18,6 @@ settings, and adds, before it starts:
   with room for probes, bounded send buffers; the open-file limit is raised to fit.
 - Requests Truss answers 499 itself (client gone after sending) are counted
   `client_gone`; `/openapi.json` is a 404; `/v1/models` does not show the artifact path.
-- When the artifact is already on the machine, its files start on their way into the page
-  cache (`prefetch.py`) before Truss, torch or the engine are imported.
 - The settings are loaded once, here, and the process's one `Frontend` is made here: our
   routes and guards are handed it, and so is the Truss model (through the config dict
   Truss passes to its constructor as it is; `frontend.frontend_for`).
@@ -40,8 +38,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from mistral_serving import __version__, driver, prefetch
-from mistral_serving.artifacts import local_directory
+from mistral_serving import __version__, driver
 from mistral_serving.auth import ApiKeyGuard, configured_keys
 from mistral_serving.errors import RequestError
 from mistral_serving.frontend import FRONTEND_CONFIG_KEY, Frontend
@@ -389,8 +386,6 @@ def main(config_path: str = "config.yaml") -> int:
     if (refusal := driver.startup_refusal(settings.driver_check)) is not None:
         print(f"cannot start: {refusal}", file=sys.stderr)
         return 2
-    if settings.prefetch_artifact and (local := local_directory(settings)) is not None:
-        prefetch.start(local)  # the weights reach the page cache while torch imports
     # The process's one frontend: Truss hands `config` to the model's constructor as it
     # is, so the model serves this object (model.py, `frontend_for`) and so do our routes.
     frontend = Frontend(settings)

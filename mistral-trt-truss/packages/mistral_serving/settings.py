@@ -61,11 +61,6 @@ class ArtifactSettings(_Concern):
     verify_hashes: bool = Field(
         True, description="Check artifact file hashes against its build manifest on load."
     )
-    prefetch_artifact: bool = Field(
-        True,
-        description="At process start, read an artifact already on this machine into the "
-        "page cache on background threads while the engine's libraries import (prefetch.py).",
-    )
 
     @field_validator("artifact", mode="before")
     @classmethod
