@@ -4,6 +4,8 @@
 #   and 1024/256 (c = 16/256), chunked prefill off (the default), then at c = 256 with
 #   prefill_chunk_tokens = 512 and 2048; the default server with the project's client and
 #   AIPerf at both shapes; the peer (`transformers serve`) at c = 1 and 256.
+# PART=k (~4 min): the in-process engine at c = 256 with prefill_chunk_tokens = 512 and 2048
+#   (128/128 twice, 1024/256 once), then the server with 512-token chunks at c = 256, both clients.
 # PART=c (~4 min): cold starts with the whole page cache dropped: cold_start.py phases twice,
 #   the server's start -> ready twice; the replay engine (the serving layer alone) at an 8
 #   and a 4 ms step, 256 streams, twice. (Run 23 also ran a page-cache prefetch at launch,
@@ -21,13 +23,14 @@ source bench/gpu_env.sh
 aiperf_setup
 START=$(date +%s)  # the budget's percentages count from here: the set-up above varies (~30 s)
 LONG_LEVELS=${LONG_LEVELS:-16 256}
+CHUNKS=${CHUNKS:-512 2048}
 engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine options
   timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${XSET:-} "${@:2}" \
     --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
 }
 if [ "${PART:-a}" = a ]; then
   engine 17 ${LEVELS:+--concurrency $LEVELS} --long --long-concurrency $LONG_LEVELS
-  for C in ${CHUNKS:-512 2048}; do
+  for C in $CHUNKS; do
     engine $([ "$C" = "${CHUNKS%% *}" ] && echo 23 || echo 29) --concurrency ${TOP:-256} \
       --long --long-concurrency ${TOP:-256} --set prefill_chunk_tokens=$C
   done
@@ -38,6 +41,14 @@ if [ "${PART:-a}" = a ]; then
   [ -n "${SKIP_PEER:-}" ] || timeout $(left 100) $B peer "$ART" --text-levels ${PEER_LEVELS:-1 256} \
     --peer-flags="${PEER_FLAGS---cb-use-cuda-graph}" --deadline $(( $(at 100) - 10 )) --log "$L/peer.log" \
     --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+elif [ "${PART:-a}" = k ]; then  # chunked prefill (PART=a's chunk runs, which its runs 24-25 lost)
+  for C in $CHUNKS; do
+    engine $([ "$C" = "${CHUNKS%% *}" ] && echo 25 || echo 50) --concurrency ${TOP:-256} --repeat 2 \
+      --long --long-concurrency ${TOP:-256} --set prefill_chunk_tokens=$C
+  done
+  timeout $(left 100) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
+    --concurrency ${TOP:-256} --long --long-concurrency ${TOP:-256} --aiperf --set prefill_chunk_tokens=${CHUNKS%% *} \
+    --deadline $(( $(at 100) - 5 )) --log "$L/server-chunk-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
 elif [ "${PART:-a}" = c ]; then
   for I in 1 2; do
     timeout $(left $((I * 25))) $PY bench/cold_start.py "$ART" --evict ${EVICT:-all} \
