@@ -60,7 +60,7 @@ elif [ "${PART:-a}" = c ]; then
   done
   for I in 1 2; do for S in 8 4; do
     timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \
-      --requests-per-worker ${RPW:-4} --step-ms $S ${RSET:-} | tee -a "$R" | cut -c1-400
+      --requests-per-worker ${RPW:-4} --step-ms $S ${RSET:-} | grep -a "^{" | tee -a "$R" | cut -c1-400
   done; done
 fi
 snap; echo "total $(( $(date +%s) - START )) s"
