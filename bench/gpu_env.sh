@@ -25,3 +25,16 @@ aiperf_setup() {  # AIPerf from .whl-aiperf/ on its own path (its fastapi/pydant
   printf '#!/bin/sh\nPYTHONPATH=/tmp/ap exec %s "$@"\n' "$PY" > /tmp/aiperf-py && chmod +x /tmp/aiperf-py
   export AIPERF_PY=/tmp/aiperf-py; $AIPERF_PY -m aiperf --version 2>&1 | tail -1
 }
+device_env() {  # the machine and the versions of the packages named: $OUT/env.txt
+  { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
+    $PY -c 'import sys, importlib.metadata as m; [print(n, m.version(n)) for n in sys.argv[1:]]' "$@"
+  } 2>&1 | tee "$OUT/env.txt"
+}
+artifact_once() {  # the 7B-shaped random artifact (tiny with TINY set), made once per machine
+  [ -f "$ART/config.json" ] || $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} \
+    --out "$R" 2>&1 | grep -v "it/s]" | tail -3
+}
+bench_setup() {  # a round script's set-up: device_env "$@", the artifact, AIPerf; the budget counts from here
+  device_env "$@"; artifact_once; aiperf_setup
+  START=$(date +%s)  # the set-up above varies (~30 s): the budget's percentages count from here
+}

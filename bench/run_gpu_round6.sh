@@ -21,10 +21,8 @@ set -u -o pipefail
 BUDGET=${BUDGET:-330}
 source bench/gpu_env.sh
 CHUNKS=${CHUNKS:-512}
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
-  $PY -c 'import torch, xgrammar, importlib.metadata as m; print("torch", torch.__version__, "xgrammar", m.version("xgrammar"))'
-} 2>&1 | tee "$OUT/env.txt"
-[ -f "$ART/config.json" ] || $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tail -3
+device_env torch xgrammar
+artifact_once
 
 aiperf_setup
 guided() {  # $1: guided_batch_mask, $2: rounds, $3: the last percent of the budget

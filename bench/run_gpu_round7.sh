@@ -17,13 +17,7 @@
 set -u -o pipefail
 BUDGET=${BUDGET:-450}
 source bench/gpu_env.sh
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
-  $PY -c 'import torch, importlib.metadata as m; print("torch", torch.__version__); import triton; print("triton", triton.__version__)'
-} 2>&1 | tee "$OUT/env.txt"
-[ -f "$ART/config.json" ] || $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tail -3
-
-aiperf_setup
-START=$(date +%s)  # the budget's percentages count from here: the set-up above varies (~30 s)
+bench_setup torch triton
 service() {  # $1: the last percent of the budget; the rest: gpu_bench service options
   timeout $(left $1) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
     "${@:2}" --deadline $(( $(at $1) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600

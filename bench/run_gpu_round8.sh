@@ -16,12 +16,7 @@
 set -u -o pipefail
 BUDGET=${BUDGET:-550}
 source bench/gpu_env.sh
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; nproc; free -g | head -2
-  $PY -c 'import torch; print("torch", torch.__version__); import triton; print("triton", triton.__version__)'
-} 2>&1 | tee "$OUT/env.txt"
-[ -f "$ART/config.json" ] || $B make-artifact "$ART" --tokenizer-from .benchcarry/tok ${TINY:+--tiny} --out "$R" 2>&1 | grep -v "it/s]" | tail -3
-aiperf_setup
-START=$(date +%s)  # the budget's percentages count from here: the set-up above varies (~30 s)
+bench_setup torch triton
 LONG_LEVELS=${LONG_LEVELS:-16 256}
 CHUNKS=${CHUNKS:-512 2048}
 engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine options
