@@ -10,8 +10,10 @@
 #   the server's start -> ready twice; the replay engine (the serving layer alone) at an 8
 #   and a 4 ms step, 256 streams, twice. (Run 23 also ran a page-cache prefetch at launch,
 #   after torch's import and off, from commit f6acab4: it lost, and was removed.)
+# PART=r (~4 min): PART=c's replay-engine part alone, AIPerf after the project's client at each
+#   step when .whl-aiperf/ is carried (replay_bench.py --aiperf).
 # Prepared as in docs/performance.md (section R8): .whl/, .benchcarry/, .whl-aiperf/ (PART=a),
-#   .cache/dev-model (PART=c: the replay engine's tokenizer).
+#   .cache/dev-model (PART=c and r: the replay engine's tokenizer).
 # Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]): PART=a bash bench/run_gpu_round8.sh
 set -u -o pipefail
 BUDGET=${BUDGET:-550}
@@ -22,6 +24,12 @@ CHUNKS=${CHUNKS:-512 2048}
 engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine options
   timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${XSET:-} "${@:2}" \
     --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+}
+replay_twice() {  # the replay engine at an 8 and a 4 ms step, 256 streams, twice; "$@": replay_bench options
+  for I in 1 2; do for S in 8 4; do
+    timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \
+      --requests-per-worker ${RPW:-4} --step-ms $S ${RSET:-} "$@" 2>&1 | grep -a "^{" | tee -a "$R" | cut -c1-400
+  done; done
 }
 if [ "${PART:-a}" = a ]; then
   engine 17 ${LEVELS:+--concurrency $LEVELS} --long --long-concurrency $LONG_LEVELS
@@ -53,9 +61,8 @@ elif [ "${PART:-a}" = c ]; then
     timeout $(left $((50 + I * 10))) $B service "$ART" .benchcarry/ctx/app --start-only ${DROP---drop-page-cache} \
       ${XSET:-} --log "$L/server-start-$I-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-300
   done
-  for I in 1 2; do for S in 8 4; do
-    timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \
-      --requests-per-worker ${RPW:-4} --step-ms $S ${RSET:-} | grep -a "^{" | tee -a "$R" | cut -c1-400
-  done; done
+  replay_twice
+elif [ "${PART:-a}" = r ]; then  # the serving layer alone, with both clients (carry .whl-aiperf too)
+  replay_twice ${AIPERF_PY:+--aiperf}
 fi
 snap; echo "total $(( $(date +%s) - START )) s"
