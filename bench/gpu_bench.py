@@ -424,7 +424,8 @@ def engine_bench(args) -> None:
     if args.correctness:
         correctness_check(engine, model, args)
     if args.long:
-        sweep(engine, name, args.long_concurrency or levels, 1024, 256, 1, 60)
+        long_levels = [c for c in levels_for(args, 1024) if c <= args.max_batch_size]
+        sweep(engine, name, long_levels, 1024, 256, 1, 60)
     release(engine)
     del engine
 
@@ -725,9 +726,14 @@ def service_bench(args) -> None:
         server.stop(timeout=30)
 
 
+LONG_INPUT = 1024  # --long's shape: 1024 in / 256 out
+
+
 def levels_for(args: argparse.Namespace, in_len: int) -> list[int]:
-    """The concurrency levels of a shape: --long-concurrency for 1024 in, if given."""
-    return list(args.long_concurrency or args.concurrency) if in_len == 1024 else args.concurrency
+    """The concurrency levels of a shape: --long-concurrency for --long's, if given."""
+    if in_len == LONG_INPUT and args.long_concurrency:
+        return list(args.long_concurrency)
+    return list(args.concurrency)
 
 
 # ---- second clients, unchanged, from the package index: guidellm and AIPerf ----

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Round 8's device calls (H200): every goal of the performance round measured again, twice.
 # PART=a (~9 min; run twice, as two calls): the in-process engine at 128/128 (c = 1/16/64/256)
-#   and 1024/256 (c = 16/256), chunked prefill off (the default), then at c = 256 with
-#   prefill_chunk_tokens = 512 and 2048; the default server with the project's client and
-#   AIPerf at both shapes; the peer (`transformers serve`) at c = 1 and 256.
+#   and 1024/256 (c = 16/256), chunked prefill off (the default); the default server with the
+#   project's client and AIPerf at both shapes; the peer (`transformers serve`) at c = 1 and
+#   256. (Runs 24-25 also tried PART=k's chunk runs here, which a script bug skipped.)
 # PART=k (~4 min): the in-process engine at c = 256 with prefill_chunk_tokens = 512 and 2048
 #   (128/128 twice, 1024/256 once), then the server with 512-token chunks at c = 256, both clients.
 # PART=c (~4 min): cold starts with the whole page cache dropped: cold_start.py phases twice,
@@ -32,11 +32,7 @@ replay_twice() {  # the replay engine at an 8 and a 4 ms step, 256 streams, twic
   done; done
 }
 if [ "${PART:-a}" = a ]; then
-  engine 17 ${LEVELS:+--concurrency $LEVELS} --long --long-concurrency $LONG_LEVELS
-  for C in $CHUNKS; do
-    engine $([ "$C" = "${CHUNKS%% *}" ] && echo 23 || echo 29) --concurrency ${TOP:-256} \
-      --long --long-concurrency ${TOP:-256} --set prefill_chunk_tokens=$C
-  done
+  engine 29 ${LEVELS:+--concurrency $LEVELS} --long --long-concurrency $LONG_LEVELS
   timeout $(left 83) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
     ${LEVELS:+--concurrency $LEVELS} --long --long-concurrency $LONG_LEVELS --aiperf \
     --deadline $(( $(at 83) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
@@ -44,7 +40,7 @@ if [ "${PART:-a}" = a ]; then
   [ -n "${SKIP_PEER:-}" ] || timeout $(left 100) $B peer "$ART" --text-levels ${PEER_LEVELS:-1 256} \
     --peer-flags="${PEER_FLAGS---cb-use-cuda-graph}" --deadline $(( $(at 100) - 10 )) --log "$L/peer.log" \
     --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
-elif [ "${PART:-a}" = k ]; then  # chunked prefill (PART=a's chunk runs, which its runs 24-25 lost)
+elif [ "${PART:-a}" = k ]; then  # chunked prefill
   for C in $CHUNKS; do
     engine $([ "$C" = "${CHUNKS%% *}" ] && echo 25 || echo 50) --concurrency ${TOP:-256} --repeat 2 \
       --long --long-concurrency ${TOP:-256} --set prefill_chunk_tokens=$C

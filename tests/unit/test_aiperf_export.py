@@ -98,3 +98,13 @@ def test_a_client_that_exits_zero_without_its_report_gives_a_failed_row(tmp_path
         "aiperf", command, {}, tmp_path / "never.json", gpu_bench.aiperf_figures, 1, 16, 8
     )
     assert row["figure"] == "failed" and row["error"] == "exit status 0, no report"
+
+
+def test_the_long_shape_takes_its_own_levels_only_when_given() -> None:
+    import argparse
+
+    given = argparse.Namespace(concurrency=[1, 16, 64, 256], long_concurrency=[16, 256])
+    assert gpu_bench.levels_for(given, 128) == [1, 16, 64, 256]
+    assert gpu_bench.levels_for(given, gpu_bench.LONG_INPUT) == [16, 256]
+    unset = argparse.Namespace(concurrency=[1, 4], long_concurrency=None)
+    assert gpu_bench.levels_for(unset, gpu_bench.LONG_INPUT) == [1, 4]
