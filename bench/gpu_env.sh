@@ -1,7 +1,8 @@
 # Set-up shared by the run_gpu*.sh device scripts (sourced, after a script sets its own
 # defaults): $OUT, $PY, the wheels the device image lacks (from .whl/, unless NOWHL is set),
 # $ART and $CACHE (artifact, verified-marker cache), $R (results) and $L (logs), snap (tar
-# the logs into $OUT), at/left (deadlines as a percent of $BUDGET), $B (gpu_bench.py).
+# the logs into $OUT), at/left (deadlines as a percent of $BUDGET), $B (gpu_bench.py),
+# replay_twice (the replay engine at an 8 and a 4 ms step, twice).
 OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
 PY=${PY:-python3}
 START=$(date +%s)
@@ -37,4 +38,10 @@ artifact_once() {  # the 7B-shaped random artifact (tiny with TINY set), made on
 bench_setup() {  # a round script's set-up: device_env "$@", the artifact, AIPerf; the budget counts from here
   device_env "$@"; artifact_once; aiperf_setup
   START=$(date +%s)  # the set-up above varies (~30 s): the budget's percentages count from here
+}
+replay_twice() {  # the replay engine at an 8 and a 4 ms step, 256 streams, twice; "$@": replay_bench options
+  for I in 1 2; do for S in 8 4; do
+    timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \
+      --requests-per-worker ${RPW:-4} --step-ms $S ${RSET:-} "$@" 2>&1 | grep -a "^{" | tee -a "$R" | cut -c1-400
+  done; done
 }

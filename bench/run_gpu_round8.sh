@@ -25,12 +25,6 @@ engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine opt
   timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${XSET:-} "${@:2}" \
     --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
 }
-replay_twice() {  # the replay engine at an 8 and a 4 ms step, 256 streams, twice; "$@": replay_bench options
-  for I in 1 2; do for S in 8 4; do
-    timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \
-      --requests-per-worker ${RPW:-4} --step-ms $S ${RSET:-} "$@" 2>&1 | grep -a "^{" | tee -a "$R" | cut -c1-400
-  done; done
-}
 if [ "${PART:-a}" = a ]; then
   engine 29 ${LEVELS:+--concurrency $LEVELS} --long --long-concurrency $LONG_LEVELS
   timeout $(left 83) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \

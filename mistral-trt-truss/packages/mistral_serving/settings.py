@@ -304,6 +304,14 @@ class TorchEngineSettings(LimitsSettings):
         "(the reason in /version's details); `on`: the engine fails to start without them; "
         "`off`: the torch ops.",
     )
+    overlap_decode: bool = Field(
+        True,
+        description="Static PyTorch engine: while every running row is plain greedy, launch "
+        "the next decode step (fed the tokens on the device) before reading the last one's "
+        "tokens, so the host's bookkeeping and delivery overlap the GPU; a row that ended "
+        "rides one extra step, discarded. false: each step's tokens are read before the next "
+        "is launched.",
+    )
     torch_threads: int | None = Field(
         None,
         ge=1,

@@ -81,22 +81,20 @@ def sample_next_tokens(logits: torch.Tensor, seqs: Sequence[Row]) -> list[Sample
     row whose sampling fails gets the exception in its place; the other rows are not
     affected."""
     out: list[Sampled | Exception] = [EngineError("not sampled")] * len(seqs)
-    fast = [i for i, s in enumerate(seqs) if _plain_greedy(s)]
+    fast = [i for i, s in enumerate(seqs) if plain_greedy(s)]
     if fast:
         try:
             index = torch.tensor(fast, device=logits.device)
-            values, tokens = _sanitize(logits.index_select(0, index)).max(-1)
-            # One device-to-host copy: -1 marks a row without a finite logit.
-            picked = tokens.masked_fill(~torch.isfinite(values), -1).tolist()
+            picked = greedy_tokens(logits.index_select(0, index)).tolist()  # one host read
             for i, tok in zip(fast, picked):
-                out[i] = Sampled(tok) if tok >= 0 else EngineError(_NO_FINITE)
+                out[i] = pick_of(tok)
         except Exception:  # noqa: BLE001 - fall back to the careful per-row path
             fast = []
     drawn = [i for i, s in enumerate(seqs) if _plain_sampled(s)]
     if drawn:
         try:
             for i, tok in zip(drawn, _draw_batch(logits, drawn, seqs)):
-                out[i] = Sampled(tok) if tok >= 0 else EngineError(_NO_FINITE)
+                out[i] = pick_of(tok)
         except Exception:  # noqa: BLE001 - fall back to the careful per-row path
             drawn = []
     done = set(fast) | set(drawn)
@@ -114,7 +112,22 @@ _BIG = torch.finfo(torch.float32).max  # what +inf becomes
 _NO_FINITE = "the model produced no finite logits for this request"
 
 
-def _plain_greedy(seq: Row) -> bool:
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax of `logits` [n, vocab] (float32), sanitized, -1 for a row without a
+    finite logit: still on the device (no host read), so an engine can feed it to its next
+    step before it reads it (`pick_of` turns each into a row's pick)."""
+    values, tokens = _sanitize(logits).max(-1)
+    return tokens.masked_fill(~torch.isfinite(values), -1)
+
+
+def pick_of(token: int) -> Sampled | Exception:
+    """A batched pass's token for one row: -1 marks a row without a finite logit."""
+    return Sampled(token) if token >= 0 else EngineError(_NO_FINITE)
+
+
+def plain_greedy(seq: Row) -> bool:
+    """A row `greedy_tokens` samples exactly: greedy, no penalty, logprobs, mask or
+    pending `min_tokens`."""
     s = seq.sampling
     return (
         s.greedy

@@ -44,7 +44,7 @@ import inspect
 import logging
 import random
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self, cast
@@ -195,6 +195,7 @@ class TorchOptions:
     prefill_chunk_tokens: int = 0  # the static engine's chunked prefill (0: off)
     guided_batch_mask: bool = True  # the static engine's batched structured-output masks
     fused_kernels: str = "auto"  # the static engine's Triton kernels (auto|on|off)
+    overlap_decode: bool = True  # the static engine reads a step's tokens one step late
 
     @classmethod
     def from_settings(cls, settings: TorchEngineSettings) -> TorchOptions:
@@ -205,6 +206,7 @@ class TorchOptions:
             settings.prefill_chunk_tokens,
             settings.guided_batch_mask,
             settings.fused_kernels,
+            settings.overlap_decode,
         )
 
 
@@ -620,9 +622,16 @@ class TorchEngine:
         for offset, exc in (failures or {}).items():
             picks[offset] = exc
         self._store_tokens(first_row, [p.token if isinstance(p, Sampled) else 0 for p in picks])
+        self._take_picks(seqs, picks, range(first_row, first_row + len(seqs)))
+
+    def _take_picks(
+        self, seqs: list[_Sequence], picks: list[Sampled | Exception], rows: Iterable[int]
+    ) -> None:
+        """Record each sequence's pick and deliver it (one call per event loop); those that
+        finished or failed leave the batch (`rows`: each one's row in it now)."""
         leaving = []
         deliveries = []
-        for offset, (seq, pick) in enumerate(zip(seqs, picks)):
+        for row, seq, pick in zip(rows, seqs, picks):
             try:
                 if isinstance(pick, Exception):
                     raise pick
@@ -636,7 +645,7 @@ class TorchEngine:
                 )
             deliveries.append((seq.loop, seq.queue, item))
             if not isinstance(item, TokenDelta) or item.finish_reason is not None:
-                leaving.append(first_row + offset)
+                leaving.append(row)
         deliver(deliveries)
         if leaving:
             gone = set(leaving)

@@ -39,6 +39,16 @@ decode graph, as without chunks. A prompt whose last piece is done joins the run
 token. So a burst of prompts costs the decoding rows one chunk's tokens per step instead of
 one whole prefill.
 
+Overlapped decode (`overlap_decode`, on by default): while every running row is plain
+greedy, a decode step's tokens are picked on the device (`sampling.greedy_tokens`), written
+where the next step reads its input, and copied to the host behind the step; the next step
+is launched before the host reads them, so the host's bookkeeping and delivery of step k run
+while the GPU runs step k+1 (vLLM's async scheduling, one step deep). A row that ended at
+step k (a stop token: only the host knows) rides step k+1 too, and that token is dropped; it
+stays inside its slot (its last position is at most `max_seq_len` - 1). Anything else the
+pass must do (admitting requests, chunked prefill, a row with penalties, logprobs, masks,
+sampling or a pending `min_tokens`) first reads the step under way, and runs as before.
+
 The cache must fit: its column count is `max_seq_len` when set, else what
 `kv_cache_free_gpu_memory_fraction` of the free GPU memory holds for `max_batch_size`
 slots (capped at the model's positions); the engine's limits report that length.
@@ -72,6 +82,7 @@ from mistral_serving.engines.pytorch.dynamic import (
 from mistral_serving.engines.pytorch.guided_batch import BatchMasker
 from mistral_serving.engines.pytorch.prefill import chunked_prompt_logprobs, is_allocation_failure
 from mistral_serving.engines.pytorch.weights import copy_shards, read_header
+from mistral_serving.engines.sampling import greedy_tokens, pick_of, plain_greedy
 from mistral_serving.settings import TorchEngineSettings
 
 if TYPE_CHECKING:
@@ -250,6 +261,9 @@ class StaticTorchEngine(TorchEngine):
         # (`guided_batch.py`); False: each row masks itself (`guided.GuidedMatcher.mask`).
         self.batch_masks = options.guided_batch_mask
         self._masker: BatchMasker | None = None
+        self._overlap = options.overlap_decode
+        self._launched: _Launched | None = None  # the decode step whose tokens are unread
+        self._host_tok: list[torch.Tensor] = []  # pinned: where launched steps' tokens land
         self._fuse_weights()
         self._ops, self._ops_off = self._choose_ops(probed, options.fused_kernels)
 
@@ -259,6 +273,7 @@ class StaticTorchEngine(TorchEngine):
             "kv_columns": self._cols,
             "cuda_graphs": self._use_graphs,
             "prefill_chunk_tokens": self._chunk,
+            "overlap_decode": self._overlap,
             "fused_kernels": self._ops.name if self._ops_off is None else f"off: {self._ops_off}",
         }
 
@@ -296,6 +311,7 @@ class StaticTorchEngine(TorchEngine):
         self._k = self._v = None
         self._layers, self._wqkv, self._wgu, self._lens = [], [], [], []
         self._prefilling = []
+        self._launched, self._host_tok = None, []
         super()._free()
 
     @staticmethod
@@ -341,6 +357,10 @@ class StaticTorchEngine(TorchEngine):
         self._tok = torch.zeros(self._slots, dtype=torch.long, device=dev)
         self._posv = torch.zeros(self._slots, dtype=torch.long, device=dev)
         self._cols_range = torch.arange(self._cols, device=dev)
+        if dev.type == "cuda":  # two: step k's tokens are read while step k+1's arrive
+            self._host_tok = [
+                torch.zeros(self._slots, dtype=torch.long, pin_memory=True) for _ in range(2)
+            ]
         rot = self._model.model.rotary_emb
         self._inv_freq = rot.inv_freq.to(device=dev, dtype=torch.float32)
         self._rope_scale = float(getattr(rot, "attention_scaling", 1.0))
@@ -473,6 +493,11 @@ class StaticTorchEngine(TorchEngine):
         self._advance(seqs, logits, first_row=row0, failures=failures)
 
     def _decode(self) -> None:
+        overlap = self._can_overlap()
+        if not overlap:
+            self._read_launched()  # before this step is launched: it may end rows
+            if not self._running:
+                return
         n = len(self._running)
         # self._posv holds each row's next position; its token sits in self._tok.
         width = self._decode_width()
@@ -484,7 +509,57 @@ class StaticTorchEngine(TorchEngine):
         self._posv[:n] += 1
         for r in range(n):
             self._lens[r] += 1
-        self._advance(list(self._running), logits, first_row=0)
+        if overlap:
+            self._overlap_step(logits)
+        else:
+            self._advance(list(self._running), logits, first_row=0)
+
+    # ---- overlapped decode (overlap_decode) ----
+
+    def _can_overlap(self) -> bool:
+        return (
+            self._overlap
+            and bool(self._running)
+            and not self._prefilling
+            and all(plain_greedy(s) for s in self._running)
+        )
+
+    def _overlap_step(self, logits: torch.Tensor) -> None:
+        """The step just launched picks its tokens on the device, as the next step's input;
+        then the host takes the previous step's tokens while the GPU works."""
+        n = len(self._running)
+        tokens = greedy_tokens(logits.float())  # -1: a row without a finite logit
+        self._tok[:n] = tokens.clamp_min(0)  # that row fails below; its input stays valid
+        event = None
+        if self._host_tok:
+            host = self._host_tok[0][:n]
+            self._host_tok.reverse()  # the other buffer may still hold the unread step
+            host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch: unannotated
+            event.record()
+        else:
+            host = tokens  # CPU: already computed
+        previous, self._launched = self._launched, _Launched(list(self._running), host, event)
+        if previous is not None:
+            self._take_launched(previous)
+
+    def _read_launched(self) -> None:
+        """Take the tokens of the step under way, if any: before anything else changes the
+        batch or launches a step whose rows must be the batch's rows then."""
+        launched, self._launched = self._launched, None
+        if launched is not None:
+            self._take_launched(launched)
+
+    def _take_launched(self, launched: _Launched) -> None:
+        if launched.event is not None:
+            launched.event.synchronize()
+        tokens: list[int] = launched.tokens.tolist()
+        rows = {id(seq): r for r, seq in enumerate(self._running)}
+        # A sequence that left since (ended the step before, aborted) rode along: dropped.
+        kept = [(rows[id(seq)], seq, t) for seq, t in zip(launched.seqs, tokens) if id(seq) in rows]
+        self._take_picks(
+            [seq for _, seq, _ in kept], [pick_of(t) for _, _, t in kept], [r for r, _, _ in kept]
+        )
 
     def _replay(self, bucket: int, width: int) -> torch.Tensor:
         entry = self._graphs.get((bucket, width))
@@ -571,6 +646,8 @@ class StaticTorchEngine(TorchEngine):
     # ---- chunked prefill (prefill_chunk_tokens > 0) ----
 
     def _pass(self) -> bool:
+        if self._launched is not None and (self._waiting or not self._can_overlap()):
+            self._read_launched()  # its ended rows free their slots before admission
         if not self._chunk:
             return super()._pass()
         self._start_prefills()
@@ -588,6 +665,7 @@ class StaticTorchEngine(TorchEngine):
     def _fail_all(self, exc: BaseException) -> None:
         self._admitting = [*self._admitting, *(p.seq for p in self._prefilling)]
         self._prefilling = []
+        self._launched = None  # its tokens are not read: every stream gets `exc`
         super()._fail_all(exc)
 
     def _drop_aborted(self) -> None:
@@ -825,12 +903,22 @@ class StaticTorchEngine(TorchEngine):
             k_cache[:, dst, :, :cols] = k_cache[:, src, :, :cols]
             v_cache[:, dst, :, :cols] = v_cache[:, src, :, :cols]
             self._running[dst], self._lens[dst] = self._running[src], self._lens[src]
-        if holes:
-            dst_t = torch.tensor(holes, device=self._device)
-            src_t = torch.tensor(movers, device=self._device)
+        if holes:  # non_blocking: a blocking copy would wait for the step under way
+            dst_t = torch.tensor(holes).to(self._device, non_blocking=True)
+            src_t = torch.tensor(movers).to(self._device, non_blocking=True)
             self._tok[dst_t] = self._tok[src_t]
             self._posv[dst_t] = self._posv[src_t]
         del self._running[m:], self._lens[m:]
+
+
+@dataclass(frozen=True)
+class _Launched:
+    """A decode step launched with overlap: its rows (in launch order) and their tokens,
+    on the host once `event` (None on the CPU) has passed."""
+
+    seqs: list[_Sequence]
+    tokens: torch.Tensor
+    event: torch.cuda.Event | None
 
 
 @dataclass(eq=False)
