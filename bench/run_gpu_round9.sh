@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Round 9's device calls (H200): overlapped decode (`overlap_decode`), measured against the
-# stepwise loop it replaces, and goal 5 with both clients.
-# PART=o (~9 min; run twice, as two calls): the in-process engine at 128/128 (c = 1/16/64/256,
-#   three sweeps per engine start) and 1024/256 (c = 16/256), overlap off then on, twice
-#   (alternating, so a drift of the machine shows in both); then the server (overlap on, the
-#   default) with the project's client and AIPerf at both shapes.
-# PART=r (~4 min): the replay engine (the serving layer alone) at an 8 and a 4 ms step, 256
-#   streams, twice, AIPerf after the project's client at each step (replay_bench.py --aiperf).
-# Prepared as in docs/performance.md (section R8): .whl/, .benchcarry/, .whl-aiperf/, and
-#   .cache/dev-model for PART=r (the replay engine's tokenizer).
-# Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]): PART=o bash bench/run_gpu_round9.sh
+# Round 9's device calls (H200): the decode-attention kernel (engines/pytorch/fused.py) and
+# overlapped decode (`overlap_decode`), each against what it replaces, and goal 5 with both
+# clients.
+# PART=a (~9 min): the fused kernels' GPU tests (pytest from .whl-test/); the captured decode
+#   step with torch's ops, the fused kernels with torch's SDPA attention, and the kernels with
+#   the attention kernel (step_bench.py, 256 columns with the kernel breakdown, 1280 without);
+#   the in-process engine at 128/128 (c = 1/16/64/256) and 1024/256 (c = 16/256), overlap off
+#   then on; the server (the defaults) with the project's client and AIPerf at both shapes.
+# PART=b (~9 min): the engine (defaults) and the server with both clients again, then the
+#   replay engine (the serving layer alone) at an 8 and a 4 ms step, 256 streams, twice, AIPerf
+#   after the project's client at each step (replay_bench.py --aiperf).
+# PART=o (~9 min): the engine only, overlap off then on, twice (alternating, so a drift of the
+#   machine shows in both), three sweeps per start; then the server with both clients.
+# PART=r (~4 min): the replay engine alone, as in PART=b.
+# Prepared as in docs/performance.md (section R9): .whl/, .benchcarry/, .whl-aiperf/ (together
+#   under the device call's 64 MiB with the tree; the image has pytest and hypothesis).
+# Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]):
+#   PART=a bash bench/run_gpu_round9.sh
 set -u -o pipefail
 BUDGET=${BUDGET:-520}
 source bench/gpu_env.sh
@@ -17,19 +24,48 @@ bench_setup torch triton
 LEVELS=${LEVELS:-1 16 64 256}
 LONG_LEVELS=${LONG_LEVELS:-16 256}
 engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine options
-  timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${XSET:-} "${@:2}" \
+  timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${XSET:-} \
+    --concurrency $LEVELS --long --long-concurrency $LONG_LEVELS "${@:2}" \
     --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
 }
-if [ "${PART:-o}" = o ]; then
-  for I in 1 2; do
-    engine $((I * 26 - 13)) --concurrency $LEVELS --repeat 3 --long --long-concurrency $LONG_LEVELS \
-      --set overlap_decode=false
-    engine $((I * 26)) --concurrency $LEVELS --repeat 3 --long --long-concurrency $LONG_LEVELS
-  done
-  timeout $(left 100) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
+service() {  # $1: the last percent of the budget: the server, both clients, both shapes
+  timeout $(left $1) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
     --concurrency $LEVELS --long --long-concurrency $LONG_LEVELS ${AIPERF_PY:+--aiperf} \
-    --deadline $(( $(at 100) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
-elif [ "${PART:-o}" = r ]; then
-  replay_twice ${AIPERF_PY:+--aiperf}
-fi
+    --deadline $(( $(at $1) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+}
+gpu_tests() {  # $1: the last percent of the budget (pytest and hypothesis: the image's, or .whl-test/)
+  [ -d .whl-test ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-test .whl-test/*.whl
+  PYTHONPATH=/tmp/site-test:${PYTHONPATH:-} timeout $(left $1) $PY -m pytest -q -p no:cacheprovider \
+    --noconftest tests/gpu/test_fused_kernels.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt"
+}
+steps() {  # $1, $2: the last percents of the budget for the 256- and the 1280-column steps
+  timeout $(left $1) $PY bench/step_bench.py --skip-linear ${STEP_FLAGS:-} --out "$R" 2>&1 \
+    | grep -a '"figure"' | cut -c1-700
+  timeout $(left $2) $PY bench/step_bench.py --skip-linear --skip-profile --width 1280 ${STEP_FLAGS:-} \
+    --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-300
+}
+case "${PART:-a}" in
+  a)
+    gpu_tests 10
+    steps 22 30
+    engine 47 --repeat 2 --set overlap_decode=false
+    engine 64 --repeat 2
+    service 100
+    ;;
+  b)
+    engine 17 --repeat 2
+    service 45
+    replay_twice ${AIPERF_PY:+--aiperf}
+    ;;
+  o)
+    for I in 1 2; do
+      engine $((I * 26 - 13)) --repeat 3 --set overlap_decode=false
+      engine $((I * 26)) --repeat 3
+    done
+    service 100
+    ;;
+  r)
+    replay_twice ${AIPERF_PY:+--aiperf}
+    ;;
+esac
 snap; echo "total $(( $(date +%s) - START )) s"

@@ -9,8 +9,9 @@ vocab 32000, bf16), so no artifact is read. For each row count (--rows) at one w
 (--width columns of KV cache attended to):
 
   figure=step          the captured decode step (CUDA graph replay): median, p10 and p90
-                       of --replays replays timed with CUDA events, once per element-wise
-                       path (`ops`: `off`, torch's ops; `triton`, engines/pytorch/fused.py).
+                       of --replays replays timed with CUDA events, once per path (`ops`:
+                       `off`, torch's ops; `triton`, engines/pytorch/fused.py's kernels;
+                       `triton-sdpa`, those with torch's SDPA for the decode attention).
                        On a CPU (--device cpu) the eager step, timed by the wall clock.
   figure=step_kernels  one eager step under torch.profiler, per path: each kernel's count
                        and total us by category (gemm, attention, norm = RMSNorm with the
@@ -128,13 +129,23 @@ def idle_engine(model: torch.nn.Module, rows: int, width: int, fused_kernels: st
     return engine
 
 
+class TritonWithTorchAttention(fused.TritonOps):
+    """The fused kernels with torch's decode attention (SDPA over the masked length
+    bucket): the decode-attention kernel's own share of the step, by difference."""
+
+    name = "triton, sdpa attention"
+    decode_attention = fused.TorchOps.decode_attention
+
+
 def variants(engine: Any, which: str) -> list[tuple[str, fused.TorchOps]]:
-    """The element-wise paths to time: torch's ops, and the engine's own when it chose
-    the Triton kernels."""
+    """The paths to time: torch's ops, and where the engine chose the Triton kernels,
+    those with torch's decode attention and the engine's own."""
     chosen = engine._ops
     out: list[tuple[str, fused.TorchOps]] = []
     if which in ("both", "off") or not isinstance(chosen, fused.TritonOps):
         out.append(("off", fused.TorchOps()))
+    if which == "both" and isinstance(chosen, fused.TritonOps):
+        out.append(("triton-sdpa", TritonWithTorchAttention()))
     if which in ("both", "on", "auto") and isinstance(chosen, fused.TritonOps):
         out.append(("triton", chosen))
     return out
@@ -211,6 +222,7 @@ def labelled(ops: fused.TorchOps) -> fused.TorchOps:
         "add_rms_norm": wrap("add_rms_norm", "norm"),
         "rope": wrap("rope", "rope"),
         "act_mul": wrap("act_mul", "elementwise"),
+        "decode_attention": wrap("decode_attention", "attention"),
     }
     cls = type("Labelled" + base.__name__, (base,), methods)
     copy: fused.TorchOps = cls.__new__(cls)

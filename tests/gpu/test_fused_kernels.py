@@ -100,6 +100,46 @@ def test_silu_times_up(lead, inner, seed) -> None:
     assert torch.equal(ops.act_mul(gelu, gate_up), ref.act_mul(gelu, gate_up))
 
 
+@hsettings(max_examples=30, deadline=None)
+@given(
+    n=st.sampled_from([1, 3, 16, 256]),
+    heads=st.sampled_from([(32, 8, 128), (8, 8, 64), (6, 2, 80), (4, 1, 16)]),
+    width=st.sampled_from([1, 64, 256, 1280]),
+    seed=st.integers(0, 999),
+)
+def test_decode_attention(n, heads, width, seed) -> None:
+    ops, ref = ops_pair()
+    hq, hkv, d = heads
+    torch.manual_seed(seed)
+    cache = torch.randn(2, n + 1, hkv, width + 64, d, device=DEV).to(BF16)
+    keys, values = cache[0, 1:, :, :width], cache[1, 1:, :, :width]  # the engine's strides
+    q = torch.randn(n, hq + 2 * hkv, d, device=DEV).to(BF16)[:, :hq]
+    positions = torch.randint(0, width + 4, (n,), device=DEV)
+    positions[0] = 0
+    with torch.inference_mode():
+        close(ops.decode_attention(q, keys, values, positions),
+              ref.decode_attention(q, keys, values, positions), ulps=4)  # fmt: skip
+
+
+def test_decode_attention_reads_the_positions_at_each_graph_replay() -> None:
+    ops, ref = ops_pair()
+    n, (hq, hkv, d), width = 8, (32, 8, 128), 512
+    torch.manual_seed(0)
+    keys, values = (torch.randn(n, hkv, width, d, device=DEV).to(BF16) for _ in range(2))
+    q = torch.randn(n, hq, d, device=DEV).to(BF16)
+    positions = torch.full((n,), 5, device=DEV)
+    with torch.inference_mode():
+        ops.decode_attention(q, keys, values, positions)  # compiled outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = ops.decode_attention(q, keys, values, positions)
+        for pos in ([5] * n, [0, 1, 100, 511, 600, 7, 255, 256]):
+            positions.copy_(torch.tensor(pos, device=DEV))
+            graph.replay()
+            close(out, ref.decode_attention(q, keys, values, positions), ulps=4)
+
+
 SMALL = {"layers": 4, "hidden": 512, "heads": 8, "kv_heads": 2, "mlp": 1536, "vocab": 2048}
 
 
@@ -128,7 +168,7 @@ def test_greedy_decode_with_the_kernels_on_and_off() -> None:
     with torch.inference_mode():
         logits = []
         for eng in (on, off):
-            hidden = eng._forward(ids, positions, 0, prompt_len, None)
+            hidden = eng._forward(ids, positions, 0, prompt_len, False)
             logits.append(eng._model.lm_head(hidden[:, -1]))
         for step in range(steps + 1):
             got, want = logits

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
@@ -90,6 +91,63 @@ def test_the_torch_act_mul_equals_the_forward_before(rows, inner, dtype, seed) -
     gate_up = torch.randn(rows, 2 * inner).to(dtype)
     gate, up = gate_up.chunk(2, dim=-1)
     assert torch.equal(fused.TorchOps().act_mul(nn.SiLU(), gate_up), nn.SiLU()(gate) * up)
+
+
+@hsettings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(1, 4),
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 3),
+    d=st.sampled_from([2, 8, 16]),
+    width=st.integers(1, 40),
+    dtype=DTYPES,
+    data=st.data(),
+)
+def test_the_torch_decode_attention_equals_the_forward_before(
+    n, kv_heads, group, d, width, dtype, data
+) -> None:
+    # Before: q [n, 1, hq, d] from RoPE, transposed, folded per KV head; the mask from the
+    # engine's column range and each row's position; keys/values a slice of the cache.
+    torch.manual_seed(data.draw(st.integers(0, 99)))
+    hq = kv_heads * group
+    q4 = torch.randn(n, 1, hq, d).to(dtype)
+    cache = torch.randn(2, n, kv_heads, width + 3, d).to(dtype)
+    keys, values = cache[0, :, :, :width], cache[1, :, :, :width]
+    positions = torch.tensor(data.draw(st.lists(st.integers(0, width - 1), min_size=n, max_size=n)))
+    mask = (torch.arange(width + 3)[:width][None, :] <= positions[:, None])[:, None, None, :]
+    before = F.scaled_dot_product_attention(
+        q4.transpose(1, 2).reshape(n, kv_heads, group, d), keys, values, attn_mask=mask
+    ).reshape(n, 1, hq * d)
+    now = fused.TorchOps().decode_attention(q4.reshape(n, hq, d), keys, values, positions)
+    assert torch.equal(now.reshape(n, 1, hq * d), before)
+
+
+@hsettings(max_examples=30, deadline=None)
+@given(
+    n=st.integers(1, 3),
+    kv_heads=st.integers(1, 3),
+    group=st.integers(1, 4),
+    width=st.integers(1, 30),
+    data=st.data(),
+)
+def test_decode_attention_is_each_rows_softmax_over_its_own_columns(
+    n, kv_heads, group, width, data
+) -> None:
+    # The meaning, from scratch in float64: query head j reads KV head j // group, over
+    # columns 0..position (a position past the width means the whole width).
+    torch.manual_seed(data.draw(st.integers(0, 99)))
+    d, hq = 4, kv_heads * group
+    q = torch.randn(n, hq, d, dtype=torch.float64)
+    keys = torch.randn(n, kv_heads, width, d, dtype=torch.float64)
+    values = torch.randn(n, kv_heads, width, d, dtype=torch.float64)
+    positions = data.draw(st.lists(st.integers(0, width + 2), min_size=n, max_size=n))
+    got = fused.TorchOps().decode_attention(q, keys, values, torch.tensor(positions))
+    for r, pos in enumerate(positions):
+        seen = min(pos, width - 1) + 1
+        for j in range(hq):
+            k, v = keys[r, j // group, :seen], values[r, j // group, :seen]
+            weights = torch.softmax(k @ q[r, j] / d**0.5, dim=0)
+            assert torch.allclose(got[r, j * d : (j + 1) * d], weights @ v, atol=1e-9)
 
 
 @pytest.mark.parametrize("value", ["auto", "on", "off"])
@@ -171,6 +229,20 @@ for dtype in (torch.float32, torch.bfloat16):
             diff(key + " " + name, got, want)
         gate_up = torch.randn(*lead, 2 * inner).to(dtype)
         diff(key + " act_mul", ops.act_mul(nn.SiLU(), gate_up), ref.act_mul(nn.SiLU(), gate_up))
+# Decode attention: float16 stands in for bfloat16, whose tl.dot the interpreter gets wrong
+# (it multiplies the raw bits); tests/gpu runs it compiled in bfloat16.
+for dtype in (torch.float32, torch.float16):
+    for n, (hq, hkv, d), width, extra in [
+        (1, (4, 4, 16), 1, 0), (3, (4, 2, 16), 80, 16), (2, (6, 2, 20), 130, 126), (4, (8, 1, 32), 64, 0),
+    ]:
+        key = str(dtype) + " decode_attention"
+        cache = torch.randn(2, n + 1, hkv, width + extra, d).to(dtype)  # the engine's strides
+        keys, values = cache[0, 1:, :, :width], cache[1, 1:, :, :width]
+        q = torch.randn(n, hq + 2 * hkv, d).to(dtype)[:, :hq]  # a view of the projection
+        positions = torch.randint(0, width + 4, (n,))
+        positions[0] = 0
+        diff(key, ops.decode_attention(q, keys, values, positions),
+             ref.decode_attention(q, keys, values, positions))
 print(json.dumps(worst))
 """
 
@@ -185,10 +257,11 @@ def test_the_triton_kernels_match_the_torch_ops_under_the_interpreter() -> None:
     )
     assert out.returncode == 0, out.stderr[-3000:]
     worst = json.loads(out.stdout.strip().splitlines()[-1])
-    assert len(worst) == 12  # 6 outputs x 2 dtypes
+    assert len(worst) == 14  # 6 outputs x 2 dtypes, decode attention x 2 dtypes
     for name, err in worst.items():
-        # float32: the kernels' own arithmetic (order of the variance sum, rsqrt).
-        # bfloat16: a few roundings (the interpreter truncates to bf16, the GPU rounds).
+        # float32: the kernels' own arithmetic (order of the variance sum, rsqrt, the
+        # online softmax). bfloat16: a few roundings (the interpreter truncates to bf16,
+        # the GPU rounds); float16: the probabilities rounded before their product with V.
         assert err < (1e-5 if "float32" in name else 0.03), (name, err)
 
 
@@ -204,7 +277,7 @@ with torch.inference_mode():
     outs = []
     for ops in (fused.TorchOps(), fused.TritonOps()):
         eng._ops = ops
-        prefill = eng._forward(ids, torch.arange(9)[None].expand(3, 9), 0, 9, None)
+        prefill = eng._forward(ids, torch.arange(9)[None].expand(3, 9), 0, 9, False)
         eng._tok[:3], eng._posv[:3] = ids[:, -1], 9
         outs.append((prefill, eng._decode_logits(3, 256)))
 (p0, d0), (p1, d1) = outs

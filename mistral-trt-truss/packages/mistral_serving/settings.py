@@ -298,7 +298,8 @@ class TorchEngineSettings(LimitsSettings):
     fused_kernels: Literal["auto", "on", "off"] = Field(
         "auto",
         description="Static PyTorch engine: the forward pass's element-wise chain (residual "
-        "add + RMSNorm, RoPE of q and k, SiLU x up) as fused Triton kernels "
+        "add + RMSNorm, RoPE of q and k, SiLU x up) and the decode step's attention (each "
+        "row over its own columns) as Triton kernels "
         "(engines/pytorch/fused.py). `auto`: on a CUDA GPU where Triton imports and the "
         "kernels agree with the torch ops on the model's shapes at start, else the torch ops "
         "(the reason in /version's details); `on`: the engine fails to start without them; "

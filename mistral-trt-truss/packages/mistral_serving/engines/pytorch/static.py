@@ -17,7 +17,9 @@ changes is the batch underneath:
   RMSNorm, q/k/v/o, RoPE, MLP, lm_head), so it has static shapes: one decode step for a
   batch bucket (1, 2, 4, ... slots) and a length bucket (the longest sequence rounded up
   to a multiple of 256 columns) is captured once as a CUDA graph and replayed, which takes
-  the ~1,500 kernel launches of a 32-layer step off the Python critical path.
+  the ~1,500 kernel launches of a 32-layer step off the Python critical path. The step's
+  attention is the ops' `decode_attention` (`fused.py`): with the Triton kernels each row
+  reads its own columns up to its position; the torch ops mask the length bucket.
 - Prefill is the same forward pass over the new prompts (right-padded; causal attention
   keeps padding from reaching real positions), writing their keys and values straight
   into their slots. A request asking for prompt logprobs (echo) gets lm_head applied to
@@ -388,13 +390,13 @@ class StaticTorchEngine(TorchEngine):
         positions: torch.Tensor,
         row0: int,
         width: int,
-        decode_mask: torch.Tensor | None,
+        decode: bool,
     ) -> torch.Tensor:
         """Hidden states [n, T, H] for `ids` [n, T] at `positions` [n, T] of slots
         row0..row0+n-1, writing their keys/values into those slots. Decode (T == 1)
-        attends to the first `width` columns under `decode_mask` [n, 1, 1, width];
-        prefill (decode_mask None) attends causally to columns 0..T-1 (a chunked
-        prefill's step is `_mixed_forward`)."""
+        attends to each row's columns up to its position, within the first `width`;
+        prefill attends causally to columns 0..T-1 (a chunked prefill's step is
+        `_mixed_forward`)."""
         n, t = ids.shape
         hq, hkv, d = self._n_heads, self._n_kv, self._head_dim
         x = self._model.model.embed_tokens(ids)
@@ -409,20 +411,16 @@ class StaticTorchEngine(TorchEngine):
             kc, vc = k_cache[i], v_cache[i]
             kc[slots, :, positions] = k  # [n, T, hkv, d] at (slot, :, pos)
             vc[slots, :, positions] = v.reshape(n, t, hkv, d)
-            q = q.transpose(1, 2)  # [n, hq, T, d]
-            if decode_mask is not None:
-                # One query per sequence: fold the query heads of a KV head into the query
-                # axis, so this is plain multi-head attention over the slot's columns.
-                o = F.scaled_dot_product_attention(
-                    q.reshape(n, hkv, hq // hkv, d),
+            if decode:  # one query per row (`fused.py`: the ops' decode attention)
+                o = self._ops.decode_attention(
+                    q.reshape(n, hq, d),
                     kc[row0 : row0 + n, :, :width],
                     vc[row0 : row0 + n, :, :width],
-                    attn_mask=decode_mask,
-                )
-                o = o.reshape(n, 1, hq * d)
+                    positions[:, 0],
+                ).reshape(n, 1, hq * d)
             else:
                 o = F.scaled_dot_product_attention(
-                    q,
+                    q.transpose(1, 2),  # [n, hq, T, d]
                     kc[row0 : row0 + n, :, :t],
                     vc[row0 : row0 + n, :, :t],
                     is_causal=True,
@@ -459,15 +457,10 @@ class StaticTorchEngine(TorchEngine):
         next position, rounded up to a length bucket (one captured graph per bucket)."""
         return min(self._cols, math.ceil((max(self._lens) + 1) / LENGTH_BUCKET) * LENGTH_BUCKET)
 
-    def _decode_mask(self, n: int, width: int) -> torch.Tensor:
-        """[n, 1, 1, width]: each of rows 0..n-1 sees the columns up to its next position."""
-        return (self._cols_range[:width][None, :] <= self._posv[:n, None])[:, None, None, :]
-
     def _decode_logits(self, n: int, width: int) -> torch.Tensor:
         ids = self._tok[:n, None]
         pos = self._posv[:n, None]
-        mask = self._decode_mask(n, width)
-        logits: torch.Tensor = self._model.lm_head(self._forward(ids, pos, 0, width, mask)[:, 0])
+        logits: torch.Tensor = self._model.lm_head(self._forward(ids, pos, 0, width, True)[:, 0])
         return logits
 
     # ---- the batch ----
@@ -480,7 +473,7 @@ class StaticTorchEngine(TorchEngine):
             ids[r, : len(seq.prompt)] = torch.tensor(seq.prompt)
         ids = ids.to(self._device)
         positions = torch.arange(width, device=self._device)[None, :].expand(n, width)
-        hidden = self._forward(ids, positions, row0, width, None)
+        hidden = self._forward(ids, positions, row0, width, False)
         # Echo: the prompt's logits, from this same pass. Right-padded: a prompt's
         # positions are the first len(prompt) columns of its row.
         failures = self._prompt_logprobs(seqs, lambda r, seq: hidden[r, : len(seq.prompt)])
@@ -768,15 +761,12 @@ class StaticTorchEngine(TorchEngine):
         width = max(p.done + c for p, c in pieces)
         piece_mask = self._cols_range[:width][None, None, None, :] <= pos[gather][:, None, :, None]
         piece_slots = torch.tensor([p.slot for p, _ in pieces], device=dev)
-        decode_width, decode_mask = 0, None
-        if n:  # the decode step's own length bucket and mask (`_decode_logits`)
-            decode_width = self._decode_width()
-            decode_mask = self._decode_mask(n, decode_width)
+        decode_width = self._decode_width() if n else 0  # the decode step's length bucket
         hidden = self._mixed_forward(
             ids,
             pos,
             slots,
-            (n, decode_width, decode_mask),
+            (n, decode_width),
             (piece_slots, gather, valid, piece_mask),
         )
         lps: dict[int, list[TokenLogprob]] = {}  # kept only once every piece succeeded
@@ -816,16 +806,15 @@ class StaticTorchEngine(TorchEngine):
         ids: torch.Tensor,
         positions: torch.Tensor,
         slots: torch.Tensor,
-        decode: tuple[int, int, torch.Tensor | None],
+        decode: tuple[int, int],
         pieces: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """Final hidden states [N, H] of N tokens `ids` [N] at `positions` [N] in `slots`
-        [N], writing their keys/values there. The first n (`decode` = (n, width, mask
-        [n, 1, 1, width])) are the running rows 0..n-1's next tokens and attend as in
-        `_forward`'s decode; the rest are prompt pieces (`pieces` = (slot of each piece
+        [N], writing their keys/values there. The first n (`decode` = (n, width)) are the
+        running rows 0..n-1's next tokens and attend as in `_forward`'s decode; the rest are prompt pieces (`pieces` = (slot of each piece
         [m], gather [m, t], valid [m, t], mask [m, 1, t, width])), whose queries attend,
         padded to [m, t], to their slot's columns under that mask."""
-        n, decode_width, decode_mask = decode
+        n, decode_width = decode
         piece_slots, gather, valid, piece_mask = pieces
         total = ids.shape[0]
         hq, hkv, d = self._n_heads, self._n_kv, self._head_dim
@@ -843,13 +832,11 @@ class StaticTorchEngine(TorchEngine):
             vc[slots, :, positions] = v.reshape(total, hkv, d)
             outs = []
             if n:
-                o = F.scaled_dot_product_attention(
-                    q[:n].reshape(n, hkv, hq // hkv, d),
-                    kc[:n, :, :decode_width],
-                    vc[:n, :, :decode_width],
-                    attn_mask=decode_mask,
+                outs.append(
+                    self._ops.decode_attention(
+                        q[:n], kc[:n, :, :decode_width], vc[:n, :, :decode_width], positions[:n]
+                    )
                 )
-                outs.append(o.reshape(n, hq * d))
             o = F.scaled_dot_product_attention(
                 q[gather].transpose(1, 2),  # [m, hq, t, d]
                 kc[piece_slots, :, :width],
