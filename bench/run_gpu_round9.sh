@@ -7,12 +7,12 @@
 #   the attention kernel (step_bench.py, 256 columns with the kernel breakdown, 1280 without);
 #   the in-process engine at 128/128 (c = 1/16/64/256) and 1024/256 (c = 16/256), overlap off
 #   then on; the server (the defaults) with the project's client and AIPerf at both shapes.
-# PART=b (~9 min): the engine (defaults) and the server with both clients again, then the
-#   replay engine (the serving layer alone) at an 8 and a 4 ms step, 256 streams, twice, AIPerf
-#   after the project's client at each step (replay_bench.py --aiperf).
+# PART=b (~6 min): the three steps again without the kernel breakdown (PART=a's ran out of
+#   its time share after torch's ops), the engine (defaults) and the server with both clients.
 # PART=o (~9 min): the engine only, overlap off then on, twice (alternating, so a drift of the
 #   machine shows in both), three sweeps per start; then the server with both clients.
-# PART=r (~4 min): the replay engine alone, as in PART=b.
+# PART=r (~5 min): the replay engine (the serving layer alone) at an 8 and a 4 ms step, 256
+#   streams, twice, AIPerf after the project's client at each step (replay_bench.py --aiperf).
 # Prepared as in docs/performance.md (section R9): .whl/, .benchcarry/, .whl-aiperf/ (together
 #   under the device call's 64 MiB with the tree; the image has pytest and hypothesis).
 # Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]):
@@ -38,11 +38,11 @@ gpu_tests() {  # $1: the last percent of the budget (pytest and hypothesis: the 
   PYTHONPATH=/tmp/site-test:${PYTHONPATH:-} timeout $(left $1) $PY -m pytest -q -p no:cacheprovider \
     --noconftest tests/gpu/test_fused_kernels.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt"
 }
-steps() {  # $1, $2: the last percents of the budget for the 256- and the 1280-column steps
-  timeout $(left $1) $PY bench/step_bench.py --skip-linear ${STEP_FLAGS:-} --out "$R" 2>&1 \
-    | grep -a '"figure"' | cut -c1-700
-  timeout $(left $2) $PY bench/step_bench.py --skip-linear --skip-profile --width 1280 ${STEP_FLAGS:-} \
-    --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-300
+steps() {  # $1, $2: the last percents of the budget for the 256- and the 1280-column steps; $3...: options
+  for W in 256 1280; do
+    timeout $(left $([ $W = 256 ] && echo $1 || echo $2)) $PY bench/step_bench.py --skip-linear --width $W \
+      ${STEP_FLAGS:-} "${@:3}" --out "$R" 2>&1 | tee "$L/step-$W.log" | grep -a '"figure"' | cut -c1-300
+  done
 }
 case "${PART:-a}" in
   a)
@@ -53,9 +53,9 @@ case "${PART:-a}" in
     service 100
     ;;
   b)
-    engine 17 --repeat 2
-    service 45
-    replay_twice ${AIPERF_PY:+--aiperf}
+    steps 12 20 --skip-profile
+    engine 40 --repeat 2
+    service 100
     ;;
   o)
     for I in 1 2; do
