@@ -53,8 +53,8 @@ case "${PART:-a}" in
     service 100
     ;;
   b)
-    steps 12 20 --skip-profile
-    engine 40 --repeat 2
+    steps 15 25 --skip-profile
+    engine 45 --repeat 2
     service 100
     ;;
   o)
