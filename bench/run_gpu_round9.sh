@@ -11,7 +11,8 @@
 #   its time share after torch's ops), the engine (defaults) and the server with both clients.
 # PART=o (~9 min): the engine only, overlap off then on, twice (alternating, so a drift of the
 #   machine shows in both), three sweeps per start; then the server with both clients.
-# PART=r (~5 min): the replay engine (the serving layer alone) at an 8 and a 4 ms step, 256
+# PART=r (~7 min): the three steps again (PART=b's step_bench lost its graph pool between
+#   variants), then the replay engine (the serving layer alone) at an 8 and a 4 ms step, 256
 #   streams, twice, AIPerf after the project's client at each step (replay_bench.py --aiperf).
 # Prepared as in docs/performance.md (section R9): .whl/, .benchcarry/, .whl-aiperf/ (together
 #   under the device call's 64 MiB with the tree; the image has pytest and hypothesis).
@@ -65,6 +66,7 @@ case "${PART:-a}" in
     service 100
     ;;
   r)
+    steps 9 16 --skip-profile
     replay_twice ${AIPERF_PY:+--aiperf}
     ;;
 esac

@@ -154,6 +154,7 @@ def variants(engine: Any, which: str) -> list[tuple[str, fused.TorchOps]]:
 def use_ops(engine: Any, ops: fused.TorchOps) -> None:
     engine._ops = ops
     engine._graphs.clear()  # captured with the other ops
+    engine._pool = None  # their memory pool went with them: a new capture takes a new one
 
 
 def time_step(engine: Any, rows: int, width: int, replays: int) -> dict[str, Any]:
