@@ -16,11 +16,10 @@ import pytest
 import torch
 
 from mistral_serving.engines.base import SamplingOptions
-from mistral_serving.engines.factory import start_torch_engine
 from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from mistral_serving.settings import Settings
+from tests.static_engines import cpu_static_engine
 
-EOS = 2
 # Mixed lengths: 3..28 tokens, and one of 150 (longer than every chunk size below).
 PROMPTS = [[1] + list(range(100 + 37 * i, 100 + 37 * i + 2 + 5 * i)) for i in range(6)]
 LONG = [1] + [(7 * j) % 31000 + 500 for j in range(149)]
@@ -34,19 +33,7 @@ def hf_model(dev_model: Path):
 
 
 def make_engine(dev_model: Path, **settings) -> StaticTorchEngine:
-    eng = start_torch_engine(
-        dev_model,
-        Settings(
-            artifact=str(dev_model),
-            device="cpu",
-            pytorch_kv_cache="static",
-            max_seq_len=512,
-            **settings,
-        ),
-        EOS,
-    )
-    assert isinstance(eng, StaticTorchEngine)
-    return eng
+    return cpu_static_engine(dev_model, **settings)
 
 
 async def collect(engine, rid, prompt, opts, delay=0.0):

@@ -15,29 +15,15 @@ import pytest
 import torch
 
 from mistral_serving.engines.base import EngineError, SamplingOptions
-from mistral_serving.engines.factory import start_torch_engine
 from mistral_serving.engines.pytorch import static
 from mistral_serving.engines.pytorch.static import StaticTorchEngine
-from mistral_serving.settings import Settings
+from tests.static_engines import cpu_static_engine
 
-EOS = 2
 PROMPTS = [[1] + list(range(100 + 37 * i, 100 + 37 * i + 2 + 5 * i)) for i in range(6)]
 
 
 def make_engine(dev_model: Path, overlap: bool, **settings) -> StaticTorchEngine:
-    eng = start_torch_engine(
-        dev_model,
-        Settings(
-            artifact=str(dev_model),
-            device="cpu",
-            pytorch_kv_cache="static",
-            overlap_decode=overlap,
-            **{"max_seq_len": 512, **settings},
-        ),
-        EOS,
-    )
-    assert isinstance(eng, StaticTorchEngine)
-    return eng
+    return cpu_static_engine(dev_model, overlap_decode=overlap, **settings)
 
 
 class StepCount:
