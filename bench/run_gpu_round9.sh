@@ -14,6 +14,11 @@
 # PART=r (~7 min): the three steps again (PART=b's step_bench lost its graph pool between
 #   variants), then the replay engine (the serving layer alone) at an 8 and a 4 ms step, 256
 #   streams, twice, AIPerf after the project's client at each step (replay_bench.py --aiperf).
+# PART=c (~5 min): cold starts with the whole page cache dropped, each first with an empty
+#   Triton cache and then with the one it left (what a restarted server finds in cache_dir):
+#   cold_start.py's phases twice each, then the server's start -> ready twice each.
+# PART=p (~9 min): the engine and the server (both clients) at 128/128 and 1024/256, then the
+#   peer (`transformers serve --continuous-batching`) at c = 1 and 256 in the same call.
 # Prepared as in docs/performance.md (section R9): .whl/, .benchcarry/, .whl-aiperf/ (together
 #   under the device call's 64 MiB with the tree; the image has pytest and hypothesis).
 # Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]):
@@ -68,6 +73,30 @@ case "${PART:-a}" in
   r)
     steps 9 16 --skip-profile
     replay_twice ${AIPERF_PY:+--aiperf}
+    ;;
+  c)
+    for I in 1 2; do for K in empty kept; do
+      [ $K = empty ] && rm -rf /tmp/triton-$I
+      P=$(( (I - 1) * 25 + $([ $K = empty ] && echo 12 || echo 25) ))
+      TRITON_CACHE_DIR=/tmp/triton-$I timeout $(left $P) $PY bench/cold_start.py "$ART" \
+        --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} --out "$R" | cut -c1-300
+    done; done
+    for I in 1 2; do for K in empty kept; do
+      [ $K = empty ] && rm -rf /tmp/triton-s$I
+      P=$(( 50 + (I - 1) * 25 + $([ $K = empty ] && echo 12 || echo 25) ))
+      echo "{\"figure\": \"next_start\", \"triton_cache\": \"$K\"}" | tee -a "$R"
+      TRITON_CACHE_DIR=/tmp/triton-s$I timeout $(left $P) $B service "$ART" .benchcarry/ctx/app --start-only \
+        ${DROP---drop-page-cache} ${XSET:-} --log "$L/server-start-$I-$K.log" --out "$R" 2>&1 \
+        | grep -a '"figure"' | cut -c1-300
+    done; done
+    ;;
+  p)
+    engine 30 --repeat 2
+    service 75
+    snap
+    timeout $(left 100) $B peer "$ART" --text-levels ${PEER_LEVELS:-1 256} \
+      --peer-flags="${PEER_FLAGS---cb-use-cuda-graph}" --deadline $(( $(at 100) - 10 )) --log "$L/peer.log" \
+      --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
     ;;
 esac
 snap; echo "total $(( $(date +%s) - START )) s"

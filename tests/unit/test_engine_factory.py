@@ -3,6 +3,7 @@ or dynamic), and the engine modules import each other without cycles."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,11 @@ from pathlib import Path
 import pytest
 
 from mistral_serving.artifacts import open_artifact
-from mistral_serving.engines.factory import start_engine, start_torch_engine
+from mistral_serving.engines.factory import (
+    keep_compiled_kernels,
+    start_engine,
+    start_torch_engine,
+)
 from mistral_serving.engines.pytorch.dynamic import TorchEngine
 from mistral_serving.engines.pytorch.guided import GuidedDecoder
 from mistral_serving.engines.pytorch.static import StaticTorchEngine
@@ -54,6 +59,19 @@ def test_start_engine_for_a_checkpoint_and_for_replay(dev_model):
     finally:
         replay.shutdown()
         sys.setswitchinterval(before)
+
+
+def test_compiled_kernels_are_kept_in_the_service_cache(dev_model, tmp_path, monkeypatch):
+    """Triton's cache under cache_dir (the pod's engine-cache volume) unless one is set."""
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    tokenizer = load_tokenizer(dev_model)
+    settings = settings_for(dev_model, cache_dir=str(tmp_path / "cache"))
+    eng = start_engine(open_artifact(dev_model, settings), settings, tokenizer)
+    eng.shutdown()
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/srv/kernels")
+    keep_compiled_kernels(tmp_path / "elsewhere")
+    assert os.environ["TRITON_CACHE_DIR"] == "/srv/kernels"
 
 
 def test_the_dynamic_engine_module_does_not_import_the_static_one():

@@ -56,7 +56,8 @@ class ArtifactSettings(_Concern):
         "or volume is pinned by it, as a repo id is by its revision); another refuses to load.",
     )
     cache_dir: str = Field(
-        "~/.cache/mistral-trt-truss", description="Where downloaded artifacts are cached."
+        "~/.cache/mistral-trt-truss",
+        description="Where downloaded artifacts and compiled kernels are cached.",
     )
     verify_hashes: bool = Field(
         True, description="Check artifact file hashes against its build manifest on load."

@@ -4,6 +4,7 @@ that chooses an engine, the PyTorch engine's KV-cache kind included."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -120,6 +121,7 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
             settings.max_input_len,
             settings.replay_step_ms,
         )
+    keep_compiled_kernels(settings.cache_path)
     if engine_name_for(kind, settings.engine) == "tensorrt_llm":
         from mistral_serving.engines.trtllm.engine import TrtLlmEngine
 
@@ -152,6 +154,14 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
 
         return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id, artifact.config)
     return start_guided_torch_engine(artifact_dir, settings, tokenizer, artifact.config)
+
+
+def keep_compiled_kernels(cache: Path) -> None:
+    """Triton's compiled kernels (the PyTorch engine's fused ops compile at start) under the
+    service's cache directory, the engine-cache volume in the pod, so a restarted server
+    reads them instead of compiling them again; the engine process inherits it. An
+    explicit TRITON_CACHE_DIR wins."""
+    os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
 
 
 def start_guided_torch_engine(

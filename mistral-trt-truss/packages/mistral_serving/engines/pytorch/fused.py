@@ -74,8 +74,9 @@ class TorchOps:
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
         """One query per row: `q` [n, q heads, d] attends to its row's `keys`/`values`
-        [n, kv heads, width, d] at columns 0..positions[r] ([n], at most width - 1 of
-        them). Query head j reads KV head j // (q heads / kv heads). -> [n, q heads x d]."""
+        [n, kv heads, width, d] at columns 0..positions[r] (`positions` [n]; a position
+        at or past the width: the whole width). Query head j reads KV head
+        j // (q heads / kv heads). -> [n, q heads x d]."""
         n, hq, d = q.shape
         hkv, width = keys.shape[1], keys.shape[2]
         cols = torch.arange(width, device=q.device)

@@ -811,9 +811,10 @@ class StaticTorchEngine(TorchEngine):
     ) -> torch.Tensor:
         """Final hidden states [N, H] of N tokens `ids` [N] at `positions` [N] in `slots`
         [N], writing their keys/values there. The first n (`decode` = (n, width)) are the
-        running rows 0..n-1's next tokens and attend as in `_forward`'s decode; the rest are prompt pieces (`pieces` = (slot of each piece
-        [m], gather [m, t], valid [m, t], mask [m, 1, t, width])), whose queries attend,
-        padded to [m, t], to their slot's columns under that mask."""
+        running rows 0..n-1's next tokens and attend as in `_forward`'s decode; the rest
+        are prompt pieces (`pieces` = (slot of each piece [m], gather [m, t], valid [m, t],
+        mask [m, 1, t, width])), whose queries attend, padded to [m, t], to their slot's
+        columns under that mask."""
         n, decode_width = decode
         piece_slots, gather, valid, piece_mask = pieces
         total = ids.shape[0]
