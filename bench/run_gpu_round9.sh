@@ -19,6 +19,9 @@
 #   cold_start.py's phases twice each, then the server's start -> ready twice each.
 # PART=p (~9 min): the engine and the server (both clients) at 128/128 and 1024/256, then the
 #   peer (`transformers serve --continuous-batching`) at c = 1 and 256 in the same call.
+# PART=cp (~9 min, when one call is all there is): PART=c's starts once each way plus
+#   cold_start.py's pair again, then the engine (c = 1 and 256, and 1024/256 at 256), the
+#   server with both clients at c = 1 and 256 (128/128) and the peer, as PART=p.
 # Prepared as in docs/performance.md (section R9): .whl/, .benchcarry/, .whl-aiperf/ (together
 #   under the device call's 64 MiB with the tree; the image has pytest and hypothesis).
 # Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]):
@@ -50,6 +53,23 @@ steps() {  # $1, $2: the last percents of the budget for the 256- and the 1280-c
       ${STEP_FLAGS:-} "${@:3}" --out "$R" 2>&1 | tee "$L/step-$W.log" | grep -a '"figure"' | cut -c1-300
   done
 }
+cold() {  # $1: the last percent of the budget, $2: empty|kept, $3: which Triton cache
+  [ $2 = empty ] && rm -rf /tmp/triton-$3
+  TRITON_CACHE_DIR=/tmp/triton-$3 timeout $(left $1) $PY bench/cold_start.py "$ART" \
+    --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} --out "$R" | cut -c1-300
+}
+server_start() {  # as cold(), the server's start -> ready
+  [ $2 = empty ] && rm -rf /tmp/triton-$3
+  echo "{\"figure\": \"next_start\", \"triton_cache\": \"$2\"}" | tee -a "$R"
+  TRITON_CACHE_DIR=/tmp/triton-$3 timeout $(left $1) $B service "$ART" .benchcarry/ctx/app --start-only \
+    ${DROP---drop-page-cache} ${XSET:-} --log "$L/server-start-$3-$2.log" --out "$R" 2>&1 \
+    | grep -a '"figure"' | cut -c1-300
+}
+peer() {  # $1: the last percent of the budget: `transformers serve` at c = 1 and 256 (text prompts)
+  timeout $(left $1) $B peer "$ART" --text-levels ${PEER_LEVELS:-1 256} \
+    --peer-flags="${PEER_FLAGS---cb-use-cuda-graph}" --deadline $(( $(at $1) - 10 )) --log "$L/peer.log" \
+    --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+}
 case "${PART:-a}" in
   a)
     gpu_tests 10
@@ -75,28 +95,24 @@ case "${PART:-a}" in
     replay_twice ${AIPERF_PY:+--aiperf}
     ;;
   c)
-    for I in 1 2; do for K in empty kept; do
-      [ $K = empty ] && rm -rf /tmp/triton-$I
-      P=$(( (I - 1) * 25 + $([ $K = empty ] && echo 12 || echo 25) ))
-      TRITON_CACHE_DIR=/tmp/triton-$I timeout $(left $P) $PY bench/cold_start.py "$ART" \
-        --evict ${EVICT:-all} ${MBS:+--max-batch-size $MBS} --out "$R" | cut -c1-300
-    done; done
-    for I in 1 2; do for K in empty kept; do
-      [ $K = empty ] && rm -rf /tmp/triton-s$I
-      P=$(( 50 + (I - 1) * 25 + $([ $K = empty ] && echo 12 || echo 25) ))
-      echo "{\"figure\": \"next_start\", \"triton_cache\": \"$K\"}" | tee -a "$R"
-      TRITON_CACHE_DIR=/tmp/triton-s$I timeout $(left $P) $B service "$ART" .benchcarry/ctx/app --start-only \
-        ${DROP---drop-page-cache} ${XSET:-} --log "$L/server-start-$I-$K.log" --out "$R" 2>&1 \
-        | grep -a '"figure"' | cut -c1-300
-    done; done
+    for I in 1 2; do cold $((I * 25 - 13)) empty $I; cold $((I * 25)) kept $I; done
+    for I in 1 2; do server_start $((I * 25 + 37)) empty s$I; server_start $((I * 25 + 50)) kept s$I; done
     ;;
   p)
     engine 30 --repeat 2
     service 75
     snap
-    timeout $(left 100) $B peer "$ART" --text-levels ${PEER_LEVELS:-1 256} \
-      --peer-flags="${PEER_FLAGS---cb-use-cuda-graph}" --deadline $(( $(at 100) - 10 )) --log "$L/peer.log" \
-      --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+    peer 100
+    ;;
+  cp)
+    cold 6 empty 1; cold 11 kept 1; server_start 17 empty s1; server_start 22 kept s1
+    cold 27 empty 2; cold 32 kept 2
+    LEVELS=${TOP_LEVELS:-1 256} LONG_LEVELS=${TOP_LONG:-256} engine 45
+    timeout $(left 75) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
+      --concurrency ${TOP_LEVELS:-1 256} ${AIPERF_PY:+--aiperf} --deadline $(( $(at 75) - 5 )) \
+      --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+    snap
+    peer 100
     ;;
 esac
 snap; echo "total $(( $(date +%s) - START )) s"
