@@ -19,9 +19,11 @@
 #   cold_start.py's phases twice each, then the server's start -> ready twice each.
 # PART=p (~9 min): the engine and the server (both clients) at 128/128 and 1024/256, then the
 #   peer (`transformers serve --continuous-batching`) at c = 1 and 256 in the same call.
-# PART=cp (~9 min, when one call is all there is): PART=c's starts once each way plus
+# PART=cp (~10 min, BUDGET=560, when one call is all there is): PART=c's starts once each way plus
 #   cold_start.py's pair again, then the engine (c = 1 and 256, and 1024/256 at 256), the
 #   server with both clients at c = 1 and 256 (128/128) and the peer, as PART=p.
+# PART=q (~3 min, BUDGET=330): a cold pair (Triton cache empty, kept), the server at c = 1 and 256 with the
+#   project's client, the peer.
 # Prepared as in docs/performance.md (section R9): .whl/, .benchcarry/, .whl-aiperf/ (together
 #   under the device call's 64 MiB with the tree; the image has pytest and hypothesis).
 # Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]):
@@ -104,10 +106,18 @@ case "${PART:-a}" in
     snap
     peer 100
     ;;
+  q)  # run 32: a cold pair, the server at c = 1 and 256 (our client), the peer
+    cold 11 empty 3; cold 22 kept 3
+    timeout $(left 45) $B service "$ART" .benchcarry/ctx/app --concurrency ${TOP_LEVELS:-1 256} \
+      ${MBS:+--max-batch-size $MBS} ${XSET:-} --deadline $(( $(at 45) - 5 )) --log "$L/server-$RANDOM.log" \
+      --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+    peer 100
+    ;;
   cp)
-    cold 6 empty 1; cold 11 kept 1; server_start 17 empty s1; server_start 22 kept s1
-    cold 27 empty 2; cold 32 kept 2
-    LEVELS=${TOP_LEVELS:-1 256} LONG_LEVELS=${TOP_LONG:-256} engine 45
+    # (Run 31 gave the first pair 6 and 11% of a 480 s budget: both ran out of time.)
+    cold 8 empty 1; cold 15 kept 1; server_start 21 empty s1; server_start 27 kept s1
+    cold 34 empty 2; cold 41 kept 2
+    LEVELS=${TOP_LEVELS:-1 256} LONG_LEVELS=${TOP_LONG:-256} engine 52
     timeout $(left 75) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
       --concurrency ${TOP_LEVELS:-1 256} ${AIPERF_PY:+--aiperf} --deadline $(( $(at 75) - 5 )) \
       --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
