@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Round 9's device calls (H200): the decode-attention kernel (engines/pytorch/fused.py) and
-# overlapped decode (`overlap_decode`), each against what it replaces, and goal 5 with both
-# clients.
+# overlapped decode (`overlap_decode`), each against what it replaces; goal 5 with both
+# clients; cold starts with the Triton cache empty and kept; the peer.
 # PART=a (~9 min): the fused kernels' GPU tests (pytest from .whl-test/); the captured decode
 #   step with torch's ops, the fused kernels with torch's SDPA attention, and the kernels with
 #   the attention kernel (step_bench.py, 256 columns with the kernel breakdown, 1280 without);
@@ -19,11 +19,11 @@
 #   cold_start.py's phases twice each, then the server's start -> ready twice each.
 # PART=p (~9 min): the engine and the server (both clients) at 128/128 and 1024/256, then the
 #   peer (`transformers serve --continuous-batching`) at c = 1 and 256 in the same call.
-# PART=cp (~10 min, BUDGET=560, when one call is all there is): PART=c's starts once each way plus
-#   cold_start.py's pair again, then the engine (c = 1 and 256, and 1024/256 at 256), the
+# PART=cp (~10 min, BUDGET=560, when one call is all there is): PART=c's starts once each way
+#   plus cold_start.py's pair again, then the engine (c = 1 and 256, and 1024/256 at 256), the
 #   server with both clients at c = 1 and 256 (128/128) and the peer, as PART=p.
-# PART=q (~3 min, BUDGET=330): a cold pair (Triton cache empty, kept), the server at c = 1 and 256 with the
-#   project's client, the peer.
+# PART=q (~3 min, BUDGET=330): a cold pair (Triton cache empty, kept), the server at c = 1 and
+#   256 with the project's client, the peer.
 # Prepared as in docs/performance.md (section R9): .whl/, .benchcarry/, .whl-aiperf/ (together
 #   under the device call's 64 MiB with the tree; the image has pytest and hypothesis).
 # Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]):
