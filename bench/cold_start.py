@@ -64,11 +64,12 @@ def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int, profi
     sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
     import transformers  # noqa: F401
 
-    from mistral_serving.engines.factory import start_torch_engine
+    from mistral_serving.engines.factory import keep_compiled_kernels, start_torch_engine
     from mistral_serving.settings import Settings
 
     mark("import transformers + engine code")
     settings = Settings(artifact=artifact, max_batch_size=max_batch_size, max_seq_len=max_seq_len)
+    keep_compiled_kernels(settings.cache_path)  # as the server's start_engine does
     if profile:  # where the load's seconds go, function by function (main thread only)
         import cProfile
         import pstats
@@ -119,7 +120,11 @@ def main() -> int:
         return 0
     # Compiled Triton kernels already there (the fused ops' start check reads them instead
     # of compiling): the start this row times depends on it.
-    triton = os.environ.get("TRITON_CACHE_DIR", str(Path.home() / ".triton" / "cache"))
+    sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
+    from mistral_serving.engines.factory import compiled_kernels_dir
+    from mistral_serving.settings import Settings
+
+    triton = compiled_kernels_dir(Settings(artifact=args.artifact).cache_path)
     kept = sum(len(files) for _, _, files in os.walk(triton))
     if args.evict != "none":
         evict(Path(args.artifact), args.evict)

@@ -39,9 +39,9 @@ engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine opt
     --concurrency $LEVELS --long --long-concurrency $LONG_LEVELS "${@:2}" \
     --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
 }
-service() {  # $1: the last percent of the budget: the server, both clients, both shapes
+service() {  # $1: the last percent of the budget: the server, both clients (AIPERF_PY), both shapes (LONG_LEVELS)
   timeout $(left $1) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
-    --concurrency $LEVELS --long --long-concurrency $LONG_LEVELS ${AIPERF_PY:+--aiperf} \
+    --concurrency $LEVELS ${LONG_LEVELS:+--long --long-concurrency $LONG_LEVELS} ${AIPERF_PY:+--aiperf} \
     --deadline $(( $(at $1) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
 }
 gpu_tests() {  # $1: the last percent of the budget (pytest and hypothesis: the image's, or .whl-test/)
@@ -108,9 +108,7 @@ case "${PART:-a}" in
     ;;
   q)  # run 32: a cold pair, the server at c = 1 and 256 (our client), the peer
     cold 11 empty 3; cold 22 kept 3
-    timeout $(left 45) $B service "$ART" .benchcarry/ctx/app --concurrency ${TOP_LEVELS:-1 256} \
-      ${MBS:+--max-batch-size $MBS} ${XSET:-} --deadline $(( $(at 45) - 5 )) --log "$L/server-$RANDOM.log" \
-      --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
+    LEVELS=${TOP_LEVELS:-1 256} LONG_LEVELS= AIPERF_PY= service 45
     peer 100
     ;;
   cp)
@@ -118,9 +116,7 @@ case "${PART:-a}" in
     cold 8 empty 1; cold 15 kept 1; server_start 21 empty s1; server_start 27 kept s1
     cold 34 empty 2; cold 41 kept 2
     LEVELS=${TOP_LEVELS:-1 256} LONG_LEVELS=${TOP_LONG:-256} engine 52
-    timeout $(left 75) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
-      --concurrency ${TOP_LEVELS:-1 256} ${AIPERF_PY:+--aiperf} --deadline $(( $(at 75) - 5 )) \
-      --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+    LEVELS=${TOP_LEVELS:-1 256} LONG_LEVELS= service 75
     snap
     peer 100
     ;;

@@ -156,12 +156,17 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
     return start_guided_torch_engine(artifact_dir, settings, tokenizer, artifact.config)
 
 
+def compiled_kernels_dir(cache: Path) -> Path:
+    """Where Triton keeps its compiled kernels: TRITON_CACHE_DIR when set, else `triton/`
+    in the service's cache directory (the engine-cache volume in the pod)."""
+    return Path(os.environ.get("TRITON_CACHE_DIR") or cache / "triton")
+
+
 def keep_compiled_kernels(cache: Path) -> None:
-    """Triton's compiled kernels (the PyTorch engine's fused ops compile at start) under the
-    service's cache directory, the engine-cache volume in the pod, so a restarted server
-    reads them instead of compiling them again; the engine process inherits it. An
-    explicit TRITON_CACHE_DIR wins."""
-    os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+    """Point Triton at `compiled_kernels_dir` before anything compiles (the PyTorch
+    engine's fused ops compile at start), so a restarted server reads its kernels instead
+    of compiling them again; the engine process inherits the variable."""
+    os.environ["TRITON_CACHE_DIR"] = str(compiled_kernels_dir(cache))
 
 
 def start_guided_torch_engine(
