@@ -101,7 +101,10 @@ def answers(draw: st.DrawFn, name_first: bool = False) -> tuple[str, str, list[t
         return fmt, draw(st.sampled_from(["", "<|python_tag|>"])) + ws + body, calls
     if fmt == "hermes":
         blocks = [f"<tool_call>{draw(WS)}{o}{draw(WS)}</tool_call>" for o in objs]
-        return fmt, draw(st.text(max_size=6)) + ws + ws.join(blocks) + draw(WS), calls
+        # Any lead text but the marks' first characters: the test checks no mark leaks into
+        # the content, so the content must not bring one of its own.
+        lead = draw(st.text(st.characters(blacklist_characters="{<[|T"), max_size=6))
+        return fmt, lead + ws + ws.join(blocks) + draw(WS), calls
     listed = objs[0] if n == 1 and draw(st.booleans()) else "[" + f",{ws}".join(objs) + "]"
     if fmt == "constrained":
         return fmt, ws + listed + draw(WS), calls
