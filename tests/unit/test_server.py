@@ -2,7 +2,8 @@
 Content-Length and by counted bytes, 408 on a stalled body, a client that leaves while
 sending, 404 for routes this model does not serve, errors in the route's shape, and the
 body replayed to the app; then our routes (`/v1/models`, `/health`, `/version`,
-`/metrics`) and `extend` on a FastAPI app with a registered Frontend."""
+`/metrics`), `DirectRoutes` (the generation routes answered by the frontend, everything else
+passed on) and `extend` on a FastAPI app with a registered Frontend."""
 
 from __future__ import annotations
 
@@ -24,7 +25,14 @@ from mistral_serving.errors import RequestError
 from mistral_serving.frontend import Frontend
 from mistral_serving.metrics import Metrics, default_metrics
 from mistral_serving.scope_keys import HANDLED
-from mistral_serving.server import BodyGuard, add_routes, error_json, extend, route_of
+from mistral_serving.server import (
+    BodyGuard,
+    DirectRoutes,
+    add_routes,
+    error_json,
+    extend,
+    route_of,
+)
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer
@@ -426,7 +434,8 @@ def test_extend_guards_bodies_counts_refusals_and_shuts_down(registered: Fronten
     async def chat(request: Request) -> JSONResponse:
         return JSONResponse({"got": len(await request.body())})
 
-    settings = Settings(max_body_bytes=1024, body_timeout_seconds=5)
+    # Truss's route (the fake one above) serves the body: the guard is what is tested.
+    settings = Settings(max_body_bytes=1024, body_timeout_seconds=5, direct_routes=False)
     assert registered.service is not None
     guarded = Frontend(settings, registered.metrics)
     guarded.attach(registered.service)
@@ -489,3 +498,98 @@ def test_truss_499_before_the_model_is_counted_once() -> None:
     assert counted == [("predict", "client_gone")]
     asyncio.run(call("/v1/models/handled:predict"))
     assert counted == [("predict", "client_gone")]
+
+
+# ---- DirectRoutes ----
+
+
+def truss_route_app() -> tuple[FastAPI, list[str]]:
+    """Truss's generation routes, recording which of them were reached."""
+    app = FastAPI()
+    reached: list[str] = []
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> JSONResponse:
+        reached.append(request.url.path)
+        return JSONResponse({"truss": True})
+
+    @app.get("/v1/completions")
+    async def completions_get() -> JSONResponse:
+        reached.append("GET")
+        return JSONResponse({"truss": True})
+
+    return app, reached
+
+
+COMPLETION = {"prompt": "Hello", "max_tokens": 3}
+
+
+@pytest.fixture
+def answering(tok: Tokenizer) -> Frontend:
+    """A frontend whose engine answers every request with three tokens."""
+    metrics = Metrics(CollectorRegistry())
+    frontend = Frontend(Settings(), metrics)
+    engine = ScriptedEngine.from_ids([5, 6, 7], limits=LIMITS)
+    frontend.attach(GenerationService(Settings(), tok, engine, metrics=metrics))
+    return frontend
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_direct_routes_answer_as_truss_path_would(answering: Frontend, direct: bool) -> None:
+    """On, the frontend answers the POST itself (Truss's route is never reached); off,
+    Truss's route is called."""
+    app, reached = truss_route_app()
+    assert answering.service is not None
+    frontend = Frontend(Settings(direct_routes=direct), answering.metrics)
+    frontend.attach(answering.service)
+    extend(app, frontend)
+    with TestClient(app) as client:
+        answer = client.post("/v1/completions", json=COMPLETION)
+        assert client.get("/v1/completions").json() == {"truss": True}  # not a POST
+    if direct:
+        assert answer.status_code == 200
+        assert answer.json()["object"] == "text_completion"
+        assert answer.headers["x-request-id"]
+        assert reached == ["GET"]
+    else:
+        assert answer.json() == {"truss": True}
+        assert reached == ["/v1/completions", "GET"]
+
+
+def test_direct_routes_leave_a_loading_model_to_truss(registered: Frontend) -> None:
+    """Before load() has finished Truss answers (its own 503 in the real server)."""
+    app, reached = truss_route_app()
+    loading = Frontend(Settings(), registered.metrics)  # no service attached
+    wrapped = DirectRoutes(app, loading)
+    assert TestClient(wrapped).post("/v1/completions", json=COMPLETION).json() == {"truss": True}
+    assert reached == ["/v1/completions"]
+
+
+def test_direct_routes_answer_a_bug_with_a_clean_500(
+    answering: Frontend, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An exception that is not a refusal is logged with its traceback and answered 500 in
+    the route's shape, without the traceback; the next request is served."""
+    app, reached = truss_route_app()
+    wrapped = DirectRoutes(app, answering)
+    real = answering.handle
+    calls: list[str] = []
+
+    async def broken(route: str, request: Request) -> Any:
+        calls.append(route)
+        if len(calls) == 1:
+            raise RuntimeError("secret internals")
+        return await real(route, request)
+
+    monkeypatch.setattr(answering, "handle", broken)
+    client = TestClient(wrapped, raise_server_exceptions=True)
+    with caplog.at_level("ERROR", logger="mistral_serving.server"):
+        failed = client.post("/v1/completions", json=COMPLETION)
+    assert failed.status_code == 500
+    assert failed.json()["error"]["message"] == "internal error while handling the request"
+    assert "secret" not in failed.text
+    assert "secret internals" in caplog.text  # the traceback went to the log
+    predict = client.post("/v1/models/model:predict", json={"prompt": "Hi", "max_tokens": 2})
+    assert predict.status_code == 200, predict.text
+    assert "error" not in predict.json()
+    assert calls == ["completions", "predict"] and reached == []

@@ -16,6 +16,9 @@ settings, and adds, before it starts:
   Truss's own start runs h11 on a stdlib asyncio loop), through `http_limits.py`'s
   protocol class: header size/count (431), header and idle timeouts, a connection cap
   with room for probes, bounded send buffers; the open-file limit is raised to fit.
+- `DirectRoutes` (setting `direct_routes`, on by default) serves the generation routes from
+  the ASGI layer, calling the frontend as the model's methods would, without Truss's
+  per-request wrapper; off, Truss's routes call the model (`model/model.py`).
 - Requests Truss answers 499 itself (client gone after sending) are counted
   `client_gone`; `/openapi.json` is a 404; `/v1/models` does not show the artifact path.
 - The settings are loaded once, here, and the process's one `Frontend` is made here: our
@@ -35,8 +38,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
+
+from fastapi import HTTPException, Request
 
 from mistral_serving import __version__, driver
 from mistral_serving.auth import ApiKeyGuard, configured_keys
@@ -62,7 +67,7 @@ _runtime: dict[str, str] = {}  # how `serve` started uvicorn (for GET /version)
 # ---- the body guard ----
 
 Scope = dict[str, Any]
-Message = dict[str, Any]
+Message = MutableMapping[str, Any]  # as starlette.types: a Response can send through it
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
@@ -225,6 +230,40 @@ async def _answer(
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+# ---- the generation routes, served directly ----
+
+
+class DirectRoutes:
+    """Serves the generation routes by calling the frontend from the ASGI layer (inside the
+    body guard), not through Truss's per-request wrapper: FastAPI's routing and dependency
+    injection, then Truss's health check, spans, disconnect watcher and semaphore. The
+    frontend does for these routes all that matters of it (admission, trace context,
+    disconnects, the routes' own error shapes); the wrapper was a third of the event
+    loop's time per request start (docs/performance.md). Other paths, other methods, and
+    every request while the model loads (Truss's own 503) go to Truss's app."""
+
+    def __init__(self, app: ASGIApp, frontend: Frontend) -> None:
+        self.app = app
+        self.frontend = frontend
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = route_of(scope["path"]) if scope["type"] == "http" else None
+        if route is None or scope["method"] != "POST" or self.frontend.service is None:
+            return await self.app(scope, receive, send)
+        try:
+            response = await self.frontend.handle(route, Request(scope, receive))
+        except HTTPException as exc:  # the frontend's "loading" answer, were one to slip by
+            body = error_json(route, exc.status_code, str(exc.detail))
+            return await _answer(send, exc.status_code, body, scope)
+        except Exception:
+            # A bug, not a bad request (those are RequestErrors, answered by the frontend):
+            # logged with its traceback here, never sent.
+            log.exception("%s %s failed", scope["method"], scope["path"])
+            body = error_json(route, 500, "internal error while handling the request")
+            return await _answer(send, 500, body, scope)
+        await response(scope, receive, send)
+
+
 # ---- extra routes ----
 
 
@@ -293,6 +332,8 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
     """Add our routes and the body guard to Truss's app (before it starts)."""
     settings = frontend.settings
     add_routes(app, frontend)
+    if settings.direct_routes:  # innermost: it sees only bodies the guards let through
+        app.add_middleware(DirectRoutes, frontend=frontend)
 
     def count(route: str, reason: str) -> None:
         frontend.metrics.finished.labels(route, reason).inc()
