@@ -18,17 +18,6 @@ source bench/gpu_env.sh
 bench_setup torch triton
 LEVELS=${LEVELS:-1 16 64 256}
 LONG_LEVELS=${LONG_LEVELS:-16 256}
-engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine options
-  timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${XSET:-} \
-    --concurrency $LEVELS --long --long-concurrency $LONG_LEVELS "${@:2}" \
-    --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
-}
-service() {  # $1: the last percent of the budget; the rest: gpu_bench service options
-  timeout $(left $1) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
-    --concurrency $LEVELS ${LONG_LEVELS:+--long --long-concurrency $LONG_LEVELS} ${AIPERF_PY:+--aiperf} \
-    "${@:2}" --deadline $(( $(at $1) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 \
-    | grep -a '"figure"' | cut -c1-600
-}
 case "${PART:-d}" in
   d)
     for I in 1 2; do for S in 8 4; do for D in true false; do

@@ -34,16 +34,6 @@ source bench/gpu_env.sh
 bench_setup torch triton
 LEVELS=${LEVELS:-1 16 64 256}
 LONG_LEVELS=${LONG_LEVELS:-16 256}
-engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine options
-  timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${XSET:-} \
-    --concurrency $LEVELS --long --long-concurrency $LONG_LEVELS "${@:2}" \
-    --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
-}
-service() {  # $1: the last percent of the budget: the server, both clients (AIPERF_PY), both shapes (LONG_LEVELS)
-  timeout $(left $1) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
-    --concurrency $LEVELS ${LONG_LEVELS:+--long --long-concurrency $LONG_LEVELS} ${AIPERF_PY:+--aiperf} \
-    --deadline $(( $(at $1) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
-}
 gpu_tests() {  # $1: the last percent of the budget (pytest and hypothesis: the image's, or .whl-test/)
   [ -d .whl-test ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-test .whl-test/*.whl
   PYTHONPATH=/tmp/site-test:${PYTHONPATH:-} timeout $(left $1) $PY -m pytest -q -p no:cacheprovider \
