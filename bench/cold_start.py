@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]  # the serving code
 
 
 def evict(artifact: Path, what: str) -> None:
@@ -61,7 +62,6 @@ def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int, profi
         torch.zeros(1, device="cuda")
         torch.cuda.synchronize()
         mark("CUDA context")
-    sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
     import transformers  # noqa: F401
 
     from mistral_serving.engines.factory import keep_compiled_kernels, start_torch_engine
@@ -120,7 +120,6 @@ def main() -> int:
         return 0
     # Compiled Triton kernels already there (the fused ops' start check reads them instead
     # of compiling): the start this row times depends on it.
-    sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
     from mistral_serving.engines.factory import compiled_kernels_dir
     from mistral_serving.settings import Settings
 

@@ -3,8 +3,8 @@
 # $ART and $CACHE (artifact, verified-marker cache), $R (results) and $L (logs), snap (tar
 # the logs into $OUT), at/left (deadlines as a percent of $BUDGET), $B (gpu_bench.py),
 # replay_twice (the replay engine at an 8 and a 4 ms step, twice), engine and service
-# (gpu_bench.py's in-process engine and server at $LEVELS and $LONG_LEVELS, which the
-# round scripts set).
+# (gpu_bench.py's in-process engine and server at $LEVELS, default 1 16 64 256, and 1024/256
+# at $LONG_LEVELS, default 16 256; service runs no 1024/256 when LONG_LEVELS is set empty).
 OUT=${OUT:-/tmp/bench-out}; mkdir -p "$OUT"
 PY=${PY:-python3}
 START=$(date +%s)
@@ -49,12 +49,13 @@ replay_twice() {  # the replay engine at an 8 and a 4 ms step, 256 streams, twic
 }
 engine() {  # $1: the last percent of the budget; the rest: gpu_bench engine options
   timeout $(left $1) $B engine "$ART" --skip-variants ${MBS:+--max-batch-size $MBS} ${XSET:-} \
-    --concurrency $LEVELS --long --long-concurrency $LONG_LEVELS "${@:2}" \
+    --concurrency ${LEVELS:-1 16 64 256} --long --long-concurrency ${LONG_LEVELS:-16 256} "${@:2}" \
     --deadline $(at $1) --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-400
 }
-service() {  # $1: the last percent of the budget; the rest: gpu_bench service options (AIPerf too when AIPERF_PY is set, 1024/256 when LONG_LEVELS is)
+service() {  # $1: the last percent of the budget; the rest: gpu_bench service options (AIPerf too when AIPERF_PY is set)
+  local long=${LONG_LEVELS-16 256}
   timeout $(left $1) $B service "$ART" .benchcarry/ctx/app ${MBS:+--max-batch-size $MBS} ${XSET:-} \
-    --concurrency $LEVELS ${LONG_LEVELS:+--long --long-concurrency $LONG_LEVELS} ${AIPERF_PY:+--aiperf} \
+    --concurrency ${LEVELS:-1 16 64 256} ${long:+--long --long-concurrency $long} ${AIPERF_PY:+--aiperf} \
     "${@:2}" --deadline $(( $(at $1) - 5 )) --log "$L/server-$RANDOM.log" --out "$R" 2>&1 \
     | grep -a '"figure"' | cut -c1-600
 }

@@ -16,8 +16,6 @@ set -u -o pipefail
 BUDGET=${BUDGET:-520}
 source bench/gpu_env.sh
 bench_setup torch triton
-LEVELS=${LEVELS:-1 16 64 256}
-LONG_LEVELS=${LONG_LEVELS:-16 256}
 case "${PART:-d}" in
   d)
     for I in 1 2; do for S in 8 4; do for D in true false; do

@@ -32,8 +32,6 @@ set -u -o pipefail
 BUDGET=${BUDGET:-520}
 source bench/gpu_env.sh
 bench_setup torch triton
-LEVELS=${LEVELS:-1 16 64 256}
-LONG_LEVELS=${LONG_LEVELS:-16 256}
 gpu_tests() {  # $1: the last percent of the budget (pytest and hypothesis: the image's, or .whl-test/)
   [ -d .whl-test ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-test .whl-test/*.whl
   PYTHONPATH=/tmp/site-test:${PYTHONPATH:-} timeout $(left $1) $PY -m pytest -q -p no:cacheprovider \

@@ -7,16 +7,14 @@ and body; every route still works on Truss's path."""
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import requests
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
-from tests.e2e.test_hostile_input import FIELDS, OUR_ROUTES, VALID, json_values
+from tests.e2e.test_hostile_input import MUTATIONS, OUR_ROUTES, VALID, mutated
 
 pytestmark = pytest.mark.e2e
 
@@ -86,22 +84,11 @@ def test_each_route_answers_the_same_on_both_paths(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(
-    route=st.sampled_from(OUR_ROUTES),
-    field=st.sampled_from(FIELDS),
-    value=json_values,
-    drop=st.booleans(),
-)
+@given(**MUTATIONS)
 def test_mutated_bodies_get_the_same_answer_on_both_paths(
     server_url: str, truss_path_url: str, route: str, field: str, value: object, drop: bool
 ) -> None:
-    body = dict(VALID[route]) | {"temperature": 0}
-    if drop:
-        body.pop(random.Random(field).choice(sorted(body)))
-    body[field] = value
-    for key in ("max_new_tokens", "max_tokens"):  # short answers: the property is the path
-        if isinstance(body.get(key), int) and not isinstance(body[key], bool):
-            body[key] = min(body[key], 4)
+    body = mutated(VALID[route] | {"temperature": 0}, field, value, drop)
     raw = json.dumps(body).encode()
     direct, truss = post(server_url, route, raw), post(truss_path_url, route, raw)
     assert direct.status_code < 500, direct.text

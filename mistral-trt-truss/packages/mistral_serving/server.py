@@ -41,7 +41,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 
 from mistral_serving import __version__, driver
 from mistral_serving.auth import ApiKeyGuard, configured_keys
@@ -252,9 +252,6 @@ class DirectRoutes:
             return await self.app(scope, receive, send)
         try:
             response = await self.frontend.handle(route, Request(scope, receive))
-        except HTTPException as exc:  # the frontend's "loading" answer, were one to slip by
-            body = error_json(route, exc.status_code, str(exc.detail))
-            return await _answer(send, exc.status_code, body, scope)
         except Exception:
             # A bug, not a bad request (those are RequestErrors, answered by the frontend):
             # logged with its traceback here, never sent.
