@@ -10,8 +10,9 @@ other cores).
         [--profile docs/replay-profile.txt]   # py-spy: self time per function
         [--set http_parser=h11] [--context .benchcarry/ctx]  # a setting; no truss package
         [--aiperf]   # then AIPerf (AIPERF_PY) at the same level: a second client's figures
+        [--set engine_process=on]  # the replay engine in its own process: the IPC's cost
 
-Prints one JSON line.
+Prints one JSON line (with engine_process=on, `engine_process_cpu_s` is that process's CPU).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,6 +56,13 @@ def load_level(
     row = {"concurrency": concurrency, "input_len": in_len, "output_len": out_len}
     row.update(summary_row(results["runs"][0]["metrics"]), host=results["host"])
     return row
+
+
+def engine_process_pid(url: str) -> int | None:
+    """The engine process's pid from GET /version (None: the engine runs in the server)."""
+    with urllib.request.urlopen(f"{url}/version", timeout=30) as r:
+        pid = json.load(r)["details"].get("engine_process")
+    return pid if isinstance(pid, int) else None
 
 
 def top_functions(raw: Path, n: int = 25) -> list[str]:
@@ -158,6 +167,8 @@ def main() -> int:
                 stderr=subprocess.DEVNULL,
             )
             time.sleep(1)
+        child = engine_process_pid(url)  # engine_process=on: the replay engine's own process
+        child0 = cpu_seconds(child) if child else 0.0
         cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
         row = load_level(
             url,
@@ -168,6 +179,7 @@ def main() -> int:
             args.client_procs,
         )
         cpu, wall = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
+        child_cpu = round(cpu_seconds(child) - child0, 2) if child else None
         row.update(
             kind="service+replay",
             set=args.set,
@@ -175,6 +187,7 @@ def main() -> int:
             server_cpu_s=round(cpu, 2),
             server_cores_busy=round(cpu / wall, 2),
             tok_per_s_per_core=round(row["output_tokens"] / cpu, 1),
+            engine_process_cpu_s=child_cpu,
         )
         print(json.dumps(row), flush=True)
         if spy is not None:

@@ -106,3 +106,30 @@ def test_a_stopped_server_leaves_no_engine_process(start_server):
     # The engine process logs in the server's format (JSON lines), and it said goodbye.
     lines = [line for line in server.log().splitlines() if "[engine process]" in line]
     assert any("engine process exiting" in json.loads(line)["message"] for line in lines)
+
+
+def test_the_replay_engine_serves_the_same_from_its_own_process(start_server):
+    """engine=replay with engine_process=on: the serving layer over the engine process's
+    IPC, as the benchmark runs it, answers exactly as the in-process replay engine."""
+    body = {"prompt": "Write about the sea", "max_new_tokens": 24}
+    completion = {"model": "x", "prompt": "Write about the sea", "max_tokens": 24, "logprobs": 2}
+    replay = {"engine": "replay", "replay_step_ms": 1}
+    own = start_server(engine_process="on", **replay)
+    local = start_server(**replay)
+    try:
+        assert len(engine_processes(own.process.pid)) == 1
+        assert engine_processes(local.process.pid) == []
+        answer = predict(own.url, **body)
+        assert answer == predict(local.url, **body)
+        assert answer["output"] and streamed(own.url, **body) == answer["output"]
+        choices = [
+            requests.post(f"{url}/v1/completions", json=completion, timeout=120).json()["choices"]
+            for url in (own.url, local.url)
+        ]
+        assert choices[0] == choices[1] and choices[0][0]["logprobs"]["tokens"]
+        version = requests.get(f"{own.url}/version", timeout=30).json()
+        assert version["engine"] == "replay"
+        assert version["details"]["engine_process"] in engine_processes(own.process.pid)
+    finally:
+        own.stop()
+        local.stop()

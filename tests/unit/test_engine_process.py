@@ -277,3 +277,45 @@ def test_the_setting_decides_where_the_engine_runs(value, device, own):
 def test_a_bad_engine_process_value_is_a_clear_settings_error(value):
     with pytest.raises(SettingsError, match="engine_process"):
         Settings.load({}, {"MTT_ENGINE_PROCESS": value})
+
+
+def test_the_replay_engine_in_its_own_process_equals_it_in_process(dev_model, tok):
+    """engine=replay with engine_process=on (the serving layer measured over this IPC):
+    the same deltas, logprobs and prompt logprobs as in-process; a refusal is the
+    request's EngineRequestError; an abort ends the stream."""
+    values = {"engine": "replay", "replay_step_ms": 1.0, "max_batch_size": 8}
+    own_s = settings_for(dev_model, engine_process="on", **values)
+    local_s = settings_for(dev_model, **values)
+    own = start_engine(open_artifact(dev_model, own_s), own_s, tok)
+    local = start_engine(open_artifact(dev_model, local_s), local_s, tok)
+    try:
+        assert isinstance(own, ProcessEngine) and not isinstance(local, ProcessEngine)
+        assert (own.info.name, own.limits, own.eos_token_id) == (
+            local.info.name,
+            local.limits,
+            local.eos_token_id,
+        )
+        assert own.vocab_size == local.vocab_size == tok.vocab_size
+        for opts in (
+            SamplingOptions(max_new_tokens=12, logprobs=2, prompt_logprobs=1),
+            SamplingOptions(max_new_tokens=0, prompt_logprobs=0),
+        ):
+            assert run_batch(own, opts) == run_batch(local, opts)
+        guided = SamplingOptions(4, guided=GuidedDecoding("json_object"))
+        with pytest.raises(EngineRequestError, match="response_format is not supported"):
+            asyncio.run(collect(own, "g", PROMPTS[0], guided))
+
+        async def aborted() -> list:
+            stream = own.generate("a", PROMPTS[0], SamplingOptions(max_new_tokens=100_000))
+            first = await stream.__anext__()
+            own.abort("a")
+            return [first] + [d async for d in stream]
+
+        deltas = asyncio.run(aborted())
+        assert deltas[-1].finish_reason == "abort" and len(tokens_of(deltas)) < 100_000
+        wait_until(lambda: own.num_running() == 0, "the aborted request to leave")
+        assert own.is_healthy()
+    finally:
+        own.shutdown()
+        local.shutdown()
+    assert not own.is_healthy()

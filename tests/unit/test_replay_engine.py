@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -115,3 +116,43 @@ def test_the_replay_engine_does_not_import_torch():
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+class _Loop:
+    """The engine process's stand-in for an event loop (worker.Outbox): runs each
+    delivery at once, in the engine's thread, and counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def call_soon_threadsafe(self, callback, *args) -> None:
+        self.calls += 1
+        callback(*args)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.items: list = []
+
+    def put_nowait(self, item) -> None:
+        self.items.append(item)
+
+
+def test_submit_delivers_what_generate_yields_through_any_loop(engine):
+    opts = SamplingOptions(max_new_tokens=6, logprobs=1, prompt_logprobs=1)
+    loop, sink = _Loop(), _Sink()
+    engine.submit("s", [1, 2, 3], opts, loop, sink)
+    for _ in range(6000):  # a bound on waiting, not a speed assertion
+        if sink.items and sink.items[-1].finish_reason is not None:
+            break
+        threading.Event().wait(0.01)
+    assert sink.items == asyncio.run(collect(engine, "g", [1, 2, 3], opts))
+    assert loop.calls == len(sink.items)  # one delivery per step
+    # A prefill only is delivered at once, prompt logprobs and all.
+    loop, sink = _Loop(), _Sink()
+    engine.submit("p", [1, 2, 3], SamplingOptions(0, prompt_logprobs=0), loop, sink)
+    assert [(d.token_ids, d.finish_reason) for d in sink.items] == [([], "length")]
+    assert [lp.token_id for lp in sink.items[0].prompt_logprobs] == [2, 3]
+    with pytest.raises(EngineRequestError, match="accepts 1 to 16"):
+        engine.submit("l", [1] * 17, SamplingOptions(4), _Loop(), _Sink())
+    assert engine.num_running() == 0

@@ -297,7 +297,8 @@ class TorchEngineSettings(LimitsSettings):
         description="PyTorch engines: `on` runs the model and its step loop in a process of "
         "their own (token ids to the server over a socket; the two no longer share one "
         "GIL). Measured on an H200 it served the same throughput as `off` with a later "
-        "first token, so it is off by default.",
+        "first token, so it is off by default. With engine=replay (benchmarks) it runs "
+        "the replay engine there: the serving layer measured over that socket.",
     )
     cuda_graphs: bool = Field(
         True,

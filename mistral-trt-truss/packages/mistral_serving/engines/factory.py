@@ -28,6 +28,7 @@ from mistral_serving.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from mistral_serving.engines.pytorch.dynamic import TorchEngine
+    from mistral_serving.engines.replay import ReplayEngine
 
 log = logging.getLogger(__name__)
 NO_CUDA = "no CUDA GPU"
@@ -107,20 +108,15 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
     artifact_dir, kind = artifact.path, artifact.kind
     if kind == "hf_checkpoint" and settings.engine != "replay":
         check_model_config(artifact.config, str(artifact_dir / "config.json"))
+    from mistral_serving.engines.process.client import wants_own_process
+
     # Engines import lazily: each pulls in its own heavy stack (torch, tensorrt_llm).
     if settings.engine == "replay":  # benchmarks only: see engines/replay.py
-        from mistral_serving.engines.base import set_gil_switch_interval
-        from mistral_serving.engines.replay import ReplayEngine
+        if wants_own_process(settings):  # the serving layer over the engine process's IPC
+            from mistral_serving.engines.process.client import ProcessEngine
 
-        # It stands in for a fast GPU engine: the PyTorch engine's GIL switch interval.
-        set_gil_switch_interval(settings.gil_switch_interval_ms)
-        return ReplayEngine.for_tokenizer(
-            tokenizer,
-            settings.max_batch_size,
-            settings.max_seq_len,
-            settings.max_input_len,
-            settings.replay_step_ms,
-        )
+            return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id, artifact.config)
+        return start_replay_engine(settings, tokenizer)
     keep_compiled_kernels(settings.cache_path)
     if engine_name_for(kind, settings.engine) == "tensorrt_llm":
         from mistral_serving.engines.trtllm.engine import TrtLlmEngine
@@ -147,13 +143,28 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
             pad_token_id=tokenizer.eos_id,
             config=artifact.config,
         )
-    from mistral_serving.engines.process.client import wants_own_process
-
     if wants_own_process(settings):  # engine_process: the step loop off the server's GIL
         from mistral_serving.engines.process.client import ProcessEngine
 
         return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id, artifact.config)
     return start_guided_torch_engine(artifact_dir, settings, tokenizer, artifact.config)
+
+
+def start_replay_engine(settings: Settings, tokenizer: Tokenizer) -> ReplayEngine:
+    """The replay engine (benchmarks only), in this process; the engine process
+    (`worker.py`) starts it with this too."""
+    from mistral_serving.engines.base import set_gil_switch_interval
+    from mistral_serving.engines.replay import ReplayEngine
+
+    # It stands in for a fast GPU engine: the PyTorch engine's GIL switch interval.
+    set_gil_switch_interval(settings.gil_switch_interval_ms)
+    return ReplayEngine.for_tokenizer(
+        tokenizer,
+        settings.max_batch_size,
+        settings.max_seq_len,
+        settings.max_input_len,
+        settings.replay_step_ms,
+    )
 
 
 def compiled_kernels_dir(cache: Path) -> Path:

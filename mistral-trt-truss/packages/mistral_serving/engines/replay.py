@@ -15,6 +15,8 @@ that token. Prompt logprobs (echo) are 0.0 likewise, on the first delta; with
 
 KV-cache usage (the gauge) is what the live requests would hold (prompt + tokens so far)
 over `max_batch_size x max_seq_len`. It imports no torch: a model-free engine stays light.
+With `engine_process: on` it runs in the engine process (`submit`, as the PyTorch engine's),
+so a benchmark measures the serving layer over that process's IPC too.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from mistral_serving.engines.base import (
     EngineInfo,
     EngineLimits,
     Heartbeat,
+    Loop,
     SamplingOptions,
+    Sink,
     StreamQueue,
     TokenDelta,
     TokenLogprob,
@@ -53,8 +57,8 @@ TEXT = (
 
 @dataclass
 class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: StreamQueue
+    loop: Loop
+    queue: Sink
     remaining: int
     offset: int
     held: int  # tokens this request would hold in a KV cache: prompt + output so far
@@ -64,12 +68,19 @@ class _Stream:
 
 class ReplayEngine:
     def __init__(
-        self, token_ids: list[int], eos_token_id: int, limits: EngineLimits, step_s: float = 0.01
+        self,
+        token_ids: list[int],
+        eos_token_id: int,
+        limits: EngineLimits,
+        step_s: float = 0.01,
+        vocab_size: int | None = None,
     ) -> None:
         if not token_ids:
             raise EngineError("the replay engine needs at least one token to replay")
         self._tokens = token_ids
         self.eos_token_id = eos_token_id
+        # What the engine process reports as the embedding's rows (no model: the vocabulary).
+        self.vocab_size = vocab_size or max(token_ids) + 1
         self.limits = limits
         self.info = EngineInfo(
             "replay", {"note": "benchmarks only: emits pre-made tokens", "step_ms": step_s * 1000}
@@ -95,11 +106,33 @@ class ReplayEngine:
     ) -> ReplayEngine:
         seq = max_seq_len or 32768
         limits = EngineLimits(min(max_input_len or seq - 1, seq - 1), seq, max_batch_size)
-        return cls(tokenizer.encode(TEXT), tokenizer.eos_id, limits, step_ms / 1000)
+        return cls(
+            tokenizer.encode(TEXT), tokenizer.eos_id, limits, step_ms / 1000, tokenizer.vocab_size
+        )
 
     async def generate(
         self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
     ) -> AsyncIterator[TokenDelta]:
+        queue: StreamQueue = asyncio.Queue()
+        self.submit(request_id, prompt_ids, sampling, asyncio.get_running_loop(), queue)
+        try:
+            async for delta in read_stream(queue, "replay engine"):
+                yield delta
+        finally:
+            with self._lock:
+                self._live.pop(request_id, None)
+
+    def submit(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingOptions,
+        loop: Loop,
+        queue: Sink,
+    ) -> None:
+        """Check a request and start replaying to it: its deltas go to `queue.put_nowait`
+        through `loop.call_soon_threadsafe`, one call per step (`base.deliver`), as the
+        PyTorch engine's `submit` does; so the engine process (`worker.py`) serves it too."""
         if self._closed.is_set():
             raise EngineError("the replay engine is not running")
         refuse_unsupported(sampling)
@@ -109,12 +142,11 @@ class ReplayEngine:
             None if k is None else [TokenLogprob(t, 0.0, ((t, 0.0),)[:k]) for t in prompt_ids[1:]]
         )
         if max_new == 0:  # a prefill only: nothing to replay
-            yield TokenDelta([], "length", prompt_logprobs=prompt_lps)
+            deliver([(loop, queue, TokenDelta([], "length", prompt_logprobs=prompt_lps))])
             return
-        queue: StreamQueue = asyncio.Queue()
         with self._lock:
             self._live[request_id] = _Stream(
-                asyncio.get_running_loop(),
+                loop,
                 queue,
                 max_new,
                 len(prompt_ids) % len(self._tokens),
@@ -123,12 +155,6 @@ class ReplayEngine:
                 prompt_lps,
             )
         self._wake.set()
-        try:
-            async for delta in read_stream(queue, "replay engine"):
-                yield delta
-        finally:
-            with self._lock:
-                self._live.pop(request_id, None)
 
     def _run(self) -> None:
         tokens, n = self._tokens, len(self._tokens)

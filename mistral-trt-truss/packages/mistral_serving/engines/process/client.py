@@ -79,9 +79,10 @@ _POLL_S = 0.25  # how often a silent socket is checked for the child having exit
 
 
 def wants_own_process(settings: TorchEngineSettings) -> bool:
-    """`engine_process: on` runs a PyTorch engine in a process of its own. Off by default:
-    on the H200 it served the same throughput as in-process and a later first token
-    (docs/performance.md), so it is there for isolation, not speed."""
+    """`engine_process: on` runs a PyTorch engine (or the replay engine, for benchmarks)
+    in a process of its own. Off by default: on the H200 it served the same throughput as
+    in-process and a later first token (docs/performance.md), so it is there for
+    isolation, not speed."""
     return settings.engine_process == "on"
 
 

@@ -1,6 +1,7 @@
 """The engine process: the PyTorch engine (model, KV cache, step loop, sampling, the
 structured-output matcher) in a process of its own, so the server's event loop and the
-step loop do not share one GIL. The server side is `client.py`, which starts this module
+step loop do not share one GIL. With `engine: replay` (benchmarks only) it runs the replay
+engine instead, so the serving layer can be measured over this IPC without a model. The server side is `client.py`, which starts this module
 as `python -m mistral_serving.engines.process.worker FD` (a fresh interpreter, as
 multiprocessing's `spawn` method: CUDA cannot be forked) with one end of a socket pair as FD.
 
@@ -36,7 +37,7 @@ from mistral_serving.engines.process import ipc
 from mistral_serving.settings import Settings
 
 if TYPE_CHECKING:
-    from mistral_serving.engines.pytorch.dynamic import TorchEngine
+    from mistral_serving.engines.base import EngineInfo, EngineLimits, Loop, SamplingOptions, Sink
 
 log = logging.getLogger("mistral_serving.engines.process.worker")  # not __main__ when run as -m
 
@@ -69,7 +70,7 @@ class Outbox:
         self._conn = conn
         self._lock = threading.Lock()  # the engine thread, the main thread, the monitor
         self.pending: list[ipc.Event] = []
-        self.engine: TorchEngine | None = None  # set once loaded: the gauges are read from it
+        self.engine: ServedEngine | None = None  # set once loaded: the gauges are read from it
         self.gauges = (0.0, 0)  # the last values sent
 
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
@@ -102,6 +103,32 @@ class Outbox:
         # OSError: the server is gone; the main thread reads EOF and shuts down.
         with contextlib.suppress(OSError):
             self._conn.send_bytes(ipc.encode(message))
+
+
+class ServedEngine(Protocol):
+    """What this process serves: the PyTorch engine (`TorchEngine`, guided), or the
+    replay engine (benchmarks: the serving layer measured over this IPC)."""
+
+    limits: EngineLimits
+    info: EngineInfo
+    eos_token_id: int
+
+    @property
+    def vocab_size(self) -> int: ...
+    def submit(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingOptions,
+        loop: Loop,
+        queue: Sink,
+    ) -> None: ...
+    def abort(self, request_id: str) -> None: ...
+    def kv_cache_usage(self) -> float: ...
+    def num_running(self) -> int: ...
+    def is_healthy(self) -> bool: ...
+    def stalled_for(self) -> float: ...
+    def shutdown(self) -> None: ...
 
 
 class _Monitored(Protocol):
@@ -170,7 +197,7 @@ def serve(conn: Connection) -> int:
     _configure_logging(start.log_level, start.log_json)
     outbox = Outbox(conn)
     try:
-        from mistral_serving.engines.factory import start_guided_torch_engine
+        from mistral_serving.engines.factory import start_guided_torch_engine, start_replay_engine
         from mistral_serving.tokenizer import load_tokenizer
 
         model_dir = Path(start.model_dir)
@@ -181,7 +208,11 @@ def serve(conn: Connection) -> int:
                 f"the tokenizer in {model_dir} has EOS {tokenizer.eos_id}, "
                 f"the server's has {start.eos_token_id}"
             )
-        engine = start_guided_torch_engine(model_dir, settings, tokenizer, start.config)
+        engine: ServedEngine
+        if settings.engine == "replay":  # benchmarks only: the serving layer over this IPC
+            engine = start_replay_engine(settings, tokenizer)
+        else:
+            engine = start_guided_torch_engine(model_dir, settings, tokenizer, start.config)
     except BaseException as exc:  # noqa: BLE001 - any start-up failure goes to the server
         log.exception("the engine could not start")
         outbox.send(ipc.Failed(type(exc).__name__, str(exc)))
@@ -216,7 +247,7 @@ def _detail(value: object) -> ipc.Detail:
     return value if value is None or isinstance(value, str | int | float | bool) else str(value)
 
 
-def _serve_requests(conn: Connection, engine: TorchEngine, outbox: Outbox) -> None:
+def _serve_requests(conn: Connection, engine: ServedEngine, outbox: Outbox) -> None:
     while True:
         try:
             message = ipc.decode_to_engine(conn.recv_bytes())
