@@ -8,6 +8,9 @@
 # PART=s (~5 min): the in-process PyTorch engine at c = 256 (128/128 and 1024/256), then
 #   the server at c = 256 (128/128) with `engine_process` off and then on, both clients.
 # PART=t (~5 min): PART=s the other way round (the server with `engine_process` on first).
+# PART=a (~7 min): the in-process engine at every level (c = 1/16/64/256 at 128/128, 16/256
+#   at 1024/256), then the server with `engine_process` on at the same levels, both clients.
+# PART=b (~4 min): PART=a again at the levels below 256 (c = 1/16/64, and 16 at 1024/256).
 # Prepared as in docs/performance.md (section R9): .whl/, .benchcarry/, .whl-aiperf/.
 # Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]):
 #   PART=p bash bench/run_gpu_round11.sh
@@ -36,6 +39,14 @@ case "${PART:-p}" in
     LEVELS=${TOP_LEVELS:-256} LONG_LEVELS=${TOP_LONG:-256} engine 30
     LEVELS=${TOP_LEVELS:-256} LONG_LEVELS= service 62 --set engine_process=on
     LEVELS=${TOP_LEVELS:-256} LONG_LEVELS= service 100 --set engine_process=off
+    ;;
+  a)
+    engine 38
+    service 100 --set engine_process=on
+    ;;
+  b)
+    LEVELS=${B_LEVELS:-1 16 64} LONG_LEVELS=${B_LONG:-16} engine 38
+    LEVELS=${B_LEVELS:-1 16 64} LONG_LEVELS=${B_LONG:-16} service 100 --set engine_process=on
     ;;
 esac
 snap; echo "total $(( $(date +%s) - START )) s"

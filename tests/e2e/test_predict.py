@@ -294,6 +294,29 @@ def test_client_disconnect_mid_stream_aborts_the_engine_request(server_url):
     assert predict(server_url, prompt="after", max_new_tokens=2).status_code == 200
 
 
+def test_a_client_that_leaves_a_silent_stream_is_noticed_without_a_write(start_server):
+    """The connection itself tells a stream that its client left: with the replay
+    engine's steps a minute apart, a client that leaves after the response's headers is
+    aborted before the next step, not when a later write to the closed socket fails."""
+    server = start_server(engine="replay", replay_step_ms=60_000)
+    try:
+        r = requests.post(
+            f"{server.url}/v1/models/model:predict",
+            stream=True,
+            timeout=60,
+            json={"prompt": "long", "max_new_tokens": 100, "streaming": True},
+        )
+        assert r.status_code == 200  # the headers: the stream has started
+        wait_for(lambda: value(server.url, "mtt:num_requests_running") == 1, what="the request")
+        r.close()
+        wait_for(lambda: aborted(server.url) == 1, what="the abort")
+        assert value(server.url, "mtt:num_requests_running") == 0
+        # The one step that may have run at once, never the next (a minute later).
+        assert value(server.url, "mtt:generation_tokens_total") <= 1
+    finally:
+        server.stop()
+
+
 def test_client_disconnect_during_a_non_streaming_request_aborts_it(server_url):
     wait_idle(server_url)
     before = aborted(server_url)

@@ -40,7 +40,7 @@ from mistral_serving.protocols import ParseContext, TruncatedStream, WireFormat
 from mistral_serving.protocols.body import decode_json_object
 from mistral_serving.protocols.openai import OpenAIFormat
 from mistral_serving.protocols.predict import PredictFormat
-from mistral_serving.scope_keys import CUT_EXTENSION, HANDLED
+from mistral_serving.scope_keys import CUT_EXTENSION, HANDLED, LEFT_EXTENSION
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.shutdown import Drainer
@@ -145,12 +145,32 @@ class _Stream(StreamingResponse):
         self.buffer_bytes = buffer_bytes
         self.on_slow_reader = on_slow_reader
         self._cut: Callable[[bool], None] | None = None
+        self._left = False  # the client's connection closed (LEFT_EXTENSION)
+        self._ready = asyncio.Event()  # the writer's wake-up: a chunk, the body's end, _left
 
     async def __call__(self, scope: Any, receive: Any, send: Send) -> None:
-        # The server's way to end a response unfinished on purpose (http_limits); absent
-        # in-process (TestClient), where returning early has the same effect.
-        self._cut = (scope.get("extensions") or {}).get(CUT_EXTENSION)
-        await super().__call__(scope, receive, send)
+        # The server's ways to end a response unfinished on purpose and to say that the
+        # client left (http_limits); absent in-process (TestClient), where returning early
+        # has the same effect and Starlette's own task waits on `receive` for a disconnect.
+        extensions = scope.get("extensions") or {}
+        self._cut = extensions.get(CUT_EXTENSION)
+        watch = extensions.get(LEFT_EXTENSION)
+        if watch is None:
+            await super().__call__(scope, receive, send)
+            return
+        # The protocol says when the client leaves: no listener task, no task group (they
+        # were a measurable part of each request start, docs/performance.md).
+        unwatch = watch(self._client_left)
+        try:
+            await self.stream_response(send)
+        finally:
+            unwatch()
+        if self.background is not None:
+            await self.background()
+
+    def _client_left(self) -> None:
+        self._left = True
+        self._ready.set()  # the writer wakes, stops, and the body (engine request) is closed
 
     async def stream_response(self, send: Send) -> None:
         await send(
@@ -158,7 +178,7 @@ class _Stream(StreamingResponse):
         )
         pending: collections.deque[bytes] = collections.deque()
         held = 0  # bytes in `pending`
-        ready = asyncio.Event()
+        ready = self._ready
 
         async def pull() -> None:
             nonlocal held
@@ -179,9 +199,11 @@ class _Stream(StreamingResponse):
         clock = _WriteClock(self.write_timeout_s)
         try:
             while True:
-                if not pending and not puller.done():
+                if not pending and not puller.done() and not self._left:
                     await ready.wait()
                     ready.clear()
+                if self._left:
+                    return  # nothing more can reach it; the puller is cancelled below
                 if pending:
                     # Everything made so far in one write (same bytes, same order; nothing
                     # waits for a later event): writes per event were the stream's top cost.

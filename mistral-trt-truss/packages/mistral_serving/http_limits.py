@@ -18,7 +18,9 @@ makes a subclass of `HttpToolsProtocol` or `H11Protocol` that adds, per connecti
   connection is closed to make room; a new connection that finds none serves only probe
   requests (503 for the rest); past `max_connections` it gets 503 at once;
 - `scope["extensions"]["mistral.cut"]`: how the app ends a response on purpose without
-  completing it (a cut stream, a slow reader) without uvicorn logging it as a fault.
+  completing it (a cut stream, a slow reader) without uvicorn logging it as a fault;
+  `["mistral.on_client_left"]`: a callback run if the connection closes before the response
+  is complete (a stream learns that its client left without a task waiting on `receive`).
 
 A refusal is a JSON answer with `connection: close`, then a half-close: the client can read
 it while its input is read and dropped for a moment (closing at once with unread input
@@ -46,7 +48,7 @@ from uvicorn.protocols.http import h11_impl, httptools_impl
 
 from mistral_serving.errors import RequestError
 from mistral_serving.protocols.openai_types import openai_error_body
-from mistral_serving.scope_keys import CUT_EXTENSION
+from mistral_serving.scope_keys import CUT_EXTENSION, LEFT_EXTENSION
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -214,6 +216,7 @@ class _Guarded:
         self._headers_seen = 0  # completed request heads: tells a new head from the old
         self._header_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        self._on_left: Callable[[], None] | None = None  # the response in progress's watcher
         self._app = self.app
         self.app = self._serve
         verdict = self.limits.admit(self)
@@ -238,6 +241,22 @@ class _Guarded:
         self.limits.release(self)
         self._cancel_header_timer()
         super().connection_lost(exc)  # type: ignore[misc]
+        on_left, self._on_left = self._on_left, None
+        if on_left is not None:
+            on_left()
+
+    def _watch(self, cycle: Any, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run `callback` once if the connection closes before this response is complete
+        (the LEFT_EXTENSION); returns what stops watching."""
+        self._on_left = callback
+        # A read paused after a large body would hide the client's EOF until a write fails.
+        cycle.flow.resume_reading()
+
+        def unwatch() -> None:
+            if self._on_left is callback:
+                self._on_left = None
+
+        return unwatch
 
     # ---- what the cap asks of a connection ----
 
@@ -342,7 +361,11 @@ class _Guarded:
             cycle = getattr(send, "__self__", None)
             if isinstance(cycle, _CYCLES):
                 cut = functools.partial(_cut, cycle, self.transport)
-                scope["extensions"] = {**(scope.get("extensions") or {}), CUT_EXTENSION: cut}
+                scope["extensions"] = {
+                    **(scope.get("extensions") or {}),
+                    CUT_EXTENSION: cut,
+                    LEFT_EXTENSION: functools.partial(self._watch, cycle),
+                }
             if self._probes_only and not is_probe(scope):
                 self.limits.count("probes_only")
                 headers, body = refusal_parts(503, "the server has too many open connections")

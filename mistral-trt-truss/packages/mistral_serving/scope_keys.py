@@ -10,3 +10,7 @@ HANDLED = "mistral.handled"
 # scope["extensions"][CUT_EXTENSION](abort: bool): end the response unfinished on purpose
 # (set by http_limits' protocols).
 CUT_EXTENSION = "mistral.cut"
+# scope["extensions"][LEFT_EXTENSION](callback) -> unwatch: `callback()` runs once if the
+# client's connection closes before the response is complete (set by http_limits' protocols;
+# it replaces a task per response that waits on `receive` for the disconnect).
+LEFT_EXTENSION = "mistral.on_client_left"
