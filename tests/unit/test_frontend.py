@@ -38,7 +38,7 @@ from mistral_serving.frontend import (
     request_id_from,
 )
 from mistral_serving.metrics import Metrics
-from mistral_serving.scope_keys import CUT_EXTENSION
+from mistral_serving.scope_keys import CUT_EXTENSION, LEFT_EXTENSION
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.tokenizer import Tokenizer
@@ -158,6 +158,38 @@ class Client:
 
     def json(self) -> Any:
         return json.loads(self.body_bytes)
+
+
+@dataclass
+class WatchedClient(Client):
+    """As the real server hands a request over: the protocol tells the response when the
+    client left (LEFT_EXTENSION), at once if it already had; `receive` never reports it."""
+
+    _told: list[Any] = field(default_factory=list)
+
+    @property
+    def scope(self) -> dict[str, Any]:
+        return super().scope | {"extensions": {LEFT_EXTENSION: self.watch}}
+
+    def watch(self, callback: Any) -> Any:
+        if self._gone.is_set():
+            callback()
+            return lambda: None
+        self._told.append(callback)
+        return lambda: self._told.remove(callback) if callback in self._told else None
+
+    def leave(self) -> None:
+        self._gone.set()
+        for callback in self._told:
+            callback()
+        self._told.clear()
+
+    async def receive(self) -> dict[str, Any]:
+        self.receives += 1
+        if self.receives == 1:
+            return {"type": "http.request", "body": self.body, "more_body": False}
+        await asyncio.Event().wait()  # only the protocol's call says the client left
+        raise AssertionError("unreachable")
 
 
 async def call(served: Served, client: Client) -> Response:
@@ -440,8 +472,9 @@ def test_a_chat_stream_cut_by_abort_says_so_in_band(tok: Tokenizer) -> None:
 
 
 @pytest.mark.parametrize("route", ["predict", "chat_completions"])
+@pytest.mark.parametrize("told", [Client, WatchedClient])
 def test_a_stream_whose_client_leaves_is_aborted_and_counted_once(
-    tok: Tokenizer, route: str
+    tok: Tokenizer, route: str, told: type[Client]
 ) -> None:
     engine = ScriptedEngine.from_ids(tok.encode(TEXT), finish_reason=None, limits=LIMITS)
     served = serve(tok, engine)
@@ -450,7 +483,7 @@ def test_a_stream_whose_client_leaves_is_aborted_and_counted_once(
         if route == "predict"
         else {"messages": [{"role": "user", "content": "Hi"}]}
     )
-    client = Client(body(**fields, stream=True), route=route)
+    client = told(body(**fields, stream=True), route=route)
 
     async def main() -> None:
         task = asyncio.ensure_future(call(served, client))
@@ -494,6 +527,27 @@ def test_a_chat_stream_left_after_the_role_chunk_is_counted_once(tok: Tokenizer)
     # The body is pulled while the write stalls (the stream's own buffer), so this
     # scripted engine may finish first: whatever the reason, counted once.
     assert sum(served.counts("chat_completions").values()) == 1
+
+
+def test_a_stream_whose_client_left_before_it_began_writes_nothing(tok: Tokenizer) -> None:
+    """The protocol says at once that the client already left (while the request was
+    prepared): no body byte, no engine request, the slot freed, counted once."""
+    served = serve(tok)
+    client = WatchedClient(body(prompt="Hi", stream=True))
+
+    async def main() -> None:
+        response = await served.frontend.handle("predict", client.request())
+        client.leave()
+        await asyncio.wait_for(response(client.scope, client.receive, client.send), 60)
+        del response
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert [m["type"] for m in client.sent] == ["http.response.start"]
+    assert served.engine.calls == []
+    assert served.frontend.admission.inflight == 0
+    assert served.counts("predict") == {"client_gone": 1}
 
 
 def test_a_stream_never_started_is_counted_client_gone(tok: Tokenizer) -> None:

@@ -17,6 +17,7 @@ from uvicorn.config import Config
 from uvicorn.server import ServerState
 
 from mistral_serving.http_limits import Limits, is_probe, protocol_class, raise_fd_limit
+from mistral_serving.scope_keys import LEFT_EXTENSION
 from mistral_serving.settings import Settings
 
 MAX_BYTES = 2048
@@ -80,11 +81,11 @@ def make_limits(**overrides: Any) -> Limits:
 class World:
     """One event loop, one uvicorn server state, connections made on demand."""
 
-    def __init__(self, parser: str, limits: Limits) -> None:
+    def __init__(self, parser: str, limits: Limits, app: Any = ok_app) -> None:
         self.loop = asyncio.new_event_loop()
         self.limits = limits
         self.cls = protocol_class(parser, limits)
-        self.config = Config(app=ok_app, http=self.cls, lifespan="off", log_level="critical")
+        self.config = Config(app=app, http=self.cls, lifespan="off", log_level="critical")
         self.config.h11_max_incomplete_event_size = limits.max_header_bytes + 1
         self.config.load()
         self.state = ServerState()
@@ -231,3 +232,45 @@ def test_fd_limit_is_raised_to_fit_the_connections() -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     assert raise_fd_limit(8) >= min(soft, hard) if hard != resource.RLIM_INFINITY else True
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= min(8 + 256, hard)
+
+
+@pytest.mark.parametrize("case", ["during", "after", "unwatched"])
+@pytest.mark.parametrize("parser", PARSERS)
+def test_a_response_is_told_once_when_its_client_leaves(parser: str, case: str) -> None:
+    """The LEFT_EXTENSION: the callback runs once when the connection closes during the
+    response, at once when it had already closed, and never once unwatched."""
+    watches: list[Any] = []
+
+    async def streaming_app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        watches.append(scope["extensions"][LEFT_EXTENSION])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await asyncio.Event().wait()  # a stream that never ends by itself
+
+    w = World(parser, make_limits(), streaming_app)
+    try:
+        proto, _ = w.connect()
+        proto.data_received(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        w.settle()
+        (watch,) = watches
+        told: list[str] = []
+
+        def callback() -> None:
+            told.append(case)
+
+        if case == "during":
+            watch(callback)
+            proto.connection_lost(None)
+            proto.connection_lost(None)  # a second report tells no one again
+            assert told == [case]
+        elif case == "after":
+            proto.connection_lost(None)
+            watch(callback)
+            assert told == [case]
+        else:
+            watch(callback)()
+            proto.connection_lost(None)
+            assert told == []
+    finally:
+        w.close()

@@ -158,8 +158,8 @@ class _Stream(StreamingResponse):
         if watch is None:
             await super().__call__(scope, receive, send)
             return
-        # The protocol says when the client leaves: no listener task, no task group (they
-        # were a measurable part of each request start, docs/performance.md).
+        # The protocol says when the client leaves: no listener task and no task group per
+        # stream (docs/performance.md, round 11).
         unwatch = watch(self._client_left)
         try:
             await self.stream_response(send)

@@ -247,7 +247,10 @@ class _Guarded:
 
     def _watch(self, cycle: Any, callback: Callable[[], None]) -> Callable[[], None]:
         """Run `callback` once if the connection closes before this response is complete
-        (the LEFT_EXTENSION); returns what stops watching."""
+        (the LEFT_EXTENSION), at once if it already has; returns what stops watching."""
+        if cycle.disconnected:  # it left while the request was being prepared
+            callback()
+            return lambda: None
         self._on_left = callback
         # A read paused after a large body would hide the client's EOF until a write fails.
         cycle.flow.resume_reading()

@@ -1,9 +1,10 @@
 """The engine process: the PyTorch engine (model, KV cache, step loop, sampling, the
 structured-output matcher) in a process of its own, so the server's event loop and the
 step loop do not share one GIL. With `engine: replay` (benchmarks only) it runs the replay
-engine instead, so the serving layer can be measured over this IPC without a model. The server side is `client.py`, which starts this module
-as `python -m mistral_serving.engines.process.worker FD` (a fresh interpreter, as
-multiprocessing's `spawn` method: CUDA cannot be forked) with one end of a socket pair as FD.
+engine instead, so the serving layer can be measured over this IPC without a model. The
+server side is `client.py`, which starts this module as `python -m
+mistral_serving.engines.process.worker FD` (a fresh interpreter, as multiprocessing's
+`spawn` method: CUDA cannot be forked) with one end of a socket pair as FD.
 
 The messages are the typed ones of `ipc.py` (MessagePack, length-framed by a
 `multiprocessing.connection.Connection`): a Start, then Add / Abort / Shutdown from the
