@@ -30,15 +30,11 @@ case "${PART:-p}" in
       done; done
     done
     ;;
-  s)
+  s|t)  # t: the server with `engine_process` on first
+    FIRST=off; SECOND=on; [ "$PART" = t ] && FIRST=on && SECOND=off
     LEVELS=${TOP_LEVELS:-256} LONG_LEVELS=${TOP_LONG:-256} engine 30
-    LEVELS=${TOP_LEVELS:-256} LONG_LEVELS= service 62 --set engine_process=off
-    LEVELS=${TOP_LEVELS:-256} LONG_LEVELS= service 100 --set engine_process=on
-    ;;
-  t)
-    LEVELS=${TOP_LEVELS:-256} LONG_LEVELS=${TOP_LONG:-256} engine 30
-    LEVELS=${TOP_LEVELS:-256} LONG_LEVELS= service 62 --set engine_process=on
-    LEVELS=${TOP_LEVELS:-256} LONG_LEVELS= service 100 --set engine_process=off
+    LEVELS=${TOP_LEVELS:-256} LONG_LEVELS= service 62 --set engine_process=$FIRST
+    LEVELS=${TOP_LEVELS:-256} LONG_LEVELS= service 100 --set engine_process=$SECOND
     ;;
   a)
     engine 38

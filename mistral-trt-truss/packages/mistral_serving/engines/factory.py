@@ -106,47 +106,48 @@ def check_model_config(config: object, where: str) -> ModelConfig:
 def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -> Engine:
     """The engine for this artifact (read once by `artifacts.load_artifact`)."""
     artifact_dir, kind = artifact.path, artifact.kind
-    if kind == "hf_checkpoint" and settings.engine != "replay":
+    replay = settings.engine == "replay"  # benchmarks only: see engines/replay.py
+    if kind == "hf_checkpoint" and not replay:
         check_model_config(artifact.config, str(artifact_dir / "config.json"))
     from mistral_serving.engines.process.client import wants_own_process
 
     # Engines import lazily: each pulls in its own heavy stack (torch, tensorrt_llm).
-    if settings.engine == "replay":  # benchmarks only: see engines/replay.py
-        if wants_own_process(settings):  # the serving layer over the engine process's IPC
-            from mistral_serving.engines.process.client import ProcessEngine
+    if not replay:
+        keep_compiled_kernels(settings.cache_path)
+        name = engine_name_for(kind, settings.engine)
+        if name == "tensorrt_llm":
+            from mistral_serving.engines.trtllm.engine import TrtLlmEngine
 
-            return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id, artifact.config)
-        return start_replay_engine(settings, tokenizer)
-    keep_compiled_kernels(settings.cache_path)
-    if engine_name_for(kind, settings.engine) == "tensorrt_llm":
-        from mistral_serving.engines.trtllm.engine import TrtLlmEngine
+            manifest = artifact.manifest
+            return TrtLlmEngine.load(
+                artifact_dir,
+                settings,
+                eos_token_id=tokenizer.eos_id,
+                pad_token_id=tokenizer.eos_id,
+                tokenizer_vocab_size=tokenizer.vocab_size,
+                config=artifact.config,
+                built_capability=manifest.gpu.compute_capability
+                if manifest is not None and manifest.gpu is not None
+                else None,
+            )
+        if name == "trtllm_pytorch":
+            from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
 
-        manifest = artifact.manifest
-        return TrtLlmEngine.load(
-            artifact_dir,
-            settings,
-            eos_token_id=tokenizer.eos_id,
-            pad_token_id=tokenizer.eos_id,
-            tokenizer_vocab_size=tokenizer.vocab_size,
-            config=artifact.config,
-            built_capability=manifest.gpu.compute_capability
-            if manifest is not None and manifest.gpu is not None
-            else None,
-        )
-    if engine_name_for(kind, settings.engine) == "trtllm_pytorch":
-        from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
-
-        return TrtLlmPytorchEngine.load(
-            artifact_dir,
-            settings,
-            eos_token_id=tokenizer.eos_id,
-            pad_token_id=tokenizer.eos_id,
-            config=artifact.config,
-        )
-    if wants_own_process(settings):  # engine_process: the step loop off the server's GIL
+            return TrtLlmPytorchEngine.load(
+                artifact_dir,
+                settings,
+                eos_token_id=tokenizer.eos_id,
+                pad_token_id=tokenizer.eos_id,
+                config=artifact.config,
+            )
+    # engine_process: the step loop (the PyTorch engine's, or the replay's) off the
+    # server's GIL; the child starts the same engine with the same settings.
+    if wants_own_process(settings):
         from mistral_serving.engines.process.client import ProcessEngine
 
         return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id, artifact.config)
+    if replay:
+        return start_replay_engine(settings, tokenizer)
     return start_guided_torch_engine(artifact_dir, settings, tokenizer, artifact.config)
 
 

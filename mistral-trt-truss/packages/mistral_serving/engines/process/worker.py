@@ -106,7 +106,15 @@ class Outbox:
             self._conn.send_bytes(ipc.encode(message))
 
 
-class ServedEngine(Protocol):
+class _Monitored(Protocol):
+    """What the monitor reads of the engine (a ServedEngine; a double in tests)."""
+
+    def is_healthy(self) -> bool: ...
+    def stalled_for(self) -> float: ...
+    def shutdown(self) -> None: ...
+
+
+class ServedEngine(_Monitored, Protocol):
     """What this process serves: the PyTorch engine (`TorchEngine`, guided), or the
     replay engine (benchmarks: the serving layer measured over this IPC)."""
 
@@ -127,17 +135,6 @@ class ServedEngine(Protocol):
     def abort(self, request_id: str) -> None: ...
     def kv_cache_usage(self) -> float: ...
     def num_running(self) -> int: ...
-    def is_healthy(self) -> bool: ...
-    def stalled_for(self) -> float: ...
-    def shutdown(self) -> None: ...
-
-
-class _Monitored(Protocol):
-    """What the monitor reads of the engine (a TorchEngine; a double in tests)."""
-
-    def is_healthy(self) -> bool: ...
-    def stalled_for(self) -> float: ...
-    def shutdown(self) -> None: ...
 
 
 class _MonitorOut(Protocol):
@@ -156,7 +153,7 @@ def _monitor(engine: _Monitored, outbox: _MonitorOut, stopping: threading.Event)
         # `stopping` is set before a deliberate shutdown stops the loop.
         if not engine.is_healthy() and not stopping.is_set():
             engine.shutdown()  # waits for the dying loop to fail its streams, frees memory
-            outbox.send(ipc.Fatal("the PyTorch engine's step loop died (see the engine log)"))
+            outbox.send(ipc.Fatal("the engine's step loop died (see the engine log)"))
             os._exit(1)
         outbox.send_gauges_if_changed()
         if time.monotonic() >= next_beat:
