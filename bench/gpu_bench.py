@@ -670,7 +670,7 @@ def service_bench(args) -> None:
         settings["cache_dir"] = args.verify
     settings |= dict(item.partition("=")[::2] for item in args.set or [])
     cold = drop_page_cache()
-    server, ready = start_server(Path(args.app).resolve(), settings, args.log)
+    server, ready = start_server(Path(args.app).resolve(), settings, args.log, args.packages)
     url = server.url
     try:
         emit(
@@ -713,7 +713,8 @@ def service_bench(args) -> None:
                         emit(figure="skipped", variant="aiperf", concurrency=c, why="out of time")
                         continue
                     aiperf_level(url, model, str(Path(args.dir).resolve()), c, in_len, out_len,
-                                 temperature=args.temperature or 0.0, set=args.set)  # fmt: skip
+                                 temperature=args.temperature or 0.0, set=args.set,
+                                 token_ids=args.aiperf_token_ids)  # fmt: skip
         if args.guided:
             guided_rounds(url, args)
         if args.text_levels:
@@ -847,6 +848,7 @@ def aiperf_command(
     out_len: int,
     out: Path,
     temperature: float = 0.0,
+    payloads: Path | None = None,
 ) -> list[str]:
     """`aiperf profile` for one closed-loop level as our client runs it: streamed
     /v1/completions, synthetic prompts of exactly `in_len` tokens, `out_len` tokens with
@@ -856,20 +858,48 @@ def aiperf_command(
     work, not the server's); one warm-up request per
     stream first, so the timed requests find AIPerf's connection pool open (without it
     AIPerf's TTFT was 2.8x our client's on the CPU check); worker processes: every core but
-    two (AIPerf's default, 0.75 of them less one, left it short of streams on 2 cores)."""
+    two (AIPerf's default, 0.75 of them less one, left it short of streams on 2 cores).
+    With `payloads` (aiperf_token_id_payloads), AIPerf sends those bodies as they are
+    (token-id prompts, as our client's) instead of synthetic text."""
     workers = min(concurrency, max(2, (os.cpu_count() or 2) - 2))
+    if payloads is None:
+        inputs = [
+            "--synthetic-input-tokens-mean", str(in_len), "--synthetic-input-tokens-stddev", "0",
+            "--output-tokens-mean", str(out_len), "--output-tokens-stddev", "0",
+            "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{out_len}",
+            "--extra-inputs", f"temperature:{temperature:g}",
+        ]  # fmt: skip
+    else:
+        inputs = ["--input-file", str(payloads), "--custom-dataset-type", "inputs_json"]
     return [
         os.environ.get("AIPERF_PY", sys.executable), "-m", "aiperf", "profile",
         "--model", model, "--url", url, "--endpoint-type", "completions", "--streaming",
         "--concurrency", str(concurrency), "--request-count", str(2 * concurrency),
-        "--synthetic-input-tokens-mean", str(in_len), "--synthetic-input-tokens-stddev", "0",
-        "--output-tokens-mean", str(out_len), "--output-tokens-stddev", "0",
-        "--extra-inputs", "ignore_eos:true", "--extra-inputs", f"min_tokens:{out_len}",
-        "--extra-inputs", f"temperature:{temperature:g}",
+        *inputs,
         "--warmup-request-count", str(concurrency), "--use-server-token-count",
         "--tokenizer", tokenizer,
         "--workers-max", str(workers), "--ui", "none", "--artifact-dir", str(out),
     ]  # fmt: skip
+
+
+def aiperf_token_id_payloads(
+    path: Path, model: str, concurrency: int, in_len: int, out_len: int, temperature: float = 0.0
+) -> Path:
+    """AIPerf's inputs_json file of the bodies our client sends with token-id prompts
+    (client.datasets.token_id_prompts: BOS then random ids, streamed, ignore_eos), one per
+    request of aiperf_command's warm-up and timed requests (3 x concurrency)."""
+    from client.datasets import token_id_prompts
+
+    body = {"model": model, "max_tokens": out_len, "min_tokens": out_len, "ignore_eos": True,
+            "temperature": temperature, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    items = token_id_prompts(3 * concurrency, in_len, out_len, seed=7)
+    sessions = [
+        {"session_id": f"s{i}", "payloads": [body | {"prompt": item.prompt}]}
+        for i, item in enumerate(items)
+    ]
+    path.write_text(json.dumps({"data": sessions}))
+    return path
 
 
 def aiperf_level(
@@ -880,19 +910,29 @@ def aiperf_level(
     in_len: int,
     out_len: int,
     temperature: float = 0.0,
+    token_ids: bool = False,
     **extra,
 ) -> dict:
     """One level through `aiperf profile` (aiperf_command); its artifacts are kept beside
-    the logs and its figures emitted as `figure="aiperf"`."""
+    the logs and its figures emitted as `figure="aiperf"`. `token_ids`: our client's
+    token-id bodies (aiperf_token_id_payloads) instead of AIPerf's synthetic text."""
     out = client_logs() / f"aiperf-c{concurrency}-{int(time.time())}"
-    command = aiperf_command(url, model, tokenizer, concurrency, in_len, out_len, out, temperature)
+    payloads = None
+    if token_ids:
+        out.mkdir(parents=True, exist_ok=True)
+        payloads = aiperf_token_id_payloads(
+            out / "inputs.json", model, concurrency, in_len, out_len, temperature
+        )
+    command = aiperf_command(
+        url, model, tokenizer, concurrency, in_len, out_len, out, temperature, payloads
+    )
     env = {
         k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
     }
     return second_client_level("aiperf", command, env | AIPERF_NO_NETWORK,
                                out / "profile_export_aiperf.json", aiperf_figures,
                                concurrency, in_len, out_len, temperature=temperature,
-                               **extra)  # fmt: skip
+                               prompts="token ids" if token_ids else "text", **extra)  # fmt: skip
 
 
 def aiperf_figures(report: dict) -> dict:
@@ -1193,6 +1233,16 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="engine: sweeps of the same engine")
     ap.add_argument("--guidellm", action="store_true", help="service: guidellm at each level too")
     ap.add_argument("--aiperf", action="store_true", help="service: AIPerf at each level too")
+    ap.add_argument(
+        "--aiperf-token-ids",
+        action="store_true",
+        help="service: AIPerf sends our client's token-id bodies, not its synthetic text",
+    )
+    ap.add_argument(
+        "--packages",
+        help="service: the serving packages the server imports (default: this repo's; "
+        "another checkout's to compare two versions under one benchmark)",
+    )
     ap.add_argument(
         "--temperature",
         type=float,

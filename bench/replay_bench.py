@@ -9,7 +9,9 @@ other cores).
     python bench/replay_bench.py [--concurrency 256] [--output-len 256] \
         [--profile docs/replay-profile.txt]   # py-spy: self time per function
         [--set http_parser=h11] [--context .benchcarry/ctx]  # a setting; no truss package
+        [--context DIR --packages OTHER/mistral-trt-truss/packages]  # another version's server
         [--aiperf]   # then AIPerf (AIPERF_PY) at the same level: a second client's figures
+        [--aiperf-token-ids]  # AIPerf sends our client's token-id bodies, not its own text
         [--set engine_process=on]  # the replay engine in its own process: the IPC's cost
 
 Prints one JSON line (with engine_process=on, `engine_process_cpu_s` is that process's CPU).
@@ -113,18 +115,29 @@ def main() -> int:
         help="a prepared Truss build context (local_server.prepare_app_dir) to run, for a "
         "machine without the truss package; the repo's serving code is imported",
     )
+    ap.add_argument(
+        "--packages",
+        type=Path,
+        help="with --context: the serving packages the server imports (default: this repo's; "
+        "another checkout's to compare two versions under one benchmark)",
+    )
     ap.add_argument("--set", action="append", default=[], help="more settings: KEY=VALUE")
     ap.add_argument(
         "--aiperf",
         action="store_true",
         help="then AIPerf at the same level (bench/gpu_bench.py's aiperf_level, AIPERF_PY)",
     )
+    ap.add_argument(
+        "--aiperf-token-ids",
+        action="store_true",
+        help="AIPerf sends our client's token-id bodies, not its synthetic text",
+    )
     args = ap.parse_args()
 
     build_dev_model()
     if args.context is not None:
         context = args.context.resolve()
-        packages = str(ROOT / "mistral-trt-truss/packages")
+        packages = str((args.packages or ROOT / "mistral-trt-truss/packages").resolve())
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (packages, os.environ.get("PYTHONPATH", "")) if p
         )
@@ -201,8 +214,16 @@ def main() -> int:
             from mistral_serving.settings import Settings
 
             model = Settings.load(settings).served_model_name
-            aiperf_level(url, model, str(DEV_MODEL_DIR), args.concurrency, args.input_len,
-                         args.output_len, step_ms=args.step_ms)  # fmt: skip
+            cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+            aiperf = aiperf_level(url, model, str(DEV_MODEL_DIR), args.concurrency,
+                                  args.input_len, args.output_len, step_ms=args.step_ms,
+                                  token_ids=args.aiperf_token_ids)  # fmt: skip
+            # The server's CPU over AIPerf's whole run (its warm-up requests included).
+            cpu, wall = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
+            print(json.dumps({"figure": "aiperf_server", "server_cpu_s": round(cpu, 2),
+                              "server_cores_busy": round(cpu / wall, 2),
+                              "requests": 3 * args.concurrency,
+                              "ok": aiperf["figure"] == "aiperf"}), flush=True)  # fmt: skip
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -9,6 +9,7 @@ import os
 import shlex
 import subprocess
 from pathlib import Path
+from urllib.request import urlopen
 
 import pytest
 
@@ -72,3 +73,34 @@ def test_aiperf_profile_completes_every_request(server_url: str, tmp_path: Path)
     # AIPerf scrapes the server's /metrics beside the run, and finds it.
     scraped = json.loads((tmp_path / "server_metrics_export.json").read_text())["summary"]
     assert scraped["endpoints_successful"] == [f"{server_url}/metrics"]
+
+
+@needs_aiperf
+def test_aiperf_sends_the_benchmarks_token_id_bodies(
+    server_url: str, dev_model: Path, tmp_path: Path
+) -> None:
+    """bench/gpu_bench.py's AIPerf level with `token_ids`: AIPerf replays our client's
+    token-id bodies verbatim (its inputs_json dataset), so the second client measures the
+    same requests as ours; every one is answered with the prompt length asked for."""
+    from bench import gpu_bench
+
+    model = json.loads(urlopen(f"{server_url}/v1/models").read())["data"][0]["id"]
+    payloads = gpu_bench.aiperf_token_id_payloads(tmp_path / "inputs.json", model, 2, 16, 4)
+    bodies = [s["payloads"][0] for s in json.loads(payloads.read_text())["data"]]
+    assert len(bodies) == 6 and all(len(b["prompt"]) == 16 for b in bodies)
+    argv = gpu_bench.aiperf_command(
+        server_url, model, str(dev_model), 2, 16, 4, tmp_path / "out", payloads=payloads
+    )
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
+    argv[0] = str(Path(str(AIPERF)).parent / "python")  # the tools venv's, as AIPERF_PY
+    run = subprocess.run(
+        argv, cwd=REPO, env=env | NO_NETWORK, capture_output=True, text=True, timeout=400
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads((tmp_path / "out" / "profile_export_aiperf.json").read_text())
+    assert report["is_complete"] and report["error_summary"] == []
+    assert report["request_count"]["avg"] == 4
+    assert report["usage_prompt_tokens"]["min"] == report["usage_prompt_tokens"]["max"] == 16
+    assert report["usage_completion_tokens"]["min"] == report["usage_completion_tokens"]["max"] == 4

@@ -108,3 +108,23 @@ def test_the_long_shape_takes_its_own_levels_only_when_given() -> None:
     assert gpu_bench.levels_for(given, gpu_bench.LONG_INPUT) == [16, 256]
     unset = argparse.Namespace(concurrency=[1, 4], long_concurrency=None)
     assert gpu_bench.levels_for(unset, gpu_bench.LONG_INPUT) == [1, 4]
+
+
+def test_token_id_bodies_replace_the_synthetic_text(tmp_path: Path) -> None:
+    """With payloads, AIPerf sends our client's token-id bodies as they are: no synthetic
+    prompt or output options (the bodies carry max_tokens, min_tokens, ignore_eos)."""
+    payloads = gpu_bench.aiperf_token_id_payloads(tmp_path / "in.json", "m", 4, 32, 8)
+    sessions = json.loads(payloads.read_text())["data"]
+    assert len(sessions) == 12 and len({s["session_id"] for s in sessions}) == 12
+    bodies = [s["payloads"] for s in sessions]
+    assert all(len(b) == 1 for b in bodies)
+    first = bodies[0][0]
+    assert first["model"] == "m" and first["stream"] and first["ignore_eos"]
+    assert first["max_tokens"] == first["min_tokens"] == 8 and first["temperature"] == 0
+    assert all(len(b[0]["prompt"]) == 32 and b[0]["prompt"][0] == 1 for b in bodies)
+    assert len({tuple(b[0]["prompt"]) for b in bodies}) == 12  # no two alike (prefix caches)
+    argv = gpu_bench.aiperf_command("http://x", "m", "/t", 4, 32, 8, tmp_path, payloads=payloads)
+    assert argv[argv.index("--input-file") + 1] == str(payloads)
+    assert argv[argv.index("--custom-dataset-type") + 1] == "inputs_json"
+    assert not any(a.startswith("--synthetic") or a == "--extra-inputs" for a in argv)
+    assert argv[argv.index("--request-count") + 1] == "8"

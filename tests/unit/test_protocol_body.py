@@ -4,6 +4,7 @@ anything a strict parser refuses; never another exception."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -232,3 +233,68 @@ def test_any_json_object_round_trips_or_names_its_surrogate(
         assert decoded == value
         assert not has_lone_surrogate(value)
         assert depth(value) <= MAX_DEPTH
+
+
+def test_a_long_token_id_prompt_decodes() -> None:
+    ids = list(range(32000))
+    assert decode_json_object(json.dumps({"prompt": ids}).encode()) == {"prompt": ids}
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        (b'{"temperature": 1e999}', "temperature"),
+        (b'{"prompt": [1, 2, -1e999]}', "prompt.2"),
+        (b'{"a": [{"b": [0.5, 1e400]}]}', "a.0.b.1"),
+    ],
+)
+def test_an_overflowing_number_is_refused_naming_where(raw: bytes, where: str) -> None:
+    err = refused(raw)
+    assert "out of range" in err.message and err.message.endswith(where)
+
+
+def test_a_huge_integer_inside_a_list_is_refused() -> None:
+    err = refused(b'{"prompt": [1, ' + b"7" * 4400 + b"]}")
+    assert "digits" in err.message
+
+
+def reference_refuses(value: Any) -> bool:
+    """What the body check refuses, written plainly (recursively) from its rules."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, str):
+        return has_lone_surrogate(value)
+    if isinstance(value, list):
+        return any(reference_refuses(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_lone_surrogate(k) or reference_refuses(v) for k, v in value.items())
+    return False
+
+
+def wrapped(value: Any, shells: list[bool]) -> Any:
+    for as_list in shells:
+        value = [value] if as_list else {"k": value}
+    return value
+
+
+# Bodies whose depth lands near the limit, with lists of plain numbers (token ids) at the
+# bottom, where the check passes over a list of numbers in one step.
+DEEP = st.builds(
+    wrapped,
+    st.lists(st.integers(-3, 3) | st.booleans() | st.none(), max_size=4) | JSON,
+    st.lists(st.booleans(), min_size=MAX_DEPTH - 4, max_size=MAX_DEPTH + 2),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=DEEP | st.dictionaries(st.text(max_size=3), JSON, max_size=4))
+def test_refusals_match_the_rules_at_any_depth(value: Any) -> None:
+    body = value if isinstance(value, dict) else {"b": value}
+    raw = json.dumps(body).encode("utf-8", "surrogatepass")
+    should_refuse = depth(body) > MAX_DEPTH or reference_refuses(body)
+    try:
+        decoded = decode_json_object(raw)
+    except RequestError as err:
+        assert should_refuse, err.message
+    else:
+        assert not should_refuse and decoded == body

@@ -798,3 +798,61 @@ def test_mutated_valid_bodies_parse_or_are_refused(
         inner = data.draw(st.sampled_from(sorted(body[key])))
         body[key] = body[key] | {inner: data.draw(JSON)}
     check_outcome(fmt, body)
+
+
+def is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(type(t) is int for t in value)
+
+
+PROMPT_ITEM = (
+    st.integers(-5, 40000)
+    | st.booleans()
+    | st.text(max_size=4)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.none()
+    | st.lists(st.integers(-5, 40000) | st.booleans() | st.text(max_size=2), max_size=3)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=st.lists(PROMPT_ITEM, max_size=5) | st.text(max_size=6) | JSON)
+def test_a_prompt_is_taken_exactly_in_its_supported_forms(
+    comp_fmt: OpenAIFormat, prompt: Any
+) -> None:
+    """The prompt's form is picked from its first element (a plain union checked a long
+    token-id list against every form); whatever the mixture, the outcome is what the
+    four forms allow: a string, token ids, or a batch of one of either."""
+    if isinstance(prompt, str):
+        expected: tuple[str | None, tuple[int, ...] | None] | None = (prompt, None)
+    elif is_token_ids(prompt):
+        expected = (None, tuple(prompt))
+    elif isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        expected = (prompt[0], None)
+    elif isinstance(prompt, list) and len(prompt) == 1 and is_token_ids(prompt[0]):
+        expected = (None, tuple(prompt[0]))
+    else:
+        expected = None
+    try:
+        call = comp_fmt.parse({"prompt": prompt}, CTX)
+    except RequestError as err:
+        assert expected is None, (prompt, err.message)
+        assert err.status == 400 and err.param is not None and err.param.startswith("prompt")
+    else:
+        assert (call.gen.prompt, call.gen.prompt_ids) == expected
+
+
+@pytest.mark.parametrize(
+    ("prompt", "param"),
+    [
+        ([1, "a"], "prompt.ids.1"),
+        (["a", 1], "prompt.texts.1"),
+        ([[1], [2, "x"]], "prompt.batch.1.1"),
+    ],
+)
+def test_a_mixed_prompt_names_its_first_odd_element(
+    comp_fmt: OpenAIFormat, prompt: list, param: str
+) -> None:
+    """Checked as the form its first element says, so the refusal is one line about the
+    element that does not fit, not one per form tried."""
+    err = refusal(comp_fmt, {"prompt": prompt})
+    assert err.param == param and ";" not in err.message

@@ -211,7 +211,7 @@ class GenerationService:
         if req.prompt_ids is not None:
             ids = list(req.prompt_ids)
             vocab = self.tokenizer.vocab_size
-            if any(not 0 <= t < vocab for t in ids):
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
                 raise RequestError(f"prompt token ids must be in [0, {vocab})", param=req.param)
         else:
             chars = (

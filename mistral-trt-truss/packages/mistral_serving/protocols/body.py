@@ -24,19 +24,6 @@ def _refuse_constant(name: str) -> Any:
     raise RequestError(f"request body is not valid JSON: {name} is not a JSON number")
 
 
-def _parse_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise RequestError(f"request body holds an integer of more than {MAX_INT_DIGITS} digits")
-    return int(text)
-
-
-def _parse_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999: as refused as Infinity itself
-        raise RequestError(f"request body holds a number out of range: {text[:32]}")
-    return value
-
-
 def decode_json_object(raw: bytes) -> dict[str, Any]:
     if not raw.strip():
         raise RequestError("request body is empty; send a JSON object")
@@ -45,12 +32,18 @@ def decode_json_object(raw: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise RequestError(f"request body is not valid UTF-8 (byte {exc.start})") from None
     try:
-        value = json.loads(
-            text, parse_constant=_refuse_constant, parse_int=_parse_int, parse_float=_parse_float
-        )
+        # Numbers are parsed in C (a Python hook per number was most of a token-id
+        # prompt's cost); what the hooks refused is refused below and in `_check`.
+        value = json.loads(text, parse_constant=_refuse_constant)
+    except RequestError:  # NaN or Infinity (a RequestError is a ValueError too)
+        raise
     except json.JSONDecodeError as exc:
         raise RequestError(
             f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+        ) from None
+    except ValueError:  # int() refuses more than 4300 digits with a plain ValueError
+        raise RequestError(
+            f"request body holds an integer of more than {MAX_INT_DIGITS} digits"
         ) from None
     except RecursionError:
         raise RequestError(f"request body nests deeper than {MAX_DEPTH} levels") from None
@@ -72,27 +65,59 @@ def _json_type(value: Any) -> str:
     return "a number"
 
 
+_SCALARS = frozenset({int, bool, type(None)})  # nothing to check in these
+
+
 def _check(root: dict[str, Any]) -> None:
-    """Depth and surrogates, iteratively (a recursive walk is what deep bodies break)."""
-    stack: list[tuple[Any, str, int]] = [(root, "", 1)]
+    """Depth, finite numbers and surrogates, iteratively (a recursive walk is what deep
+    bodies break). Only containers are stacked, and a list of plain numbers (a token-id
+    prompt) is passed over in one C-level look at its types; a field's path is worked
+    out only for a refusal."""
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(root, 1)]
     while stack:
-        value, path, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise RequestError(f"request body nests deeper than {MAX_DEPTH} levels")
+        container, depth = stack.pop()
+        if isinstance(container, dict):
+            for key in container:
+                if not key.isascii() and _SURROGATE.search(key):
+                    raise RequestError(
+                        "a key: string contains a lone UTF-16 surrogate; send valid Unicode"
+                    )
+            items: Any = container.values()
+        else:
+            if set(map(type, container)) <= _SCALARS:
+                if container and depth >= MAX_DEPTH:
+                    raise RequestError(f"request body nests deeper than {MAX_DEPTH} levels")
+                continue
+            items = container
+        for item in items:
+            if depth >= MAX_DEPTH:  # the item would be one level too deep
+                raise RequestError(f"request body nests deeper than {MAX_DEPTH} levels")
+            kind = type(item)
+            if kind is dict or kind is list:
+                stack.append((item, depth + 1))
+            elif kind is str:
+                if not item.isascii() and _SURROGATE.search(item):
+                    path = _path_to(root, item)
+                    raise RequestError(
+                        f"{path[:64]}: string contains a lone UTF-16 surrogate; send valid Unicode",
+                        param=path[:64],
+                    )
+            elif kind is float and not math.isfinite(item):
+                # A finite literal too large for a float (1e999) is as refused as Infinity.
+                raise RequestError(
+                    f"request body holds a number out of range: {_path_to(root, item)}"
+                )
+
+
+def _path_to(root: Any, target: object) -> str:
+    """The dotted path of `target` (this very object) in `root`: for a refusal's message."""
+    stack: list[tuple[Any, str]] = [(root, "")]
+    while stack:
+        value, path = stack.pop()
+        if value is target:
+            return path or "body"
         if isinstance(value, dict):
-            for key, item in value.items():
-                _check_text(key, f"{path}.{key}" if path else key, is_key=True)
-                stack.append((item, f"{path}.{key}" if path else key, depth + 1))
+            stack.extend((v, f"{path}.{k}" if path else k) for k, v in value.items())
         elif isinstance(value, list):
-            stack.extend((item, f"{path}.{i}", depth + 1) for i, item in enumerate(value))
-        elif isinstance(value, str):
-            _check_text(value, path or "body")
-
-
-def _check_text(text: str, path: str, is_key: bool = False) -> None:
-    if not text.isascii() and _SURROGATE.search(text):
-        what = "a key" if is_key else path[:64]
-        raise RequestError(
-            f"{what}: string contains a lone UTF-16 surrogate; send valid Unicode",
-            param=None if is_key else path[:64],
-        )
+            stack.extend((v, f"{path}.{i}") for i, v in enumerate(value))
+    return "body"

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from msgspec import UNSET, UnsetType
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from mistral_serving.chat import (
     ChatMessage,
@@ -217,9 +217,30 @@ class ChatCompletionRequest(_Common):
 CompletionMaxTokens = Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)]
 
 
+def _prompt_kind(value: Any) -> str:
+    """Which of the prompt's forms to check `value` against, from its first element: a
+    plain union tries each form in turn, and each failed form costs a check of every
+    element (most of a long token-id prompt's parse)."""
+    if not isinstance(value, list):
+        return "text"  # a string, or refused as not one
+    first = value[0] if value else 0
+    if isinstance(first, list):
+        return "batch"
+    return "texts" if isinstance(first, str) else "ids"
+
+
+# `batch`: a batch of token-id prompts (lm-evaluation-harness sends one).
+CompletionPrompt = Annotated[
+    Annotated[str, Tag("text")]
+    | Annotated[list[str], Tag("texts")]
+    | Annotated[list[int], Tag("ids")]
+    | Annotated[list[list[int]], Tag("batch")],
+    Discriminator(_prompt_kind),
+]
+
+
 class CompletionRequest(_Common):
-    # `list[list[int]]`: a batch of token-id prompts (lm-evaluation-harness sends one).
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(union_mode="left_to_right")
+    prompt: CompletionPrompt
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: Literal[1] | None = None
@@ -649,11 +670,11 @@ def _usage(record: RequestRecord) -> Usage:
 def _completion_prompt(
     prompt: str | list[str] | list[int] | list[list[int]],
 ) -> tuple[str | None, tuple[int, ...] | None]:
+    # Validated as one of its forms (CompletionPrompt): the first element tells which.
     if isinstance(prompt, str):
         return prompt, None
-    ids = [p for p in prompt if isinstance(p, int)]
-    if prompt and len(ids) == len(prompt):
-        return None, tuple(ids)  # token ids, used as given (range-checked later)
+    if prompt and isinstance(prompt[0], int):
+        return None, tuple(prompt)  # token ids, used as given (range-checked later)
     if len(prompt) == 1 and isinstance(prompt[0], list) and prompt[0]:
         return None, tuple(prompt[0])  # a batch of one token-id prompt
     if len(prompt) == 1 and isinstance(prompt[0], str):
