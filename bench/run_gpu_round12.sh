@@ -9,6 +9,8 @@
 # PART=m (~8 min): PART=l with the two servers the other way round (this tree first).
 # PART=r (~8 min): the replay engine (goal 5: 256 streams, 16 in / 256 out) at an 8 and a
 #   4 ms step, the packages from before and after in alternate order, both clients.
+# PART=g (~8 min): the replay engine as in PART=r, this tree only, with `access_log` all and
+#   others in alternate order (whether leaving out the duplicate access line earns a default).
 # One benchmark (this tree's bench/) and one build context for both; only the packages differ.
 # Prepared as in docs/performance.md (section R9: .whl/, .benchcarry/, .whl-aiperf/) plus
 # .before/, the serving packages before the change:
@@ -39,6 +41,18 @@ case "${PART:-l}" in
         timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx \
           --packages "$PWD/${!P}" --client-procs ${CPROCS:-4} --requests-per-worker ${RPW:-4} \
           --step-ms $S ${RSET:-} ${AIPERF_PY:+--aiperf --aiperf-token-ids} 2>&1 \
+          | grep -a "^{" | tee -a "$R" | cut -c1-400
+      done; done
+    done
+    ;;
+  g)
+    for I in 1 2; do
+      ORDER="all others"; [ $I = 2 ] && ORDER="others all"
+      for S in 8 4; do for A in $ORDER; do
+        echo "{\"figure\": \"next_access_log\", \"access_log\": \"$A\"}" | tee -a "$R"
+        timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx \
+          --client-procs ${CPROCS:-4} --requests-per-worker ${RPW:-4} --step-ms $S \
+          --set access_log=$A ${RSET:-} ${AIPERF_PY:+--aiperf --aiperf-token-ids} 2>&1 \
           | grep -a "^{" | tee -a "$R" | cut -c1-400
       done; done
     done

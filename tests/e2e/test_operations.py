@@ -4,6 +4,7 @@ waiters whose client left, and the drain on SIGTERM."""
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 
 import pytest
@@ -159,3 +160,40 @@ def test_the_server_runs_on_uvloop_with_the_httptools_parser(server_url):
     version = requests.get(server_url + "/version", timeout=30).json()
     assert version["server"] == {"event_loop": "uvloop", "http_parser": "httptools"}
     assert version["engine"] and version["details"]
+
+
+def _access_line_requests(url: str) -> None:
+    """A streamed and a plain completion (each writes the per-request line), a GET, and a
+    body refused by its declared size before it is read (no request line)."""
+    body = {"prompt": "Hi", "max_tokens": 3}
+    for rid, stream in (("access-streamed", True), ("access-plain", False)):
+        r = requests.post(
+            url + "/v1/completions",
+            json=body | {"stream": stream},
+            headers={"X-Request-Id": rid},
+            timeout=60,
+        )
+        assert r.status_code == 200 and r.content
+    assert requests.get(url + "/v1/models", timeout=30).status_code == 200
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 900000000\r\n\r\n"
+        )
+        assert sock.recv(64).startswith(b"HTTP/1.1 413")
+
+
+@pytest.mark.parametrize("access_log", ["others", "all"])
+def test_a_generation_request_logs_one_line_unless_access_log_is_all(start_server, access_log):
+    server = start_server(access_log=access_log)
+    _access_line_requests(server.url)
+    wait_for(lambda: "access-plain" in server.log(), what="the request lines")
+    log = server.log()
+    for rid in ("access-streamed", "access-plain"):
+        assert log.count(f'"request_id": "{rid}"') == 1  # the per-request line
+    completions = log.count("Handled request: POST /v1/completions HTTP/1.1 200")
+    assert completions == (2 if access_log == "all" else 0)
+    # What writes no request line keeps its access line either way.
+    assert "Handled request: GET /v1/models HTTP/1.1 200" in log
+    assert "Handled request: POST /v1/completions HTTP/1.1 413" in log

@@ -44,7 +44,12 @@ from mistral_serving.scope_keys import CUT_EXTENSION, HANDLED, LEFT_EXTENSION
 from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
 from mistral_serving.shutdown import Drainer
-from mistral_serving.telemetry import REQUEST_ID_HEADER, RequestRecord, request_id_from
+from mistral_serving.telemetry import (
+    REQUEST_ID_HEADER,
+    RequestRecord,
+    request_id_from,
+    will_write_request_line,
+)
 from mistral_serving.tracing import TRACEPARENT, TRACESTATE
 
 log = logging.getLogger(__name__)
@@ -336,6 +341,7 @@ class Frontend:
             traceparent=request.headers.get(TRACEPARENT),
             tracestate=request.headers.get(TRACESTATE),
         )
+        will_write_request_line()  # every path below ends in Telemetry.finished's line
         headers = {REQUEST_ID_HEADER: record.request_id}
         ticket: Ticket | None = None
         try:

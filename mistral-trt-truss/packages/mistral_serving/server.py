@@ -16,6 +16,8 @@ settings, and adds, before it starts:
   Truss's own start runs h11 on a stdlib asyncio loop), through `http_limits.py`'s
   protocol class: header size/count (431), header and idle timeouts, a connection cap
   with room for probes, bounded send buffers; the open-file limit is raised to fit.
+  With `access_log: others` uvicorn's access line is left out for requests that write the
+  per-request line (`telemetry.CoveredAccessLine`).
 - `DirectRoutes` (setting `direct_routes`, on by default) serves the generation routes from
   the ASGI layer, calling the frontend as the model's methods would, without Truss's
   per-request wrapper; off, Truss's routes call the model (`model/model.py`).
@@ -52,7 +54,7 @@ from mistral_serving.protocols.predict import predict_error_body
 from mistral_serving.scope_keys import HANDLED
 from mistral_serving.settings import Settings, SettingsError
 from mistral_serving.shutdown import exit_if_load_fails
-from mistral_serving.telemetry import request_id_from
+from mistral_serving.telemetry import CoveredAccessLine, request_id_from
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -399,6 +401,8 @@ def serve(server: TrussServer, settings: Settings) -> None:
         loop="uvloop",
         **{k: v for k, v in pings.items() if v},  # as Truss: unset keeps uvicorn's default
     )
+    if settings.access_log == "others":  # after Config: it configures the loggers
+        logging.getLogger("uvicorn.access").addFilter(CoveredAccessLine())
     _runtime["http_parser"] = http_parser
     server._server = uvicorn.Server(config=config)
     uvloop.run(server._server.serve())

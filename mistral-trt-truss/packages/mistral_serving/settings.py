@@ -470,6 +470,13 @@ class OpsSettings(_Concern):
         "compatibility set up by hand).",
     )
     log_prompts: bool = Field(False, description="Log prompt and output text (off: privacy).")
+    access_log: Literal["all", "others"] = Field(
+        "all",
+        description="Uvicorn's access line (`Handled request POST /v1/completions ... 200`): "
+        "`all` writes it for every request (as vLLM does by default); `others` leaves it out "
+        "for the requests that write the per-request line (the generation routes: one line a "
+        "request, a little less work per request start).",
+    )
 
     @model_validator(mode="after")
     def _check_stall_limits(self) -> OpsSettings:
