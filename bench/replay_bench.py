@@ -133,6 +133,8 @@ def main() -> int:
         help="AIPerf sends our client's token-id bodies, not its synthetic text",
     )
     args = ap.parse_args()
+    if args.packages is not None and args.context is None:
+        ap.error("--packages needs --context (a build context without its own packages)")
 
     build_dev_model()
     if args.context is not None:

@@ -11,12 +11,15 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from mistral_serving.errors import RequestError
 
 MAX_DEPTH = 32  # our bodies nest 4 deep (messages -> message -> content -> part)
-MAX_INT_DIGITS = 4300  # int() refuses longer strings (a plain ValueError, not a JSON error)
+# The interpreter's own bound on an integer's digits (Python's default; the image does not
+# change it with PYTHONINTMAXSTRDIGITS): json.loads refuses longer ones with a ValueError.
+MAX_INT_DIGITS = sys.get_int_max_str_digits()
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
