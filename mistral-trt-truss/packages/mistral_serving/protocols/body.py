@@ -44,7 +44,7 @@ def decode_json_object(raw: bytes) -> dict[str, Any]:
         raise RequestError(
             f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
         ) from None
-    except ValueError:  # int() refuses more than 4300 digits with a plain ValueError
+    except ValueError:  # an integer over MAX_INT_DIGITS: int()'s own plain ValueError
         raise RequestError(
             f"request body holds an integer of more than {MAX_INT_DIGITS} digits"
         ) from None
@@ -79,6 +79,8 @@ def _check(root: dict[str, Any]) -> None:
     stack: list[tuple[dict[str, Any] | list[Any], int]] = [(root, 1)]
     while stack:
         container, depth = stack.pop()
+        if container and depth >= MAX_DEPTH:  # its items would be one level too deep
+            raise RequestError(f"request body nests deeper than {MAX_DEPTH} levels")
         if isinstance(container, dict):
             for key in container:
                 if not key.isascii() and _SURROGATE.search(key):
@@ -88,13 +90,9 @@ def _check(root: dict[str, Any]) -> None:
             items: Any = container.values()
         else:
             if set(map(type, container)) <= _SCALARS:
-                if container and depth >= MAX_DEPTH:
-                    raise RequestError(f"request body nests deeper than {MAX_DEPTH} levels")
                 continue
             items = container
         for item in items:
-            if depth >= MAX_DEPTH:  # the item would be one level too deep
-                raise RequestError(f"request body nests deeper than {MAX_DEPTH} levels")
             kind = type(item)
             if kind is dict or kind is list:
                 stack.append((item, depth + 1))
