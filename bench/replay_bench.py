@@ -13,8 +13,10 @@ other cores).
         [--aiperf]   # then AIPerf (AIPERF_PY) at the same level: a second client's figures
         [--aiperf-token-ids]  # AIPerf sends our client's token-id bodies, not its own text
         [--set engine_process=on]  # the replay engine in its own process: the IPC's cost
+        [--set engine_process=on --set frontend_processes=4]  # several front-end processes
 
-Prints one JSON line (with engine_process=on, `engine_process_cpu_s` is that process's CPU).
+Prints one JSON line (with engine_process=on, `engine_process_cpu_s` is that process's CPU;
+`server_cpu_s` is the server's processes' together: the launcher and its front-ends).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,11 +61,31 @@ def load_level(
     return row
 
 
-def engine_process_pid(url: str) -> int | None:
-    """The engine process's pid from GET /version (None: the engine runs in the server)."""
-    with urllib.request.urlopen(f"{url}/version", timeout=30) as r:
-        pid = json.load(r)["details"].get("engine_process")
-    return pid if isinstance(pid, int) else None
+def process_tree(pid: int) -> tuple[list[int], list[int]]:
+    """The server's processes under `pid` (it, and with `frontend_processes` above 1 its
+    front-end processes), and the engine process(es) among them (Linux /proc)."""
+    parents: dict[int, int] = {}
+    commands: dict[int, bytes] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            commands[int(entry.name)] = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    engines = sorted(p for p in tree if b"engines.process.worker" in commands.get(p, b""))
+    return sorted(tree - set(engines)), engines
+
+
+def tree_cpu_seconds(pids: list[int]) -> float:
+    return sum(cpu_seconds(p) for p in pids)
 
 
 def top_functions(raw: Path, n: int = 25) -> list[str]:
@@ -182,9 +203,11 @@ def main() -> int:
                 stderr=subprocess.DEVNULL,
             )
             time.sleep(1)
-        child = engine_process_pid(url)  # engine_process=on: the replay engine's own process
-        child0 = cpu_seconds(child) if child else 0.0
-        cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+        # engine_process=on: the replay engine's own process; frontend_processes: the
+        # front-end processes under the launcher, whose CPU counts as the server's.
+        servers, engines = process_tree(proc.pid)
+        child0 = tree_cpu_seconds(engines)
+        cpu0, t0 = tree_cpu_seconds(servers), time.perf_counter()
         row = load_level(
             url,
             args.concurrency,
@@ -193,8 +216,8 @@ def main() -> int:
             args.requests_per_worker,
             args.client_procs,
         )
-        cpu, wall = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
-        child_cpu = round(cpu_seconds(child) - child0, 2) if child else None
+        cpu, wall = tree_cpu_seconds(servers) - cpu0, time.perf_counter() - t0
+        child_cpu = round(tree_cpu_seconds(engines) - child0, 2) if engines else None
         row.update(
             kind="service+replay",
             set=args.set,
@@ -203,6 +226,7 @@ def main() -> int:
             server_cores_busy=round(cpu / wall, 2),
             tok_per_s_per_core=round(row["output_tokens"] / cpu, 1),
             engine_process_cpu_s=child_cpu,
+            server_processes=len(servers),
         )
         print(json.dumps(row), flush=True)
         if spy is not None:
@@ -216,12 +240,12 @@ def main() -> int:
             from mistral_serving.settings import Settings
 
             model = Settings.load(settings).served_model_name
-            cpu0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+            cpu0, t0 = tree_cpu_seconds(servers), time.perf_counter()
             aiperf = aiperf_level(url, model, str(DEV_MODEL_DIR), args.concurrency,
                                   args.input_len, args.output_len, step_ms=args.step_ms,
                                   token_ids=args.aiperf_token_ids)  # fmt: skip
             # The server's CPU over AIPerf's whole run (its warm-up requests included).
-            cpu, wall = cpu_seconds(proc.pid) - cpu0, time.perf_counter() - t0
+            cpu, wall = tree_cpu_seconds(servers) - cpu0, time.perf_counter() - t0
             print(json.dumps({"figure": "aiperf_server", "server_cpu_s": round(cpu, 2),
                               "server_cores_busy": round(cpu / wall, 2),
                               "requests": 3 * args.concurrency,

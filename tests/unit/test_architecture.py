@@ -196,7 +196,14 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
         ("service", ("mistral_serving.service",)),
         ("wire formats", ("mistral_serving.protocols", "mistral_serving.protocols.*")),
         ("frontend", ("mistral_serving.frontend",)),
-        ("server", ("mistral_serving.server", "mistral_serving.http_limits")),
+        (
+            "server",
+            (
+                "mistral_serving.server",
+                "mistral_serving.http_limits",
+                "mistral_serving.frontend_group",
+            ),
+        ),
     ),
     "client": (
         (

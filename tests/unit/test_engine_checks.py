@@ -9,7 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from mistral_serving.engines.base import EngineLimits
@@ -480,6 +480,8 @@ def test_detect_gpu_reads_torch_cuda_only_without_nvml(monkeypatch, no_nvml):
         max_size=5,
     ).map(",".join)
 )
+@example("¹")  # a digit to str.isdigit, not to int()
+@example("0,٣")
 def test_fuzz_cuda_visible_devices(monkeypatch, visible):
     """Any CUDA_VISIBLE_DEVICES: an answer, never an exception, never more GPUs than listed."""
     monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([NVML_A100, NVML_H200]))

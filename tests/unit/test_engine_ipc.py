@@ -35,6 +35,7 @@ from tests.doubles.process_proxy import FakeProc, process_proxy
 
 DEADLINE_S = 60.0
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=64, max_batch_size=4)
+READY = ipc.Ready(LIMITS, "replay", {}, 2, 100)
 
 # ---- strategies for every message ----
 
@@ -76,6 +77,18 @@ sampling = st.builds(
 )
 to_engine = st.one_of(
     st.builds(ipc.Start, texts, texts, naturals, naturals, st.booleans()),
+    st.builds(
+        ipc.Start,
+        texts,
+        texts,
+        naturals,
+        naturals,
+        st.booleans(),
+        st.none(),
+        st.none() | texts,
+        floats,
+    ),
+    st.just(ipc.Join()),
     st.builds(ipc.Add, naturals, texts, token_ids, sampling),
     st.builds(ipc.Abort, texts),
     st.just(ipc.Shutdown()),
@@ -258,7 +271,7 @@ def test_garbage_from_the_engine_process_fails_its_requests_not_the_server(
 
 
 class _Engine:
-    """What `_serve_requests` calls on its engine."""
+    """What the worker's request loop calls on its engine."""
 
     def __init__(self) -> None:
         self.aborted: list[str] = []
@@ -280,7 +293,9 @@ def test_garbage_from_the_server_shuts_the_engine_process_down(
     server.send_bytes(pickle.dumps(("abort", "r2")))
     server.send_bytes(ipc.encode(ipc.Abort("r3")))  # never read: it stopped before
     with caplog.at_level(logging.ERROR, logger="mistral_serving.engines.process.worker"):
-        worker._serve_requests(child, engine, worker.Outbox(child))  # type: ignore[arg-type]
+        outbox = worker.Outbox(child)
+        owner = worker._Peer(child, 0, outbox)
+        worker._Requests(engine, READY, worker.Fanout([outbox]), owner).serve(None, 0.0)  # type: ignore[arg-type]
     assert engine.aborted == ["r1"]
     assert any("shutting the engine down" in r.getMessage() for r in caplog.records)
     server.close()

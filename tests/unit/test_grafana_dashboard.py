@@ -36,7 +36,13 @@ def server_metrics(prefix: str) -> tuple[dict[str, str], dict[str, set[str]]]:
         for m in vars(metrics).values()
         if isinstance(m, MetricWrapperBase)
     }
+    for family in set(names.values()) - labels.keys():  # a collector's (the KV use)
+        labels[family] = {key for s in family_samples(registry, family) for key in s.labels}
     return names, labels
+
+
+def family_samples(registry: CollectorRegistry, family: str) -> list:
+    return [s for m in registry.collect() if m.name == family for s in m.samples]
 
 
 def test_the_prefix_variable_offers_exactly_the_servers_settings() -> None:

@@ -33,7 +33,7 @@ class Server:
     def __init__(self, config):
         pass
 
-    async def serve(self):
+    async def serve(self, sockets=None):  # uvicorn.Server.serve
         seen[-1]["running_loop"] = type(asyncio.get_running_loop()).__module__
 
 uvicorn.Config, uvicorn.Server = Config, Server

@@ -1,7 +1,9 @@
 """Prometheus metrics, named and bucketed as vLLM's `vllm:*` metrics are.
 
 They are registered on prometheus_client's default registry, which the server serves at
-`GET /metrics`. The prefix is `mtt:`, or `vllm:` with `metrics_names: vllm`, or `trtllm_`
+`GET /metrics`. With several front-end processes (`frontend_group.py`) each records into
+prometheus_client's multiprocess directory and `/metrics`, from whichever answers, sums
+them all (`exposition`); the engine's own figures are read from the shared engine. The prefix is `mtt:`, or `vllm:` with `metrics_names: vllm`, or `trtllm_`
 with `metrics_names: trtllm` (then the names trtllm-serve gives the same figures, from
 `tensorrt_llm/metrics/collector.py::MetricsCollector`, where they differ from vLLM's), so
 that vLLM dashboards and the Inference Gateway's endpoint picker (which routes on the
@@ -11,11 +13,19 @@ size in `cache_config_info`) read them as their own. The README lists them.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -56,6 +66,25 @@ class GaugedEngine(Protocol):
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
+
+
+class EngineUsageCollector(Collector):
+    """The KV cache's use, read from the engine at each scrape (0 before it is loaded):
+    one figure of the one engine however many front-end processes serve it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source: Callable[[], float] | None = None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            value = float(self.source()) if self.source is not None else 0.0
+        except Exception:  # a scrape must never fail for an engine's figure
+            value = 0.0
+        yield _gauge(self.name, "Fraction of the engine's KV cache in use (0-1).", value)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield _gauge(self.name, "Fraction of the engine's KV cache in use (0-1).", 0.0)
 
 
 class EngineCacheCollector(Collector):
@@ -259,17 +288,22 @@ class Metrics:
             ["reason"],
             registry=registry,
         )
+        # multiprocess_mode: how several front-end processes' values add up (livesum:
+        # the live processes' sum); ignored in one process.
         self.running = Gauge(
-            name("num_requests_running"), "Requests generating now.", registry=registry
+            name("num_requests_running"),
+            "Requests generating now.",
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.waiting = Gauge(
-            name("num_requests_waiting"), "Requests waiting for a slot.", registry=registry
-        )
-        self.kv_cache_usage = Gauge(
-            name("kv_cache_usage_perc"),
-            "Fraction of the engine's KV cache in use (0-1).",
+            name("num_requests_waiting"),
+            "Requests waiting for a slot.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
+        self.kv_cache_usage = EngineUsageCollector(name("kv_cache_usage_perc"))
+        registry.register(self.kv_cache_usage)
         self.gc_pause = Histogram(
             name("gc_pause_seconds"),
             "Python garbage-collection pauses, by generation (the whole process waits).",
@@ -282,6 +316,7 @@ class Metrics:
             "What is served (1): its build manifest in one line.",
             ["engine", "artifact", "manifest"],
             registry=registry,
+            multiprocess_mode="max",
         )
         self.engine_cache = EngineCacheCollector(prefix)
         registry.register(self.engine_cache)
@@ -289,8 +324,23 @@ class Metrics:
     def bind_engine(self, engine: GaugedEngine) -> None:
         """Read the figures the engine keeps: KV-cache use, and its cache stats if it has
         them (an optional `cache_stats()`)."""
-        self.kv_cache_usage.set_function(engine.kv_cache_usage)
+        self.kv_cache_usage.source = engine.kv_cache_usage
         self.engine_cache.source = getattr(engine, "cache_stats", None)
+
+
+def exposition(metrics: Metrics) -> bytes:
+    """What `GET /metrics` answers: the default registry, or, with several front-end
+    processes, every process's figures summed (prometheus_client's multiprocess mode,
+    chosen by its PROMETHEUS_MULTIPROC_DIR) and the engine's, read here."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return generate_latest(REGISTRY)
+    from prometheus_client import multiprocess
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(metrics.kv_cache_usage)
+    registry.register(metrics.engine_cache)
+    return generate_latest(registry)
 
 
 _defaults: dict[str, Metrics] = {}

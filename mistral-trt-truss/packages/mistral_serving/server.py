@@ -28,6 +28,8 @@ settings, and adds, before it starts:
   Truss passes to its constructor as it is; `frontend.frontend_for`).
 - A failed `load()` ends the process with status 1 and the reason as its last log line
   (Truss alone exits 0), and the engine is shut down when the server stops.
+- With `frontend_processes` above 1 this process is only the launcher of that many
+  servers as above, sharing the port and one engine process (`frontend_group.py`).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 
-from mistral_serving import __version__, driver
+from mistral_serving import __version__, driver, frontend_group
 from mistral_serving.auth import ApiKeyGuard, configured_keys
+from mistral_serving.engines.process.sharing import SharedEngine, SharingError
 from mistral_serving.errors import RequestError
 from mistral_serving.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.protocols.openai_types import ModelCard, ModelList, openai_error_body
@@ -269,7 +272,9 @@ class DirectRoutes:
 def add_routes(app: FastAPI, frontend: Frontend) -> None:
     from fastapi.responses import JSONResponse, Response
     from fastapi.routing import APIRoute
-    from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from mistral_serving.metrics import exposition
 
     def unavailable(message: str) -> JSONResponse:
         return JSONResponse(status_code=503, content=openai_error_body(RequestError(message, 503)))
@@ -310,7 +315,7 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
         return JSONResponse(answer)
 
     async def metrics() -> Response:
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition(frontend.metrics), media_type=CONTENT_TYPE_LATEST)
 
     routes = [
         APIRoute("/v1/models", list_models, methods=["GET"]),
@@ -357,6 +362,12 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
     @contextlib.asynccontextmanager
     async def with_shutdown(app_: Any) -> AsyncIterator[Any]:
         async with lifespan(app_) as state:
+            if frontend_group.shares_port():
+                # uvicorn listens once this returns: a front-end of several takes no
+                # connection (the kernel hands it to a loaded one) until it is loaded.
+                # A failed load ends the process (`exit_if_load_fails`).
+                while frontend.service is None:
+                    await asyncio.sleep(0.05)
             yield state
         await asyncio.to_thread(frontend.shutdown)
 
@@ -405,7 +416,8 @@ def serve(server: TrussServer, settings: Settings) -> None:
         logging.getLogger("uvicorn.access").addFilter(CoveredAccessLine())
     _runtime["http_parser"] = http_parser
     server._server = uvicorn.Server(config=config)
-    uvloop.run(server._server.serve())
+    sock = frontend_group.listen_socket()  # several front-end processes: the launcher's bound port
+    uvloop.run(server._server.serve(sockets=[sock] if sock is not None else None))
 
 
 def load_failure(frontend: Frontend, exc: BaseException) -> str:
@@ -428,6 +440,14 @@ def main(config_path: str = "config.yaml") -> int:
     if (refusal := driver.startup_refusal(settings.driver_check)) is not None:
         print(f"cannot start: {refusal}", file=sys.stderr)
         return 2
+    port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
+    try:
+        shared = SharedEngine.from_environ()
+    except SharingError as exc:
+        print(f"cannot start: {exc}", file=sys.stderr)
+        return 2
+    if settings.frontend_processes > 1 and shared is None:  # the launcher of several
+        return frontend_group.run(settings.frontend_processes, settings.host, port)
     # The process's one frontend: Truss hands `config` to the model's constructor as it
     # is, so the model serves this object (model.py, `frontend_for`) and so do our routes.
     frontend = Frontend(settings)
@@ -441,7 +461,6 @@ def main(config_path: str = "config.yaml") -> int:
         def start(self) -> None:
             serve(self, settings)
 
-    port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
     server = Server(port, config)
     # Before a probe can SIGKILL us.
     exit_if_load_fails(server._model, lambda exc: load_failure(frontend, exc))

@@ -111,6 +111,15 @@ class ServerSettings(_Concern):
         "(FastAPI's routing, Truss's spans and semaphore): the same answers, less event-loop "
         "time per request start. `false`: Truss's path.",
     )
+    frontend_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="HTTP server processes sharing the port, over one engine process (needs "
+        "`engine_process: on`, so the PyTorch engine; as vLLM's API-server count). Each "
+        "applies the admission and connection limits to its own requests; `/metrics` sums "
+        "them all. 1: one process, the engine in it unless `engine_process` is on.",
+    )
     max_body_bytes: int = Field(
         8 * 2**20, ge=1024, le=2**30, description="Largest request body; larger ones get 413."
     )
@@ -534,6 +543,16 @@ class Settings(
             raise ValueError(
                 f"served_model_name: 1 to {MAX_MODEL_NAME_CHARS} characters without "
                 f"whitespace ({ascii(model[:60])})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_frontends(self) -> Settings:
+        """Several front-end processes share one engine process: it must exist."""
+        if self.frontend_processes > 1 and self.engine_process != "on":
+            raise ValueError(
+                f"frontend_processes={self.frontend_processes} needs engine_process: on "
+                "(the front-ends share the engine in its own process)"
             )
         return self
 

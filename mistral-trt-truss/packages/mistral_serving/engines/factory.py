@@ -109,12 +109,19 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
     replay = settings.engine == "replay"  # benchmarks only: see engines/replay.py
     if kind == "hf_checkpoint" and not replay:
         check_model_config(artifact.config, str(artifact_dir / "config.json"))
-    from mistral_serving.engines.process.client import wants_own_process
+    from mistral_serving.engines.process.client import open_process_engine, wants_own_process
+    from mistral_serving.engines.process.sharing import SharedEngine
 
     # Engines import lazily: each pulls in its own heavy stack (torch, tensorrt_llm).
     if not replay:
         keep_compiled_kernels(settings.cache_path)
         name = engine_name_for(kind, settings.engine)
+        if name != "pytorch" and SharedEngine.from_environ() is not None:
+            raise ArtifactError(
+                f"frontend_processes={settings.frontend_processes} needs an engine that runs "
+                f"in the engine process (the PyTorch engine, engine_process: on); {name} "
+                "serves from one front-end process: set frontend_processes=1"
+            )
         if name == "tensorrt_llm":
             from mistral_serving.engines.trtllm.engine import TrtLlmEngine
 
@@ -143,9 +150,7 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
     # engine_process: the step loop (the PyTorch engine's, or the replay's) off the
     # server's GIL; the child starts the same engine with the same settings.
     if wants_own_process(settings):
-        from mistral_serving.engines.process.client import ProcessEngine
-
-        return ProcessEngine.start(artifact_dir, settings, tokenizer.eos_id, artifact.config)
+        return open_process_engine(artifact_dir, settings, tokenizer.eos_id, artifact.config)
     if replay:
         return start_replay_engine(settings, tokenizer)
     return start_guided_torch_engine(artifact_dir, settings, tokenizer, artifact.config)

@@ -29,6 +29,10 @@ the typed ones of `ipc.py` (msgspec Structs in MessagePack; nothing is pickled):
   `ipc.FromEngine`: the child is killed rather than trusted further.
 - `shutdown` asks the child to stop (its pending streams end with EngineError), waits,
   and kills it after `SHUTDOWN_TIMEOUT_S`.
+- Shared by several front-ends (`sharing.py`): the owner starts the child as above, with
+  a socket for the others; a guest (`ProcessEngine.join`) connects to it and has no child
+  of its own: it sees the engine's end as the connection's end, and its `shutdown` only
+  leaves (the engine serves on until the owner stops it).
 
 The child is a fresh interpreter (`python -m mistral_serving.engines.process.worker`), which is
 multiprocessing's `spawn` semantics (CUDA cannot be forked) without re-running the
@@ -69,13 +73,17 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.engines.process import ipc
 from mistral_serving.engines.process.ipc import HEARTBEAT_S
-from mistral_serving.settings import TorchEngineSettings
+from mistral_serving.engines.process.sharing import SharedEngine
+from mistral_serving.settings import Settings, TorchEngineSettings
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT_S = 30.0  # then the child is killed
 SILENT_S = 4 * HEARTBEAT_S  # a child not heard from for this long is stopped or wedged
 _POLL_S = 0.25  # how often a silent socket is checked for the child having exited
+JOIN_TIMEOUT_S = 120.0  # a guest waits this long for the owner's engine process to listen
+GUESTS_MARGIN_S = 10.0  # past the drain's grace, for guests to close their streams
+_LEAVE_S = 5.0  # a guest that leaves waits this long for the engine process to let go
 
 
 def wants_own_process(settings: TorchEngineSettings) -> bool:
@@ -84,6 +92,20 @@ def wants_own_process(settings: TorchEngineSettings) -> bool:
     in-process and a later first token (docs/performance.md), so it is there for
     isolation, not speed."""
     return settings.engine_process == "on"
+
+
+def open_process_engine(
+    model_dir: Path, settings: Settings, eos_token_id: int, config: dict[str, Any] | None
+) -> ProcessEngine:
+    """The engine in its own process: started here, or, with several front-end processes
+    (`sharing.py`), started here for the others to join (the owner) or joined (a guest)."""
+    shared = SharedEngine.from_environ()
+    if shared is None:
+        return ProcessEngine.start(model_dir, settings, eos_token_id, config)
+    if shared.role == "guest":
+        return ProcessEngine.join(shared.address)
+    wait_s = settings.drain_grace_seconds + GUESTS_MARGIN_S
+    return ProcessEngine.start(model_dir, settings, eos_token_id, config, shared.address, wait_s)
 
 
 def _child_env() -> dict[str, str]:
@@ -118,11 +140,20 @@ class _Stream:
 class ProcessEngine:
     """The `Engine` interface over a PyTorch engine running in a child process."""
 
-    def __init__(self, proc: subprocess.Popen[Any], conn: Connection, ready: ipc.Ready) -> None:
-        self._proc = proc
+    def __init__(
+        self,
+        proc: subprocess.Popen[Any] | None,
+        conn: Connection,
+        ready: ipc.Ready,
+        stop_wait_s: float = SHUTDOWN_TIMEOUT_S,
+    ) -> None:
+        self._proc = proc  # None: a guest, whose engine process is the owner's child
         self._conn = conn
+        self._stop_wait_s = stop_wait_s
         self.limits: EngineLimits = ready.limits
-        self.info = EngineInfo(ready.name, {**ready.details, "engine_process": proc.pid})
+        details: dict[str, object] = dict(ready.details)
+        details["engine_process"] = proc.pid if proc else "shared"
+        self.info = EngineInfo(ready.name, details)
         self.eos_token_id: int = ready.eos_token_id
         self._vocab = ready.vocab_size
         self._keys = itertools.count()
@@ -149,11 +180,15 @@ class ProcessEngine:
         settings: TorchEngineSettings,
         eos_token_id: int,
         config: dict[str, Any] | None = None,
+        guests_address: str | None = None,
+        guests_wait_s: float = 0.0,
     ) -> ProcessEngine:
         """Start the child, have it load the engine, and wait until it is ready. A failure
         to load (a bad checkpoint, out of memory) raises one `EngineError` naming it.
         `config` is the checkpoint's config.json (the Artifact's): the child then reads
-        none (without it, a bare directory, the child reads it)."""
+        none (without it, a bare directory, the child reads it). With `guests_address`
+        the child also serves guest front-ends joining there, and a shutdown waits up to
+        `guests_wait_s` for them to leave first."""
         ours, theirs = socket.socketpair()
         try:
             proc = subprocess.Popen(
@@ -178,6 +213,8 @@ class ProcessEngine:
                 log_level=logging.getLogger().getEffectiveLevel(),
                 log_json=_logs_json(),
                 config=config,
+                guests_address=guests_address,
+                guests_wait_s=guests_wait_s,
             )
             conn.send_bytes(ipc.encode(start))
             ready = cls._wait_ready(proc, conn)
@@ -188,10 +225,39 @@ class ProcessEngine:
             proc.wait()
             raise
         log.info("the engine runs in its own process (pid %d)", proc.pid)
-        return cls(proc, conn, ready)
+        return cls(proc, conn, ready, SHUTDOWN_TIMEOUT_S + guests_wait_s)
+
+    @classmethod
+    def join(cls, address: str, timeout_s: float = JOIN_TIMEOUT_S) -> ProcessEngine:
+        """Join the engine process another front-end (the owner) started, at `address`:
+        wait up to `timeout_s` for its socket, then for its engine to be ready (as long
+        as the load takes). Raises `EngineError` if it never listens or ends first."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(address)
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                sock.close()
+                if time.monotonic() >= deadline:
+                    raise EngineError(
+                        f"the shared engine process did not listen within {timeout_s:.0f}s "
+                        f"({type(exc).__name__})"
+                    ) from None
+                time.sleep(0.1)
+        conn = Connection(sock.detach())
+        try:
+            conn.send_bytes(ipc.encode(ipc.Join()))
+            ready = cls._wait_ready(None, conn)
+        except BaseException:
+            conn.close()
+            raise
+        log.info("joined the shared engine process")
+        return cls(None, conn, ready)
 
     @staticmethod
-    def _wait_ready(proc: subprocess.Popen[Any], conn: Connection) -> ipc.Ready:
+    def _wait_ready(proc: subprocess.Popen[Any] | None, conn: Connection) -> ipc.Ready:
         while True:
             try:
                 if conn.poll(_POLL_S):
@@ -204,14 +270,20 @@ class ProcessEngine:
                         else f"it sent a {type(message).__name__.lower()} before it was ready"
                     )
                     raise EngineError(f"the engine process could not start: {why}")
-                if proc.poll() is not None:
+                if proc is not None and proc.poll() is not None:
                     break  # it exited without a word (a descendant may hold its socket open)
             except (EOFError, OSError):  # it closed the socket without a word: it is exiting
+                if proc is None:
+                    raise EngineError(
+                        "the shared engine process ended before it was ready "
+                        "(the owner front-end's log says why)"
+                    ) from None
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(SHUTDOWN_TIMEOUT_S)
                 break
             except ipc.IpcError as exc:
                 raise EngineError(f"the engine process could not start: {exc}") from None
+        assert proc is not None  # a guest leaves the loop only by raising
         raise EngineError(
             f"the engine process {_exit_description(proc.returncode)} while loading "
             "(its log above says why)"
@@ -249,7 +321,8 @@ class ProcessEngine:
             self._send(ipc.Abort(request_id))
 
     def is_healthy(self) -> bool:
-        return self._failure is None and not self._closing and self._proc.poll() is None
+        alive = self._proc is None or self._proc.poll() is None  # a guest: its reader tells
+        return self._failure is None and not self._closing and alive
 
     def kv_cache_usage(self) -> float:
         return self._kv_usage
@@ -270,32 +343,47 @@ class ProcessEngine:
         return self._vocab
 
     @property
-    def pid(self) -> int:
-        return self._proc.pid
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
 
     def shutdown(self) -> None:
         """Stop the child (pending streams end with EngineError) and wait for it; kill it
-        if it has not exited within SHUTDOWN_TIMEOUT_S. Safe to call again."""
+        if it has not exited in time (SHUTDOWN_TIMEOUT_S, plus the wait for guests of a
+        shared engine). A guest only leaves. Safe to call again."""
         with self._lock:
             if self._closing:
                 return
             self._closing = True
+        proc = self._proc
+        if proc is None:
+            self._leave()
+            return
         if time.monotonic() - self._heard_at > SILENT_S:
             # Stopped or wedged (no beat): it cannot read "shutdown"; waiting is pointless.
             log.warning("the engine process has been silent: killing it")
-            self._proc.kill()
+            proc.kill()
         with contextlib.suppress(EngineError):
             self._send(ipc.Shutdown())
         try:
-            self._proc.wait(SHUTDOWN_TIMEOUT_S)
+            proc.wait(self._stop_wait_s)
         except subprocess.TimeoutExpired:
-            log.warning("the engine process did not stop in %.0fs: killing it", SHUTDOWN_TIMEOUT_S)
-            self._proc.kill()
-            self._proc.wait()
+            log.warning("the engine process did not stop in %.0fs: killing it", self._stop_wait_s)
+            proc.kill()
+            proc.wait()
         self._reader.join(timeout=SHUTDOWN_TIMEOUT_S)  # it reads the child's last words
         self._fail_all("the engine shut down")
         if not self._reader.is_alive():
             self._conn.close()
+
+    def _leave(self) -> None:
+        """A guest's shutdown: say so, close the connection, end what is pending."""
+        with contextlib.suppress(EngineError):
+            self._send(ipc.Shutdown())
+        self._reader.join(timeout=_LEAVE_S)  # the engine process closes its end: EOF
+        with contextlib.suppress(OSError):
+            self._conn.close()  # it did not: the reader sees the end at its next poll
+        self._reader.join(timeout=SHUTDOWN_TIMEOUT_S)
+        self._fail_all("the engine shut down")
 
     # ---- the reader thread ----
 
@@ -315,7 +403,7 @@ class ProcessEngine:
         try:
             while True:
                 if not self._conn.poll(_POLL_S):
-                    if self._proc.poll() is not None:
+                    if self._proc is not None and self._proc.poll() is not None:
                         break  # exited, yet no EOF: a descendant holds its socket open
                     continue
                 message = ipc.decode_from_engine(self._conn.recv_bytes())
@@ -335,22 +423,30 @@ class ProcessEngine:
         except ipc.IpcError as exc:  # not a message of ours: trust the child no further
             log.error("%s; killing the engine process", exc)
             why = "it sent an unreadable message"
-            with contextlib.suppress(OSError):
-                self._proc.kill()
+            self._kill()
         except Exception:  # noqa: BLE001 - a message we cannot act on: treat as dead
             log.exception("unusable message from the engine process")
-            with contextlib.suppress(OSError):
-                self._proc.kill()
+            self._kill()
         self._kv_usage, self._n_running = 0.0, 0
         if self._closing:
             return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(5)
-        failure = f"the engine process {_exit_description(self._proc.returncode)}" + (
-            f": {why}" if why else ""
-        )
+        if self._proc is None:  # a guest: the owner's child, not ours to wait for
+            failure = "the shared engine process closed its connection"
+        else:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(5)
+            failure = f"the engine process {_exit_description(self._proc.returncode)}"
+        failure += f": {why}" if why else ""
         log.error("%s; failing its requests and reporting unhealthy", failure)
         self._fail_all(failure)
+
+    def _kill(self) -> None:
+        """Stop trusting the engine process: kill it (ours), or leave it (a guest's)."""
+        with contextlib.suppress(OSError):
+            if self._proc is not None:
+                self._proc.kill()
+            else:
+                self._conn.close()
 
     def _dispatch(self, events: list[ipc.Event]) -> None:
         """One step's events to their streams' event loops (one wake-up per loop)."""

@@ -7,7 +7,9 @@ decoder of each direction accepts only that direction's messages, every field ch
 against its type: anything else raises `IpcError`, one line.
 
 Server -> engine process (`ToEngine`):
-    Start       the first message: model dir, settings (as JSON), EOS id, log level/format
+    Start       the first message: model dir, settings (as JSON), EOS id, log level/format,
+                and where other front-ends may join (`sharing.py`)
+    Join        a guest front-end's first message on the shared engine's socket
     Add         key, request id, prompt ids, SamplingOptions
     Abort       request id
     Shutdown
@@ -71,6 +73,14 @@ class Start(_Message, tag="start"):
     # The Artifact's parsed config.json (the server read it once); None: the child reads
     # the directory's own (an engine started from a bare directory).
     config: dict[str, Any] | None = None
+    # A shared engine (`sharing.py`): the Unix socket guest front-ends join on, and how
+    # long a Shutdown from this (the owner) front-end waits for them to leave first.
+    guests_address: str | None = None
+    guests_wait_s: float = 0.0
+
+
+class Join(_Message, tag="join"):
+    pass
 
 
 class Add(_Message, tag="add"):
@@ -150,7 +160,7 @@ class Fatal(_Message, tag="fatal"):
     text: str
 
 
-ToEngine: TypeAlias = Start | Add | Abort | Shutdown
+ToEngine: TypeAlias = Start | Join | Add | Abort | Shutdown
 FromEngine: TypeAlias = Ready | Failed | Step | Gauges | Beat | Fatal
 
 _encoder = msgspec.msgpack.Encoder()

@@ -14,21 +14,30 @@ The engine process ignores SIGINT and SIGTERM: the server decides when it stops 
 or a pod's SIGTERM reaches the server, which drains and then sends Shutdown). If the
 server dies, the socket reads EOF and the engine process shuts down too; so does an
 unreadable message from it.
+
+Shared by several front-ends (`sharing.py`; Start names a Unix socket): guest front-ends
+connect there and say Join; each gets Ready and then serves as the owner does. Each
+front-end's requests are its own: its steps carry only its events, and a guest that
+leaves (Shutdown, EOF, an unreadable message) has its requests aborted while the others
+go on. A Shutdown from the owner waits for the guests to leave (they drain on their own
+SIGTERM) for at most the Start's `guests_wait_s`; the owner's EOF stops the engine at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 import traceback
 from collections.abc import Callable
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -57,22 +66,29 @@ class _RequestOut:
 
     def put_nowait(self, item: Item) -> None:
         if isinstance(item, TokenDelta):
-            self.outbox.pending.append(ipc.delta_event(self.key, item))
+            event = ipc.delta_event(self.key, item)
         else:
-            self.outbox.pending.append(ipc.error_event(self.key, item))
+            event = ipc.error_event(self.key, item)
+        self.outbox.pending.append(event)
+        if ipc.is_last(event):
+            self.outbox.live.pop(self.key, None)
 
 
 class Outbox:
-    """Stands in for the event loop the engine delivers to. The engine hands over a
-    whole step in one `call_soon_threadsafe` (`base.deliver`), so each step becomes one
-    message to the server, with the gauges read as it is sent."""
+    """Stands in for the event loop the engine delivers to, one per front-end connection.
+    The engine hands over a whole step in one `call_soon_threadsafe` per loop
+    (`base.deliver`), so each step becomes one message to each front-end with requests
+    in it, with the gauges read as it is sent."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, engine: ServedEngine | None = None) -> None:
         self._conn = conn
         self._lock = threading.Lock()  # the engine thread, the main thread, the monitor
         self.pending: list[ipc.Event] = []
-        self.engine: ServedEngine | None = None  # set once loaded: the gauges are read from it
+        self.engine = engine  # set once loaded: the gauges are read from it
         self.gauges = (0.0, 0)  # the last values sent
+        # key -> the engine's request id, until the request's last event: what to abort
+        # when a guest front-end leaves with requests still running.
+        self.live: dict[int, str] = {}
 
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
         with self._lock:
@@ -83,7 +99,14 @@ class Outbox:
 
     def send_error(self, key: int, exc: BaseException) -> None:
         with self._lock:
+            self.live.pop(key, None)
             self._send(ipc.Step([ipc.error_event(key, exc)], *self.gauges))
+
+    def take_live(self) -> list[str]:
+        """The engine ids of the requests still running, forgotten here (to abort them)."""
+        with self._lock:
+            ids, self.live = list(self.live.values()), {}
+        return ids
 
     def send_gauges_if_changed(self) -> None:
         with self._lock:
@@ -101,9 +124,32 @@ class Outbox:
         return (0.0, 0) if engine is None else (engine.kv_cache_usage(), engine.num_running())
 
     def _send(self, message: ipc.FromEngine) -> None:
-        # OSError: the server is gone; the main thread reads EOF and shuts down.
+        # OSError: that front-end is gone; the main thread reads its EOF.
         with contextlib.suppress(OSError):
             self._conn.send_bytes(ipc.encode(message))
+
+
+class Fanout:
+    """The outboxes of every front-end that has joined: what the monitor's gauges, beats
+    and a fatal error go to. Replaced, never mutated, so the monitor thread reads a list
+    that no other thread changes under it."""
+
+    def __init__(self, outboxes: list[Outbox]) -> None:
+        self.outboxes = outboxes
+
+    def add(self, outbox: Outbox) -> None:
+        self.outboxes = [*self.outboxes, outbox]
+
+    def remove(self, outbox: Outbox) -> None:
+        self.outboxes = [o for o in self.outboxes if o is not outbox]
+
+    def send(self, message: ipc.FromEngine) -> None:
+        for outbox in self.outboxes:
+            outbox.send(message)
+
+    def send_gauges_if_changed(self) -> None:
+        for outbox in self.outboxes:
+            outbox.send_gauges_if_changed()
 
 
 class _Monitored(Protocol):
@@ -194,50 +240,76 @@ def serve(conn: Connection) -> int:
         raise ipc.IpcError(f"the first message must be a start, not {type(start).__name__}")
     _configure_logging(start.log_level, start.log_json)
     outbox = Outbox(conn)
+    # Listening before the load: a guest that connects early waits in the backlog.
+    listener = _listen(start.guests_address) if start.guests_address else None
     try:
-        from mistral_serving.engines.factory import start_guided_torch_engine, start_replay_engine
-        from mistral_serving.tokenizer import load_tokenizer
-
-        model_dir = Path(start.model_dir)
-        settings = Settings.model_validate_json(start.settings_json)
-        tokenizer = load_tokenizer(model_dir)
-        if tokenizer.eos_id != start.eos_token_id:
-            raise EngineError(
-                f"the tokenizer in {model_dir} has EOS {tokenizer.eos_id}, "
-                f"the server's has {start.eos_token_id}"
-            )
-        engine: ServedEngine
-        if settings.engine == "replay":  # benchmarks only: the serving layer over this IPC
-            engine = start_replay_engine(settings, tokenizer)
-        else:
-            engine = start_guided_torch_engine(model_dir, settings, tokenizer, start.config)
+        engine = _load(start)
     except BaseException as exc:  # noqa: BLE001 - any start-up failure goes to the server
         log.exception("the engine could not start")
         outbox.send(ipc.Failed(type(exc).__name__, str(exc)))
+        _close(listener, start.guests_address)
         return 1
     outbox.engine = engine
     freeze_loaded_objects()  # this process's step loop: no full walk of torch's objects
     info = engine.info
-    outbox.send(
-        ipc.Ready(
-            engine.limits,
-            info.name,
-            {k: _detail(v) for k, v in info.details.items()},
-            engine.eos_token_id,
-            engine.vocab_size,
-        )
+    ready = ipc.Ready(
+        engine.limits,
+        info.name,
+        {k: _detail(v) for k, v in info.details.items()},
+        engine.eos_token_id,
+        engine.vocab_size,
     )
+    outbox.send(ready)
+    fanout = Fanout([outbox])
     stopping = threading.Event()
     threading.Thread(
-        target=_monitor, args=(engine, outbox, stopping), name="engine-monitor", daemon=True
+        target=_monitor, args=(engine, fanout, stopping), name="engine-monitor", daemon=True
     ).start()
     try:
-        _serve_requests(conn, engine, outbox)
+        _Requests(engine, ready, fanout, _Peer(conn, 0, outbox)).serve(
+            listener, start.guests_wait_s
+        )
     finally:
         stopping.set()
+        _close(listener, start.guests_address)
         engine.shutdown()  # pending streams end with EngineError("the engine shut down")
         thaw_loaded_objects()  # else nanobind reports the frozen objects as leaked at exit
     return 0
+
+
+def _load(start: ipc.Start) -> ServedEngine:
+    from mistral_serving.engines.factory import start_guided_torch_engine, start_replay_engine
+    from mistral_serving.tokenizer import load_tokenizer
+
+    model_dir = Path(start.model_dir)
+    settings = Settings.model_validate_json(start.settings_json)
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer.eos_id != start.eos_token_id:
+        raise EngineError(
+            f"the tokenizer in {model_dir} has EOS {tokenizer.eos_id}, "
+            f"the server's has {start.eos_token_id}"
+        )
+    if settings.engine == "replay":  # benchmarks only: the serving layer over this IPC
+        return start_replay_engine(settings, tokenizer)
+    return start_guided_torch_engine(model_dir, settings, tokenizer, start.config)
+
+
+def _listen(address: str) -> socket.socket:
+    """The Unix socket guest front-ends join on (`sharing.py`); its directory is the
+    launcher's own (mode 0700), so only this user's processes can reach it."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(address)  # left by an earlier engine process that was killed
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(address)
+    listener.listen(64)
+    return listener
+
+
+def _close(listener: socket.socket | None, address: str | None) -> None:
+    if listener is not None:
+        listener.close()
+        with contextlib.suppress(OSError):
+            os.unlink(address or "")
 
 
 def _detail(value: object) -> ipc.Detail:
@@ -245,32 +317,137 @@ def _detail(value: object) -> ipc.Detail:
     return value if value is None or isinstance(value, str | int | float | bool) else str(value)
 
 
-def _serve_requests(conn: Connection, engine: ServedEngine, outbox: Outbox) -> None:
-    while True:
+class _Peer:
+    """One front-end's connection. Index 0 is the owner (the server that started this
+    process); the others are guests that joined on the shared engine's socket."""
+
+    def __init__(self, conn: Connection, index: int, outbox: Outbox) -> None:
+        self.conn, self.index, self.outbox = conn, index, outbox
+        self.joined = index == 0  # a guest is served once it has said Join
+
+    def engine_id(self, request_id: str) -> str:
+        """The request's id in the engine: each front-end names its own requests, so a
+        guest's are made distinct from the others' (aborts go by id)."""
+        return request_id if self.index == 0 else f"{request_id}@{self.index}"
+
+
+class _Requests:
+    """The main thread's loop: each front-end's Add / Abort / Shutdown to the engine."""
+
+    def __init__(
+        self, engine: ServedEngine, ready: ipc.Ready, fanout: Fanout, owner: _Peer
+    ) -> None:
+        self.engine, self.ready, self.fanout, self.owner = engine, ready, fanout, owner
+        self.peers: dict[Connection, _Peer] = {owner.conn: owner}
+        self._indexes = itertools.count(1)
+
+    def serve(self, listener: socket.socket | None, guests_wait_s: float) -> None:
+        """Until the owner says Shutdown (then until the guests have left, or for at most
+        `guests_wait_s`: their streams drain on their own clocks) or its connection
+        ends."""
+        leave_by: float | None = None
+        while True:
+            if leave_by is not None and (not self.peers or time.monotonic() >= leave_by):
+                if self.peers:
+                    log.warning("%d front-end(s) still joined: stopping", len(self.peers))
+                return
+            waitables: list[Any] = [*self.peers, *([listener] if listener else [])]
+            timeout = None if leave_by is None else max(0.0, leave_by - time.monotonic())
+            for ready in wait(waitables, timeout):
+                if ready is listener:
+                    self._accept(listener)
+                    continue
+                peer = self.peers.get(ready)  # type: ignore[call-overload]
+                if peer is None:
+                    continue
+                message = self._receive(peer)
+                if message is None:
+                    if peer is self.owner:
+                        return
+                    continue
+                if isinstance(message, ipc.Shutdown) and peer is self.owner:
+                    del self.peers[peer.conn]  # its requests have ended: it drained first
+                    if listener is not None:
+                        listener.close()
+                        listener = None
+                    if self.peers:
+                        log.info(
+                            "waiting up to %.0fs for %d front-end(s) to leave",
+                            guests_wait_s,
+                            len(self.peers),
+                        )
+                    leave_by = time.monotonic() + guests_wait_s
+                else:
+                    self._handle(peer, message)
+
+    def _accept(self, listener: socket.socket) -> None:
         try:
-            message = ipc.decode_to_engine(conn.recv_bytes())
+            sock, _ = listener.accept()
+        except OSError:
+            return
+        conn = Connection(sock.detach())
+        peer = _Peer(conn, next(self._indexes), Outbox(conn, self.engine))
+        self.peers[conn] = peer
+
+    def _receive(self, peer: _Peer) -> ipc.ToEngine | None:
+        """The peer's next message, or None once it has gone (then it is let go)."""
+        try:
+            return ipc.decode_to_engine(peer.conn.recv_bytes())
         except (EOFError, OSError):
-            log.warning("the server closed the connection: shutting the engine down")
-            return
+            if peer is self.owner:
+                log.warning("the server closed the connection: shutting the engine down")
+            else:
+                self._leave(peer)
+            return None
         except ipc.IpcError as exc:  # not our server speaking: stop rather than guess
-            log.error("%s: shutting the engine down", exc)
-            return
-        if isinstance(message, ipc.Add):
+            if peer is self.owner:
+                log.error("%s: shutting the engine down", exc)
+            else:
+                log.error("front-end %d: %s: closing its connection", peer.index, exc)
+                self._leave(peer)
+            return None
+
+    def _handle(self, peer: _Peer, message: ipc.ToEngine) -> None:
+        if not peer.joined:
+            if not isinstance(message, ipc.Join):
+                log.error("a front-end sent a %s before joining", type(message).__name__)
+                self._leave(peer)
+                return
+            peer.joined = True
+            peer.outbox.send(self.ready)
+            self.fanout.add(peer.outbox)
+            log.info("front-end %d joined", peer.index)
+        elif isinstance(message, ipc.Add):
             key = message.key
+            engine_id = peer.engine_id(message.request_id)
+            peer.outbox.live[key] = engine_id
             try:
-                engine.submit(
-                    message.request_id,
+                self.engine.submit(
+                    engine_id,
                     message.prompt_ids,
                     message.sampling,
-                    outbox,
-                    _RequestOut(key, outbox),
+                    peer.outbox,
+                    _RequestOut(key, peer.outbox),
                 )
             except Exception as exc:  # noqa: BLE001 - refused: this request's error
-                outbox.send_error(key, exc)
+                peer.outbox.send_error(key, exc)
         elif isinstance(message, ipc.Abort):
-            engine.abort(message.request_id)
-        elif isinstance(message, ipc.Shutdown):
-            return
+            self.engine.abort(peer.engine_id(message.request_id))
+        elif isinstance(message, ipc.Shutdown):  # a guest leaving
+            self._leave(peer)
+        else:  # a second Start or Join
+            log.error("front-end %d sent a %s", peer.index, type(message).__name__)
+            self._leave(peer)
+
+    def _leave(self, peer: _Peer) -> None:
+        """A guest is gone: its requests are aborted, the others go on."""
+        self.peers.pop(peer.conn, None)
+        self.fanout.remove(peer.outbox)
+        for engine_id in peer.outbox.take_live():
+            self.engine.abort(engine_id)
+        peer.conn.close()
+        if peer.joined:
+            log.info("front-end %d left", peer.index)
 
 
 def main(argv: list[str]) -> int:

@@ -85,7 +85,7 @@ def _visible_handles(pynvml: Any) -> list[Any]:
         return [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     handles = []
     for entry in (e.strip() for e in visible.split(",")):
-        if entry.isdigit() and int(entry) < count:
+        if entry.isascii() and entry.isdigit() and int(entry) < count:  # not '¹' or '٣'
             handles.append(pynvml.nvmlDeviceGetHandleByIndex(int(entry)))
         elif entry.startswith(("GPU-", "MIG-")):
             try:
