@@ -3,8 +3,8 @@
 # (`frontend_processes`; docs/performance.md, goal 5): the replay engine (256 streams, 16 in /
 # 256 out) at an 8 and a 4 ms step, served by 1, 2 and 4 front-end processes, each with
 # engine_process on (the same IPC to the engine in each), both clients in each server start.
-# PART=f (~7 min): 1, 2, 4 front-ends at 8 ms, then at 4 ms.
-# PART=b (~7 min): the same the other way round (4 ms first; 4, 2, 1 front-ends).
+# PART=f (~8 min): 1, 2, 4 front-ends at 8 ms, then at 4 ms.
+# PART=b (~8 min): the same the other way round (4 ms first; 4, 2, 1 front-ends).
 # Prepared as in docs/performance.md (section R9: .whl/, .benchcarry/, .whl-aiperf/).
 # Usage (device tool, carry [".whl", ".benchcarry", ".whl-aiperf"]):
 #   PART=f bash bench/run_gpu_round13.sh
@@ -17,10 +17,16 @@ device_env torch; aiperf_setup
 START=$(date +%s)
 NS="1 2 4"; STEPS="8 4"
 [ "${PART:-f}" = b ] && NS="4 2 1" && STEPS="4 8"
+# Each server start on a port of its own, for at most CALL_S (a start that fails leaves the
+# next ones their time and port); its server log and the benchmark's own output go to $L.
 for S in $STEPS; do for N in $NS; do
   echo "{\"figure\": \"next_frontends\", \"frontend_processes\": $N, \"step_ms\": $S}" | tee -a "$R"
-  timeout $(left 100) $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \
+  T=$(left 100); [ "$T" -gt "${CALL_S:-110}" ] && T=${CALL_S:-110}
+  timeout $T $PY bench/replay_bench.py --context .benchcarry/ctx --client-procs ${CPROCS:-4} \
     --requests-per-worker ${RPW:-4} --step-ms $S --set engine_process=on --set frontend_processes=$N \
-    ${RARGS:-} ${AIPERF_PY:+--aiperf --aiperf-token-ids} 2>&1 | grep -a "^{" | tee -a "$R" | cut -c1-400
+    --port $((8100 + 10 * N + S)) ${RARGS:-} ${AIPERF_PY:+--aiperf --aiperf-token-ids} 2>&1 \
+    | tee "$L/bench-f$N-s$S.txt" | grep -a "^{" | tee -a "$R" | cut -c1-400
+  cp .cache/replay-bench-server.log "$L/server-f$N-s$S.log" 2>/dev/null
+  pgrep -af "mistral_serving" | head -5 > "$L/left-f$N-s$S.txt"  # anything still running
 done; done
 snap; echo "total $(( $(date +%s) - START )) s"

@@ -4,6 +4,7 @@ collection's pause lands in the histogram, by generation, once per histogram."""
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -39,20 +40,43 @@ def count(metrics: Metrics, generation: int) -> float:
 
 def test_every_collection_is_timed_by_generation(quiet_gc: None) -> None:
     metrics = Metrics(CollectorRegistry())
-    time_collections(metrics.gc_pause)
+    flush = time_collections(metrics.gc_pause)
+    flush()
     counts = [count(metrics, g) for g in range(3)]
     gc.collect(0)
     gc.collect(2)
+    flush()
     assert count(metrics, 0) >= counts[0] + 1
     assert count(metrics, 2) == counts[2] + 1
 
 
+def test_a_collection_takes_no_metric_lock(quiet_gc: None) -> None:
+    """A collection can start inside a metric update that holds its lock (one lock for all
+    values in prometheus_client's multiprocess mode, not reentrant): the callback notes
+    the pause and the histogram takes it later, never inside the collection."""
+    metrics = Metrics(CollectorRegistry())
+    flush = time_collections(metrics.gc_pause)
+    flush()
+    before = count(metrics, 2)
+    values = metrics.gc_pause.labels("2")._sum._lock  # what an observe takes
+    collecting = threading.Thread(target=gc.collect, args=(2,))
+    with values:  # held, as by the code a collection interrupts
+        collecting.start()
+        collecting.join(60)  # a bound, not a measurement: it takes milliseconds
+        assert not collecting.is_alive(), "the collection waited on a metric's lock"
+    assert count(metrics, 2) == before
+    flush()
+    assert count(metrics, 2) == before + 1
+
+
 def test_a_second_call_does_not_count_twice(quiet_gc: None) -> None:
     metrics = Metrics(CollectorRegistry())
-    time_collections(metrics.gc_pause)
-    time_collections(metrics.gc_pause)
+    flush = time_collections(metrics.gc_pause)
+    assert time_collections(metrics.gc_pause) is not flush
+    flush()
     before = count(metrics, 2)
     gc.collect(2)
+    flush()
     assert count(metrics, 2) == before + 1
 
 

@@ -11,9 +11,12 @@ shows up in `/metrics` instead of only in a profiler.
 
 from __future__ import annotations
 
+import collections
 import gc
 import logging
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Histogram
@@ -41,12 +44,22 @@ def thaw_loaded_objects() -> None:
     gc.unfreeze()
 
 
-def time_collections(histogram: Histogram) -> None:
-    """Observe every collection's duration, labelled by generation (0, 1, 2)."""
+FLUSH_S = 0.5  # how often the pauses noted are put into the histogram
+
+
+def time_collections(histogram: Histogram) -> Callable[[], None]:
+    """Observe every collection's duration, labelled by generation (0, 1, 2). Returns
+    the flush (a thread of its own calls it every FLUSH_S).
+
+    The collector's callback only notes the pause: a collection can start inside any
+    allocation, also one made while a metric's lock is held (with several front-end
+    processes prometheus_client's values share one lock, and it is not reentrant), so
+    observing there could wait on that lock for ever."""
     if id(histogram) in _timed:
-        return
+        return lambda: None
     _timed.add(id(histogram))
     by_generation = [histogram.labels(str(g)) for g in range(3)]
+    noted: collections.deque[tuple[int, float]] = collections.deque(maxlen=100_000)
     started = 0.0
 
     def callback(phase: str, info: dict[str, Any]) -> None:
@@ -54,6 +67,18 @@ def time_collections(histogram: Histogram) -> None:
         if phase == "start":
             started = time.perf_counter()
         else:
-            by_generation[info["generation"]].observe(time.perf_counter() - started)
+            noted.append((info["generation"], time.perf_counter() - started))
+
+    def flush() -> None:
+        while noted:
+            generation, seconds = noted.popleft()
+            by_generation[generation].observe(seconds)
+
+    def flush_often() -> None:
+        while True:
+            time.sleep(FLUSH_S)
+            flush()
 
     gc.callbacks.append(callback)
+    threading.Thread(target=flush_often, name="gc-pauses", daemon=True).start()
+    return flush

@@ -19,7 +19,9 @@ The launcher holds no model and serves nothing. It
   stops the others and exits with a failure status, so that Kubernetes restarts the pod
   (a pod serving from fewer processes than it was given would go unnoticed);
 - exits 0 when asked to stop and every front-end stopped cleanly (exited 0, or by the
-  signal it was sent), and removes its directory.
+  signal it was sent), and removes its directory; kills (with its process group, the
+  engine process included) a front-end that has not stopped within the drain's grace
+  plus a margin, and then exits 1.
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def run(count: int, host: str, port: int) -> int:
-    """Run `count` front-end processes on `host:port` until they end; the exit status."""
+def run(count: int, host: str, port: int, stop_timeout_s: float = 120.0) -> int:
+    """Run `count` front-end processes on `host:port` until they end; the exit status.
+    Once stopping, front-ends still running after `stop_timeout_s` are killed, with
+    their process groups (the owner's holds the engine process)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     workdir = Path(tempfile.mkdtemp(prefix="mtt-"))  # mode 0700: the engine's socket is here
@@ -123,7 +127,7 @@ def run(count: int, host: str, port: int) -> int:
             port,
         )
         sock.close()  # the front-ends hold it
-        return _supervise(procs, metrics_dir)
+        return _supervise(procs, metrics_dir, stop_timeout_s)
     finally:
         sock.close()
         for proc in procs:  # only after an error in this function: they have all ended
@@ -133,8 +137,11 @@ def run(count: int, host: str, port: int) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _supervise(procs: list[subprocess.Popen[bytes]], metrics_dir: Path) -> int:
+def _supervise(
+    procs: list[subprocess.Popen[bytes]], metrics_dir: Path, stop_timeout_s: float
+) -> int:
     stopping = False
+    kill_at: float | None = None  # once stopping: when the stragglers are killed
     asked: set[int] = set()  # the signals forwarded: a front-end may end by one (uvicorn
     status = 0  # raises the signal it caught again once it has stopped)
 
@@ -157,6 +164,16 @@ def _supervise(procs: list[subprocess.Popen[bytes]], metrics_dir: Path) -> int:
     ended: set[int] = set()
     while len(ended) < len(procs):
         time.sleep(_POLL_S)
+        if stopping and kill_at is None:
+            kill_at = time.monotonic() + stop_timeout_s
+        if kill_at is not None and time.monotonic() > kill_at:
+            kill_at = float("inf")
+            status = status or 1
+            for proc in procs:
+                if proc.poll() is None:
+                    log.error("front-end pid %d did not stop in time: killing it", proc.pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)  # its own session and group
         for index, proc in enumerate(procs):
             code = proc.poll()
             if code is None or proc.pid in ended:

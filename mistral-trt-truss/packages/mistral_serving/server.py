@@ -447,7 +447,9 @@ def main(config_path: str = "config.yaml") -> int:
         print(f"cannot start: {exc}", file=sys.stderr)
         return 2
     if settings.frontend_processes > 1 and shared is None:  # the launcher of several
-        return frontend_group.run(settings.frontend_processes, settings.host, port)
+        # Past the drain's grace: the guests' wait in the engine process, its own stop.
+        stop_s = 2 * settings.drain_grace_seconds + 60
+        return frontend_group.run(settings.frontend_processes, settings.host, port, stop_s)
     # The process's one frontend: Truss hands `config` to the model's constructor as it
     # is, so the model serves this object (model.py, `frontend_for`) and so do our routes.
     frontend = Frontend(settings)
