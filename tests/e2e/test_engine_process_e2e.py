@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from tests.e2e.util import unready, wait_for
+from tests.processes import alive
 
 pytestmark = pytest.mark.e2e
 
@@ -48,15 +49,6 @@ def streamed(url: str, **body) -> str:
     ) as r:
         assert r.status_code == 200, r.text
         return b"".join(r.iter_content(chunk_size=None)).decode()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
 
 
 def test_the_server_answers_the_same_with_the_engine_in_its_own_process(start_server, server_url):

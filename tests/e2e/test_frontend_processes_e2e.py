@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from tests.e2e.util import unready, value, wait_for
+from tests.processes import alive, children
 
 pytestmark = pytest.mark.e2e
 
@@ -29,26 +30,6 @@ SHARED = {
     "replay_step_ms": 2,
 }
 BODY = {"prompt": "Write about the sea", "max_new_tokens": 24}
-
-
-def _stat(pid: int) -> tuple[int, bytes] | None:
-    """(parent pid, command line) of a live process, None once it is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return None if fields[0] == "Z" else (int(fields[1]), cmdline)
-
-
-def children(pid: int, marker: bytes) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        info = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if info is not None and info[0] == pid and marker in info[1]:
-            found.append(int(entry.name))
-    return sorted(found)
 
 
 def frontends(launcher: int) -> list[int]:
@@ -101,7 +82,7 @@ def test_both_front_ends_serve_one_engine_and_the_metrics_sum_both(start_server)
     assert after - before == 6  # three from each process, whichever answers the scrape
     assert value(server.url, "mtt:num_requests_running") == 0
     assert server.stop(signal.SIGTERM) == 0
-    wait_for(lambda: all(_stat(p) is None for p in [*fronts, engine]), what="every process to end")
+    wait_for(lambda: all(not alive(p) for p in [*fronts, engine]), what="every process to end")
 
 
 def test_sigterm_lets_a_guests_stream_finish_before_the_engine_stops(start_server):
@@ -130,7 +111,7 @@ def test_a_killed_front_end_stops_the_server_and_leaves_no_process(start_server)
     os.kill(guest, signal.SIGKILL)
     assert server.process.wait(120) != 0
     assert "front-end process 1" in server.log() and "killed by SIGKILL" in server.log()
-    wait_for(lambda: all(_stat(p) is None for p in (owner, engine)), what="every process to end")
+    wait_for(lambda: all(not alive(p) for p in (owner, engine)), what="every process to end")
 
 
 def test_a_killed_engine_process_stops_every_front_end(start_server):
@@ -146,7 +127,7 @@ def test_a_killed_engine_process_stops_every_front_end(start_server):
     assert server.process.returncode != 0
     log = server.log()
     assert "killed by SIGKILL" in log or "closed its connection" in log
-    wait_for(lambda: all(_stat(p) is None for p in fronts), what="every front-end to end")
+    wait_for(lambda: all(not alive(p) for p in fronts), what="every front-end to end")
 
 
 def test_the_metrics_directory_and_the_engine_socket_are_removed_at_exit(start_server):

@@ -593,3 +593,34 @@ def test_direct_routes_answer_a_bug_with_a_clean_500(
     assert predict.status_code == 200, predict.text
     assert "error" not in predict.json()
     assert calls == ["completions", "predict"] and reached == []
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_front_end_of_several_listens_only_once_loaded(
+    answering: Frontend, monkeypatch: pytest.MonkeyPatch, shared: bool
+) -> None:
+    """uvicorn listens when the lifespan's start returns: with several front-ends on one
+    port that start waits for the load, so the kernel hands no connection to a front-end
+    still loading (it goes to a loaded one). One front-end answers probes while loading."""
+    from mistral_serving import frontend_group
+
+    if shared:
+        monkeypatch.setenv(frontend_group.LISTEN_FD_ENV, "3")
+    else:
+        monkeypatch.delenv(frontend_group.LISTEN_FD_ENV, raising=False)
+    assert answering.service is not None
+    loading = Frontend(Settings(), answering.metrics)
+    app = FastAPI()
+    extend(app, loading)
+    lifespan = app.router.lifespan_context(app)
+
+    async def main() -> bool:
+        started = asyncio.create_task(lifespan.__aenter__())
+        await asyncio.sleep(0.3)
+        before_load = started.done()
+        loading.attach(answering.service)  # the load completes
+        await asyncio.wait_for(started, 60)
+        await lifespan.__aexit__(None, None, None)
+        return before_load
+
+    assert asyncio.run(main()) is not shared

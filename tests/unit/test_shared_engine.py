@@ -347,3 +347,22 @@ def test_an_engine_that_cannot_be_shared_is_refused_by_name(
     with pytest.raises(ArtifactError, match="frontend_processes=2 needs an engine") as err:
         start_engine(open_artifact(model, settings), settings, tok)
     assert "set frontend_processes=1" in str(err.value)
+
+
+def test_an_owner_that_breaks_the_protocol_stops_the_engine_process(dev_model, tok, address):
+    """The owner is the one that stops the engine: if it sends what only a guest may (a
+    Join), the engine process stops as for its EOF, instead of serving on with no owner."""
+    owner = start_owner(dev_model, tok, address)
+    guest = ProcessEngine.join(address)
+    try:
+        owner._send(ipc.Join())
+        assert owner._proc is not None
+        assert owner._proc.wait(DEADLINE_S) == 0  # it stopped on its own
+        for _ in range(DEADLINE_S * 10):
+            if not guest.is_healthy():
+                break
+            threading.Event().wait(0.1)
+        assert not guest.is_healthy()
+    finally:
+        guest.shutdown()
+        owner.shutdown()

@@ -42,11 +42,11 @@ from pathlib import Path
 from types import FrameType
 
 from mistral_serving.engines.process.sharing import SharedEngine
+from mistral_serving.metrics import MULTIPROC_DIR_ENV
 
 log = logging.getLogger(__name__)
 
 LISTEN_FD_ENV = "MISTRAL_SERVING_LISTEN_FD"  # the bound socket a front-end serves on
-METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's own variable
 _POLL_S = 0.2
 _PR_SET_PDEATHSIG = 1
 
@@ -83,7 +83,7 @@ def _die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def run(count: int, host: str, port: int, stop_timeout_s: float = 120.0) -> int:
+def run(count: int, host: str, port: int, stop_timeout_s: float) -> int:
     """Run `count` front-end processes on `host:port` until they end; the exit status.
     Once stopping, front-ends still running after `stop_timeout_s` are killed, with
     their process groups (the owner's holds the engine process)."""
@@ -102,7 +102,7 @@ def run(count: int, host: str, port: int, stop_timeout_s: float = 120.0) -> int:
         return 2
     address = str(workdir / "engine.sock")
     env = dict(os.environ)
-    env |= {LISTEN_FD_ENV: str(sock.fileno()), METRICS_DIR_ENV: str(metrics_dir)}
+    env |= {LISTEN_FD_ENV: str(sock.fileno()), MULTIPROC_DIR_ENV: str(metrics_dir)}
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for index in range(count):

@@ -3,7 +3,9 @@
 They are registered on prometheus_client's default registry, which the server serves at
 `GET /metrics`. With several front-end processes (`frontend_group.py`) each records into
 prometheus_client's multiprocess directory and `/metrics`, from whichever answers, sums
-them all (`exposition`); the engine's own figures are read from the shared engine. The prefix is `mtt:`, or `vllm:` with `metrics_names: vllm`, or `trtllm_`
+them all (`exposition`); the engine's own figures are read from the shared engine.
+
+The prefix is `mtt:`, or `vllm:` with `metrics_names: vllm`, or `trtllm_`
 with `metrics_names: trtllm` (then the names trtllm-serve gives the same figures, from
 `tensorrt_llm/metrics/collector.py::MetricsCollector`, where they differ from vLLM's), so
 that vLLM dashboards and the Inference Gateway's endpoint picker (which routes on the
@@ -30,6 +32,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 PREFIX = "mtt:"
+# prometheus_client's own variable: set (by the launcher of several front-end processes)
+# before it is imported, its values live in files there, one set per process.
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 TRTLLM_PREFIX = "trtllm_"
 # trtllm-serve's names (MetricsCollector) for the figures it names differently from vLLM.
 TRTLLM_NAMES = {"kv_cache_usage_perc": "kv_cache_utilization"}
@@ -76,15 +81,17 @@ class EngineUsageCollector(Collector):
         self.name = name
         self.source: Callable[[], float] | None = None
 
+    HELP = "Fraction of the engine's KV cache in use (0-1)."
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         try:
             value = float(self.source()) if self.source is not None else 0.0
         except Exception:  # a scrape must never fail for an engine's figure
             value = 0.0
-        yield _gauge(self.name, "Fraction of the engine's KV cache in use (0-1).", value)
+        yield _gauge(self.name, self.HELP, value)
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
-        yield _gauge(self.name, "Fraction of the engine's KV cache in use (0-1).", 0.0)
+        yield _gauge(self.name, self.HELP, 0.0)
 
 
 class EngineCacheCollector(Collector):
@@ -332,7 +339,7 @@ def exposition(metrics: Metrics) -> bytes:
     """What `GET /metrics` answers: the default registry, or, with several front-end
     processes, every process's figures summed (prometheus_client's multiprocess mode,
     chosen by its PROMETHEUS_MULTIPROC_DIR) and the engine's, read here."""
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if not os.environ.get(MULTIPROC_DIR_ENV):
         return generate_latest(REGISTRY)
     from prometheus_client import multiprocess
 

@@ -340,6 +340,7 @@ class _Requests:
         self.engine, self.ready, self.fanout, self.owner = engine, ready, fanout, owner
         self.peers: dict[Connection, _Peer] = {owner.conn: owner}
         self._indexes = itertools.count(1)
+        self._owner_gone = False  # the owner broke the protocol: stop, as for its EOF
 
     def serve(self, listener: socket.socket | None, guests_wait_s: float) -> None:
         """Until the owner says Shutdown (then until the guests have left, or for at most
@@ -379,6 +380,8 @@ class _Requests:
                     leave_by = time.monotonic() + guests_wait_s
                 else:
                     self._handle(peer, message)
+                if self._owner_gone:
+                    return
 
     def _accept(self, listener: socket.socket) -> None:
         try:
@@ -440,7 +443,12 @@ class _Requests:
             self._leave(peer)
 
     def _leave(self, peer: _Peer) -> None:
-        """A guest is gone: its requests are aborted, the others go on."""
+        """A guest is gone: its requests are aborted, the others go on. The owner that
+        breaks the protocol stops the engine instead (nobody else would)."""
+        if peer is self.owner:
+            log.error("the server broke the protocol: shutting the engine down")
+            self._owner_gone = True
+            return
         self.peers.pop(peer.conn, None)
         self.fanout.remove(peer.outbox)
         for engine_id in peer.outbox.take_live():
