@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -45,14 +46,19 @@ def handlers() -> Iterator[None]:
         signal.signal(signum, handler)
 
 
-def test_a_front_end_that_ends_unasked_stops_the_others_and_fails(handlers, tmp_path):
-    procs = [start(SLEEPER), start("import sys; sys.exit(3)"), start(SLEEPER)]
+def supervise(procs: list[subprocess.Popen[bytes]], where: Path, stop_s: float) -> int:
+    """The launcher's exit status over these processes; none is left running after."""
     try:
-        status = frontend_group._supervise(procs, tmp_path, DEADLINE_S)
+        return frontend_group._supervise(procs, where, stop_s)
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_a_front_end_that_ends_unasked_stops_the_others_and_fails(handlers, tmp_path):
+    procs = [start(SLEEPER), start("import sys; sys.exit(3)"), start(SLEEPER)]
+    status = supervise(procs, tmp_path, DEADLINE_S)
     assert status == 3
     assert procs[0].returncode == procs[2].returncode == -signal.SIGTERM
 
@@ -60,12 +66,7 @@ def test_a_front_end_that_ends_unasked_stops_the_others_and_fails(handlers, tmp_
 def test_a_stop_by_the_forwarded_signal_is_a_success(handlers, tmp_path):
     procs = [start(SLEEPER), start(SLEEPER)]
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    try:
-        status = frontend_group._supervise(procs, tmp_path, DEADLINE_S)
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    status = supervise(procs, tmp_path, DEADLINE_S)
     assert status == 0
     assert all(p.returncode == -signal.SIGTERM for p in procs)
 
@@ -76,12 +77,7 @@ def test_a_front_end_that_ignores_the_stop_is_killed_with_its_group(handlers, tm
     grandchild = int(stubborn.stdout.readline())
     procs = [start(SLEEPER), stubborn]
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-    try:
-        status = frontend_group._supervise(procs, tmp_path, 1.0)
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    status = supervise(procs, tmp_path, 1.0)
     assert status == 1  # a stop that needed a kill is a failure
     assert stubborn.returncode == -signal.SIGKILL
     for _ in range(DEADLINE_S * 10):
