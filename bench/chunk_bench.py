@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from mistral_serving.engines.base import SamplingOptions, TokenLogprob
+from mistral_serving.generation.service import Chunk, GenerationRequest
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import openai
-from mistral_serving.service import Chunk, GenerationRequest
-from mistral_serving.telemetry import RequestRecord
 
 N = 2000
 REPEATS = 7

@@ -46,7 +46,7 @@ def group_cpu_seconds(pgid: int) -> dict[str, float]:
         if int(fields[2]) != pgid:
             continue
         seconds = (int(fields[11]) + int(fields[12])) / TICKS
-        key = "engine process" if b"mistral_serving.engines.process.worker" in cmdline else "server"
+        key = "engine process" if b"mistral_gpu_fallback.process.worker" in cmdline else "server"
         out[key] += seconds
     return out
 

@@ -349,8 +349,8 @@ def engine_settings(artifact: Path, args):
 def compare_loaders(artifact: Path, args) -> None:
     """Cold load with transformers' `from_pretrained` (the previous loader), for the
     side-by-side with the direct loader that follows."""
+    from mistral_gpu_fallback.static.engine import StaticTorchEngine
     from mistral_serving.engines.pytorch.dynamic import load_model
-    from mistral_serving.engines.pytorch.static import StaticTorchEngine
 
     settings = engine_settings(artifact, args)
     cold = drop_page_cache()
@@ -372,10 +372,10 @@ def compare_loaders(artifact: Path, args) -> None:
 
 
 def engine_bench(args) -> None:
+    from mistral_gpu_fallback.static.engine import StaticTorchEngine
     from mistral_serving.engines.base import EngineLimits
     from mistral_serving.engines.factory import start_torch_engine
     from mistral_serving.engines.pytorch.dynamic import TorchEngine, TorchOptions
-    from mistral_serving.engines.pytorch.static import StaticTorchEngine
 
     artifact = Path(args.dir)
     if args.disk_test:
@@ -635,7 +635,7 @@ def stop(proc: subprocess.Popen) -> None:
 def start_server(
     app: Path, settings: dict[str, str], log: str | None, packages: str | None = None
 ) -> tuple:
-    """The launcher (`python -m mistral_serving.server`, as the image runs it) on a prepared
+    """The launcher (`python -m mistral_serving.http.server`, as the image runs it) on a prepared
     app folder, through `local_server.LocalServer`, importing the serving code from
     `packages` (default: this repo's); (the server, seconds from launch to ready)."""
     from mistral_build.local_server import LocalServer
@@ -1159,8 +1159,8 @@ def prepare_verify(args) -> None:
     import hashlib
     from concurrent.futures import ThreadPoolExecutor
 
-    from mistral_serving.artifacts import open_artifact
-    from mistral_serving.manifest import MANIFEST_NAME, BuildManifest, FileRecord
+    from mistral_serving.artifacts.artifact import open_artifact
+    from mistral_serving.artifacts.manifest import MANIFEST_NAME, BuildManifest, FileRecord
     from mistral_serving.settings import Settings
 
     artifact = Path(args.dir)

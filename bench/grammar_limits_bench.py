@@ -49,7 +49,7 @@ CASES: dict[str, dict] = {
 def _child(text: str, out) -> None:
     import xgrammar as xgr
 
-    from mistral_serving.tokenizer import load_tokenizer
+    from mistral_serving.text.tokenizer import load_tokenizer
 
     tok = load_tokenizer(ROOT / ".cache" / "dev-model")
     info = xgr.TokenizerInfo(

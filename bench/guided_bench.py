@@ -51,10 +51,11 @@ from mistral_build.local_server import (  # noqa: E402
     render_build_context,
 )
 from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR  # noqa: E402
-from mistral_serving.engines.base import GuidedDecoding, SamplingOptions  # noqa: E402
+from mistral_serving.engines.base import SamplingOptions  # noqa: E402
 from mistral_serving.engines.pytorch.guided import GuidedDecoder, GuidedMatcher  # noqa: E402
 from mistral_serving.engines.sampling import sample_next_tokens  # noqa: E402
-from mistral_serving.tokenizer import load_tokenizer  # noqa: E402
+from mistral_serving.structured.constraint import GuidedDecoding  # noqa: E402
+from mistral_serving.text.tokenizer import load_tokenizer  # noqa: E402
 
 # Bounded: every string and array has a maximum, so even a random-weight model ends the
 # JSON within max_tokens; long enough (tens of tokens) for a per-token figure.

@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "mistral-trt-truss" / "packages"))
 
+from mistral_gpu_fallback.process import ipc  # noqa: E402
 from mistral_serving.engines.base import (  # noqa: E402
     EngineError,
     EngineRequestError,
@@ -33,7 +34,6 @@ from mistral_serving.engines.base import (  # noqa: E402
     TokenDelta,
     TokenLogprob,
 )
-from mistral_serving.engines.process import ipc  # noqa: E402
 
 # ---- the codec this replaced (worker.py before: pickled tuples), kept here to compare ----
 

@@ -42,10 +42,10 @@ sys.path[:0] = [str(ROOT / "mistral-trt-truss/packages"), str(ROOT)]
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from mistral_gpu_fallback.static import fused, llama  # noqa: E402
+from mistral_gpu_fallback.static.engine import StaticTorchEngine, light_config  # noqa: E402
 from mistral_serving.engines.base import EngineLimits  # noqa: E402
-from mistral_serving.engines.pytorch import fused, llama  # noqa: E402
 from mistral_serving.engines.pytorch.dynamic import TorchOptions  # noqa: E402
-from mistral_serving.engines.pytorch.static import StaticTorchEngine, light_config  # noqa: E402
 
 OUT: Path | None = None
 

@@ -19,7 +19,7 @@ from typing import Any
 from mistral_build.paths import DEV_MODEL_DIR
 from mistral_build.publish import finish_artifact
 from mistral_build.tokenizer_files import portable_tokenizer_config
-from mistral_serving.manifest import BuildManifest, read_manifest
+from mistral_serving.artifacts.manifest import BuildManifest, read_manifest
 
 SEED = 0
 DEV_CONFIG: dict[str, Any] = dict(

@@ -46,8 +46,8 @@ from mistral_build.publish import (
     push_artifact,
 )
 from mistral_build.release import BASE_IMAGE
-from mistral_serving import driver
-from mistral_serving.manifest import BuildManifest, GpuRecord
+from mistral_serving.artifacts.manifest import BuildManifest, GpuRecord
+from mistral_serving.ops import driver
 
 DEFAULT_MODEL = "mistralai/Mistral-7B-Instruct-v0.2"
 # The TensorRT-LLM line this pipeline was checked against. Since 1.0 the PyTorch backend is

@@ -6,7 +6,7 @@
 2. Renders the Docker build context with truss's own code (`render_build_context`) from
    a copy of the Truss whose config.yaml carries these deploy settings, with the non-root
    `app` user (uid 60000) that the Truss Dockerfile template creates when
-   `BT_USE_NON_ROOT_USER` is set, and our launcher (`python3 -m mistral_serving.server`,
+   `BT_USE_NON_ROOT_USER` is set, and our launcher (`python3 -m mistral_serving.http.server`,
    the real Truss server plus our routes) as the container's entry point.
    The rendered Dockerfile is then made production-safe (`patch_dockerfile`): tini as
    PID 1, every install held to the base image's frozen packages (`base_constraints.py`),
@@ -94,7 +94,7 @@ COMPAT_DEVIATIONS: dict[str, str] = {
     "tokenizer, chat and streaming tests do not depend on torch's version",
 }
 
-# The container's command: the real Truss server with our routes (mistral_serving.server),
+# The container's command: the real Truss server with our routes (mistral_serving.http.server),
 # from /app (the Truss server's modules) with the bundled packages importable at start.
 PACKAGES_DIR = "/packages"
 

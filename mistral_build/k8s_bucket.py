@@ -24,9 +24,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from mistral_serving.artifact_sources import manifest_sha256
-from mistral_serving.artifacts import open_artifact
-from mistral_serving.manifest import MANIFEST_NAME, ArtifactError
+from mistral_serving.artifacts.artifact import open_artifact
+from mistral_serving.artifacts.manifest import MANIFEST_NAME, ArtifactError
+from mistral_serving.artifacts.sources import manifest_sha256
 from mistral_serving.settings import Settings
 
 _DESTINATION = re.compile(

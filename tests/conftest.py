@@ -21,7 +21,7 @@ from mistral_build.local_server import (
     render_build_context,
 )
 from mistral_build.paths import DEV_MODEL_DIR
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.smollm2_files import smollm2_tokenizer_dir
 from tests.tokenizer_cache import tokenizer_at
 

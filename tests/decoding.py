@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mistral_serving.detokenizer import IncrementalDetokenizer
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.detokenizer import IncrementalDetokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 
 
 def decode(tok: Tokenizer, ids: Sequence[int]) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mistral_gpu_fallback.static.engine import StaticTorchEngine
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from mistral_serving.settings import Settings
 
 EOS = 2  # the dev model's end-of-sequence id

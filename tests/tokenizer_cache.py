@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.text.tokenizer import Tokenizer, load_tokenizer
 
 
 @functools.cache

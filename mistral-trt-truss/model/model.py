@@ -1,4 +1,4 @@
-"""The Truss adapter: forwards Truss's calls to `mistral_serving.frontend.Frontend`.
+"""The Truss adapter: forwards Truss's calls to `mistral_serving.http.frontend.Frontend`.
 
 Every route takes the raw request (Truss then leaves the body alone: our frontend
 decodes it strictly). No `from __future__ import annotations` here: Truss reads the
@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
-from mistral_serving.frontend import frontend_for
+from mistral_serving.http.frontend import frontend_for
 
 HF_TOKEN_SECRET = "hf_access_token"
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
+from mistral_gpu_fallback.process import ipc
+from mistral_gpu_fallback.process.client import ProcessEngine
 from mistral_serving.engines.base import EngineLimits
-from mistral_serving.engines.process import ipc
-from mistral_serving.engines.process.client import ProcessEngine
 
 
 class FakeProc:

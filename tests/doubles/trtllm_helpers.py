@@ -8,11 +8,11 @@ import asyncio
 import json
 from pathlib import Path
 
+from mistral_serving.artifacts.manifest import BuildManifest, GpuRecord, write_manifest
 from mistral_serving.engines.base import SamplingOptions, TokenDelta
 from mistral_serving.engines.trtllm.checks import GpuInfo
 from mistral_serving.engines.trtllm.engine import LlmApiEngine, TrtLlmEngine
 from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
-from mistral_serving.manifest import BuildManifest, GpuRecord, write_manifest
 from mistral_serving.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,7 +14,7 @@ import torch
 from openai import OpenAI
 from transformers import AutoModelForCausalLM
 
-from mistral_serving.tokenizer import load_tokenizer
+from mistral_serving.text.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.e2e
 

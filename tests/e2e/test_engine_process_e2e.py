@@ -32,7 +32,7 @@ def engine_processes(server_pid: int) -> list[int]:
         except OSError:
             continue  # gone meanwhile
         pgrp = int(stat.rsplit(")", 1)[1].split()[2])
-        if pgrp == server_pid and b"mistral_serving.engines.process.worker" in cmdline:
+        if pgrp == server_pid and b"mistral_gpu_fallback.process.worker" in cmdline:
             found.append(int(entry.name))
     return found
 

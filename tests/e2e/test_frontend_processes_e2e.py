@@ -34,11 +34,11 @@ BODY = {"prompt": "Write about the sea", "max_new_tokens": 24}
 
 def frontends(launcher: int) -> list[int]:
     """The front-end processes, the owner (the first started: the lowest pid) first."""
-    return children(launcher, b"mistral_serving.server")
+    return children(launcher, b"mistral_serving.http.server")
 
 
 def engine_process(owner: int) -> int:
-    (pid,) = children(owner, b"mistral_serving.engines.process.worker")
+    (pid,) = children(owner, b"mistral_gpu_fallback.process.worker")
     return pid
 
 

@@ -14,8 +14,8 @@ import torch
 from openai import OpenAI
 from transformers import AutoModelForCausalLM
 
-from mistral_serving.chat import ChatMessage, encode_chat
-from mistral_serving.tokenizer import load_tokenizer
+from mistral_serving.text.chat import ChatMessage, encode_chat
+from mistral_serving.text.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.e2e
 

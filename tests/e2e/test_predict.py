@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from mistral_build.local_server import raw_post
-from mistral_serving.tokenizer import load_tokenizer
+from mistral_serving.text.tokenizer import load_tokenizer
 from tests.e2e.util import aborted, value, wait_for, wait_idle
 
 pytestmark = pytest.mark.e2e

@@ -13,7 +13,7 @@ import openai
 import pytest
 import requests
 
-from mistral_serving.manifest import read_manifest, verify_files
+from mistral_serving.artifacts.manifest import read_manifest, verify_files
 from tests.smollm2_files import smollm2_artifact
 
 pytestmark = pytest.mark.e2e

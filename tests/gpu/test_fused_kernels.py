@@ -25,7 +25,7 @@ BF16 = torch.bfloat16
 
 
 def ops_pair():
-    from mistral_serving.engines.pytorch import fused
+    from mistral_gpu_fallback.static import fused
 
     pytest.importorskip("triton")
     return fused.TritonOps(), fused.TorchOps()
@@ -46,7 +46,7 @@ def close(got: torch.Tensor, want: torch.Tensor, ulps: float = 2.0) -> None:
     seed=st.integers(0, 999),
 )
 def test_add_rms_norm_and_rms_norm(lead, hidden, seed) -> None:
-    from mistral_serving.engines.pytorch import llama
+    from mistral_gpu_fallback.static import llama
 
     ops, ref = ops_pair()
     torch.manual_seed(seed)
@@ -187,9 +187,9 @@ def test_greedy_decode_with_the_kernels_on_and_off() -> None:
 
 def test_the_engine_serves_with_the_kernels() -> None:
     from bench.step_bench import random_model, shape_config
+    from mistral_gpu_fallback.static.engine import StaticTorchEngine
     from mistral_serving.engines.base import EngineLimits, SamplingOptions
     from mistral_serving.engines.pytorch.dynamic import TorchOptions
-    from mistral_serving.engines.pytorch.static import StaticTorchEngine
 
     model = random_model(shape_config(SMALL, 256), DEV, BF16, seed=2)
     options = TorchOptions(fused_kernels="on")

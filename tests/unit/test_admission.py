@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from mistral_serving.admission import Admission, ClientGone, Draining, Overloaded, Ticket
-from mistral_serving.metrics import Metrics
+from mistral_serving.generation.admission import Admission, ClientGone, Draining, Overloaded, Ticket
+from mistral_serving.ops.metrics import Metrics
 
 POLL = 0.01
 

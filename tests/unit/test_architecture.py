@@ -90,7 +90,7 @@ def test_the_import_graph_finds_a_planted_cycle() -> None:
 
 def test_the_serving_library_has_no_import_cycles() -> None:
     graph = import_graph()
-    assert "mistral_serving.frontend" in graph and graph["mistral_serving.frontend"]
+    assert "mistral_serving.http.frontend" in graph and graph["mistral_serving.http.frontend"]
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
 
 
@@ -106,7 +106,7 @@ def test_the_truss_adapter_is_thin_and_only_forwards() -> None:
         if isinstance(node, ast.ImportFrom) and node.module
     }
     ours = {m for m in imported if m.startswith("mistral_serving")}
-    assert ours == {"mistral_serving.frontend"}, ours  # settings come with its frontend
+    assert ours == {"mistral_serving.http.frontend"}, ours  # settings come with its frontend
 
 
 def test_build_tooling_is_not_in_the_serving_packages() -> None:
@@ -120,6 +120,7 @@ def test_build_tooling_is_not_in_the_serving_packages() -> None:
 # Our three packages and where they live.
 ROOTS = {
     "mistral_serving": SERVING,
+    "mistral_gpu_fallback": PACKAGES / "mistral_gpu_fallback",
     "mistral_build": REPO / "mistral_build",
     "client": REPO / "client",
 }
@@ -128,82 +129,48 @@ ROOTS = {
 # client is a library of its own; build tooling drives both.
 PACKAGE_DEPS: dict[str, frozenset[str]] = {
     "mistral_serving": frozenset(),
+    "mistral_gpu_fallback": frozenset({"mistral_serving"}),
     "client": frozenset(),
-    "mistral_build": frozenset({"mistral_serving", "client"}),
+    "mistral_build": frozenset({"mistral_serving", "mistral_gpu_fallback", "client"}),
 }
 
 # Layers, lowest first, per package: a module imports only from its own layer or lower
 # ones. Entries are module names or globs (`*`); an exact name wins over a glob. A new
 # module must be placed here (the test says so).
 LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
+    # The serving core in rooms, one concern each, in the order a request goes down: a
+    # room imports only itself and the rooms below it (within a room, only cycles are
+    # refused). `settings` sits above `ops` for the metric names' prefixes.
     "mistral_serving": (
-        (
-            "foundation",
-            (
-                "mistral_serving",
-                "mistral_serving.errors",
-                "mistral_serving.auth",
-                "mistral_serving.settings",
-                "mistral_serving.metrics",
-                "mistral_serving.collector",
-                "mistral_serving.manifest",
-                "mistral_serving.file_bounds",
-                "mistral_serving.tokenizer",
-                "mistral_serving.shutdown",
-                "mistral_serving.driver",
-                "mistral_serving.startup",
-                "mistral_serving.scope_keys",
-                "mistral_serving.tracing",
-                "mistral_serving.deadline",
-                "mistral_serving.engines",
-                "mistral_serving.engines.base",
-                "mistral_serving.engines.pytorch.cpus",
-                "mistral_serving.engines.pytorch.llama",
-                "mistral_serving.engines.pytorch.fused",
-                "mistral_serving.engines.pytorch.weights",
-            ),
-        ),
-        (
-            "text and accounting",
-            (
-                "mistral_serving.chat",
-                "mistral_serving.detokenizer",
-                "mistral_serving.streaming",
-                "mistral_serving.telemetry",
-                "mistral_serving.admission",
-                "mistral_serving.engines.pytorch.guided",
-                "mistral_serving.engines.trtllm.checks",
-                "mistral_serving.artifact_sources",
-                "mistral_serving.grammar_pool",
-                "mistral_serving.grammar",
-                "mistral_serving.tool_calls",
-                "mistral_serving.tool_parsers",
-            ),
-        ),
-        (
-            "artifacts and engine families",
-            (
-                "mistral_serving.artifacts",
-                "mistral_serving.artifact_fill",
-                "mistral_serving.engines.*",
-                "mistral_serving.engines.process.ipc",
-                "mistral_serving.watchdog",
-            ),
-        ),
-        ("engine choice", ("mistral_serving.engines.factory",)),
-        # The engine process's entry point: it starts its engine through the factory.
-        ("engine process", ("mistral_serving.engines.process.worker",)),
-        ("service", ("mistral_serving.service",)),
+        ("foundation", ("mistral_serving", "mistral_serving.errors")),
+        ("operations", ("mistral_serving.ops", "mistral_serving.ops.*")),
+        ("settings", ("mistral_serving.settings",)),
+        ("artifacts", ("mistral_serving.artifacts", "mistral_serving.artifacts.*")),
+        ("tools", ("mistral_serving.tools", "mistral_serving.tools.*")),
+        ("text", ("mistral_serving.text", "mistral_serving.text.*")),
+        ("structured output", ("mistral_serving.structured", "mistral_serving.structured.*")),
+        ("engines", ("mistral_serving.engines", "mistral_serving.engines.*")),
+        ("generation", ("mistral_serving.generation", "mistral_serving.generation.*")),
         ("wire formats", ("mistral_serving.protocols", "mistral_serving.protocols.*")),
-        ("frontend", ("mistral_serving.frontend",)),
+        ("http", ("mistral_serving.http", "mistral_serving.http.*")),
+    ),
+    # The GPU fallback: it imports the core (any room); the core never imports it.
+    "mistral_gpu_fallback": (
         (
-            "server",
+            "engines",
             (
-                "mistral_serving.server",
-                "mistral_serving.http_limits",
-                "mistral_serving.frontend_group",
+                "mistral_gpu_fallback",
+                "mistral_gpu_fallback.static",
+                "mistral_gpu_fallback.static.*",
+                "mistral_gpu_fallback.replay",
+                "mistral_gpu_fallback.process",
+                "mistral_gpu_fallback.process.sharing",
+                "mistral_gpu_fallback.process.ipc",
             ),
         ),
+        ("engine process", ("mistral_gpu_fallback.process.client",)),
+        ("launcher", ("mistral_gpu_fallback.frontends",)),
+        ("entry points", ("mistral_gpu_fallback.process.worker", "mistral_gpu_fallback.plugin")),
     ),
     "client": (
         (
@@ -435,7 +402,7 @@ def test_the_code_has_no_import_cycles_but_the_known_ones() -> None:
     graph = full_import_graph(ROOTS)
     # Function-level imports are followed: these two exist only inside functions.
     assert "mistral_build.k8s" in graph["mistral_build.cli"]
-    assert "mistral_serving.engines.factory" in graph["mistral_serving.engines.process.worker"]
+    assert "mistral_serving.engines.factory" in graph["mistral_gpu_fallback.process.worker"]
     assert cycle_problems(graph, KNOWN_CYCLES) == []
 
 
@@ -447,7 +414,9 @@ def test_every_module_imports_only_its_layer_or_lower_ones() -> None:
 # modules import their own family and the shared modules, never another family: only the
 # factory (a layer above them all) knows every family.
 ENGINES = "mistral_serving.engines"
-SHARED_ENGINE_MODULES = frozenset({ENGINES, f"{ENGINES}.base", f"{ENGINES}.sampling"})
+SHARED_ENGINE_MODULES = frozenset(
+    {ENGINES, f"{ENGINES}.base", f"{ENGINES}.sampling", f"{ENGINES}.fallback"}
+)
 ENGINE_CHOICE = frozenset({f"{ENGINES}.factory"})
 
 
@@ -482,7 +451,7 @@ def family_problems(
 def test_no_engine_family_imports_another() -> None:
     graph = full_import_graph(ROOTS)
     families = {family_of(m, ENGINES) for m in graph} - {None}
-    assert {"pytorch", "process", "trtllm", "replay"} <= families
+    assert {"pytorch", "trtllm"} <= families
     assert family_problems(graph, ENGINES, SHARED_ENGINE_MODULES, ENGINE_CHOICE) == []
 
 
@@ -617,50 +586,76 @@ def test_a_planted_import_from_one_family_into_another_is_found(tmp_path: Path) 
     ]
 
 
-def _serving_copy(tmp_path: Path) -> Path:
-    """The real serving library, copied: the real LAYERS then judge a planted import."""
-    copy = tmp_path / "mistral_serving"
-    shutil.copytree(SERVING, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    return copy
+def _serving_copy(tmp_path: Path) -> dict[str, Path]:
+    """The real serving core and GPU fallback, copied: the real LAYERS and PACKAGE_DEPS
+    then judge a planted import."""
+    roots = {}
+    for package in ("mistral_serving", "mistral_gpu_fallback"):
+        roots[package] = tmp_path / package
+        shutil.copytree(
+            ROOTS[package], roots[package], ignore=shutil.ignore_patterns("__pycache__")
+        )
+    return roots
+
+
+def plant_function(path: Path, body: str) -> None:
+    path.write_text(path.read_text() + f"\n\ndef _planted():\n    {body}\n")
 
 
 def test_the_real_tree_with_a_planted_upward_import_fails(tmp_path: Path) -> None:
-    copy = _serving_copy(tmp_path)
-    base = copy / "engines" / "base.py"
-    base.write_text(
-        base.read_text()
-        + "\n\ndef _planted():\n    from mistral_serving.frontend import Frontend\n"
+    roots = _serving_copy(tmp_path)
+    plant_function(
+        roots["mistral_serving"] / "engines" / "base.py",
+        "from mistral_serving.http.frontend import Frontend",
     )
-    graph = full_import_graph({"mistral_serving": copy})
-    assert "upward import: mistral_serving.engines.base (foundation) -> " + (
-        "mistral_serving.frontend (frontend)"
+    graph = full_import_graph(roots)
+    assert (
+        "upward import: mistral_serving.engines.base (engines) -> "
+        "mistral_serving.http.frontend (http)"
     ) in layer_problems(graph, LAYERS, PACKAGE_DEPS)
     assert any(
-        "mistral_serving.engines.base -> mistral_serving.frontend" in p
+        "mistral_serving.engines.base -> mistral_serving.http.frontend" in p
         for p in cycle_problems(graph)
     )
 
 
-def test_the_real_tree_with_a_planted_cycle_among_engines_fails(tmp_path: Path) -> None:
-    copy = _serving_copy(tmp_path)
-    client = copy / "engines" / "process" / "client.py"
-    client.write_text(  # the cycle this tree broke: the proxy reaching the child's module
-        client.read_text()
-        + "\n\ndef _planted():\n    from mistral_serving.engines.process import worker\n"
+def test_the_real_tree_with_the_core_importing_the_fallback_fails(tmp_path: Path) -> None:
+    roots = _serving_copy(tmp_path)
+    plant_function(
+        roots["mistral_serving"] / "engines" / "factory.py",
+        "from mistral_gpu_fallback.static import engine",
     )
-    dynamic = copy / "engines" / "pytorch" / "dynamic.py"
-    dynamic.write_text(
-        dynamic.read_text()
-        + "\n\ndef _planted():\n    import mistral_serving.engines.trtllm.engine\n"
+    assert (
+        "mistral_serving.engines.factory -> mistral_gpu_fallback.static.engine: "
+        "mistral_serving may not import mistral_gpu_fallback"
+    ) in layer_problems(full_import_graph(roots), LAYERS, PACKAGE_DEPS)
+
+
+def test_the_core_names_the_fallback_package_in_one_place_only() -> None:
+    """Beyond static imports: no string, no importlib call elsewhere reaches it."""
+    naming = sorted(
+        str(path.relative_to(SERVING))
+        for path in SERVING.rglob("*.py")
+        if "mistral_gpu_fallback" in path.read_text()
     )
-    graph = full_import_graph({"mistral_serving": copy})
-    cycles = cycle_problems(graph)
-    assert len(cycles) == 1 and "mistral_serving.engines.process.worker" in cycles[0], cycles
-    assert "mistral_serving.engines.factory -> mistral_serving.engines.process.client" in cycles[0]
+    assert naming == ["engines/fallback.py"]
+
+
+def test_the_real_tree_with_planted_imports_among_engines_fails(tmp_path: Path) -> None:
+    roots = _serving_copy(tmp_path)
+    plant_function(  # the proxy reaching the child's entry point
+        roots["mistral_gpu_fallback"] / "process" / "client.py",
+        "from mistral_gpu_fallback.process import worker",
+    )
+    plant_function(
+        roots["mistral_serving"] / "engines" / "pytorch" / "dynamic.py",
+        "import mistral_serving.engines.trtllm.engine",
+    )
+    graph = full_import_graph(roots)
     layers = layer_problems(graph, LAYERS, PACKAGE_DEPS)
     assert (
-        "upward import: mistral_serving.engines.process.client (artifacts and engine families) "
-        "-> mistral_serving.engines.process.worker (engine process)"
+        "upward import: mistral_gpu_fallback.process.client (engine process) "
+        "-> mistral_gpu_fallback.process.worker (entry points)"
     ) in layers
     assert family_problems(graph, ENGINES, SHARED_ENGINE_MODULES, ENGINE_CHOICE) == [
         "mistral_serving.engines.pytorch.dynamic -> mistral_serving.engines.trtllm: "

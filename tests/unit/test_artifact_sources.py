@@ -24,10 +24,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mistral_build.publish import push_artifact
-from mistral_serving import artifact_fill, artifact_sources
-from mistral_serving.artifacts import ArtifactError, load_artifact, marker_path
-from mistral_serving.manifest import MANIFEST_NAME, BuildManifest, write_manifest
-from mistral_serving.service import GenerationService
+from mistral_serving.artifacts import fill as artifact_fill
+from mistral_serving.artifacts import sources as artifact_sources
+from mistral_serving.artifacts.artifact import ArtifactError, load_artifact, marker_path
+from mistral_serving.artifacts.manifest import MANIFEST_NAME, BuildManifest, write_manifest
+from mistral_serving.generation.service import GenerationService
 from mistral_serving.settings import Settings, SettingsError
 from tests.hub_standin import HubStandIn
 

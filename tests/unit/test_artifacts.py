@@ -20,8 +20,8 @@ import pytest
 from huggingface_hub import constants
 
 from mistral_build.publish import push_artifact
-from mistral_serving import manifest as mf
-from mistral_serving.artifacts import (
+from mistral_serving.artifacts import manifest as mf
+from mistral_serving.artifacts.artifact import (
     Artifact,
     ArtifactError,
     cached_snapshot,
@@ -31,9 +31,14 @@ from mistral_serving.artifacts import (
     open_artifact,
     resolve_artifact,
 )
+from mistral_serving.artifacts.manifest import (
+    MANIFEST_NAME,
+    BuildManifest,
+    ManifestError,
+    write_manifest,
+)
 from mistral_serving.engines.factory import engine_name_for
 from mistral_serving.engines.trtllm.checks import EngineCheckError
-from mistral_serving.manifest import MANIFEST_NAME, BuildManifest, ManifestError, write_manifest
 from mistral_serving.settings import Settings, SettingsError
 from tests.hub_standin import HubStandIn
 
@@ -159,7 +164,7 @@ def test_pulls_the_pinned_commit_into_the_cache(
 def test_non_sha_revision_warns(
     standin: tuple[HubStandIn, str], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts"):
+    with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts.artifact"):
         load_artifact(from_hub(tmp_path, "main"), TOKEN)
     assert "not a commit sha" in caplog.text
 
@@ -449,7 +454,7 @@ def test_an_unwritable_cache_only_costs_a_rehash(
     path = with_manifest(tmp_path / "a")
     hashes.clear()  # writing the manifest hashed the files
     (tmp_path / "cache").write_text("a file where the cache folder should be")
-    with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts"):
+    with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts.artifact"):
         load_artifact(local(path, tmp_path), None)
     assert "cannot write the verified marker" in caplog.text
 
@@ -474,7 +479,7 @@ def test_missing_listed_file_fails(tmp_path: Path) -> None:
 
 def test_missing_manifest_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = checkpoint_dir(tmp_path / "a")
-    with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts"):
+    with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts.artifact"):
         assert load_artifact(local(path, tmp_path), None).manifest is None
     assert "no build manifest" in caplog.text
 
@@ -484,7 +489,7 @@ def test_unlisted_files_are_named_in_a_warning(
 ) -> None:
     path = with_manifest(tmp_path / "a")
     (path / "extra.safetensors").write_bytes(b"x")
-    with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts"):
+    with caplog.at_level(logging.WARNING, logger="mistral_serving.artifacts.artifact"):
         load_artifact(local(path, tmp_path), None)
     assert "not in the build manifest" in caplog.text and "extra.safetensors" in caplog.text
 
@@ -494,7 +499,7 @@ def test_config_and_manifest_are_read_once(tmp_path: Path, monkeypatch) -> None:
     read: list[str] = []
     real = mf.read_json_file
     monkeypatch.setattr(
-        "mistral_serving.artifacts.read_json_file",
+        "mistral_serving.artifacts.artifact.read_json_file",
         lambda p, what: read.append(Path(p).name) or real(p, what),
     )
     load_artifact(local(path, tmp_path), None)
@@ -564,7 +569,7 @@ def test_hub_failures_are_worded_without_httpx2_as_on_huggingface_hub_0x(
 def test_a_json_error_from_simplejson_is_named_as_one() -> None:
     """requests decodes with simplejson where it is installed (seen on the GPU machine under
     Python 3.12): its JSONDecodeError is not json's, and must still read "not JSON"."""
-    from mistral_serving.artifacts import _is_json_error
+    from mistral_serving.artifacts.artifact import _is_json_error
 
     class JSONDecodeError(ValueError):  # simplejson.errors.JSONDecodeError's shape
         pass

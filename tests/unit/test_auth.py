@@ -1,4 +1,4 @@
-"""API-key auth (mistral_serving.auth) on a FastAPI app extended by `server.extend`."""
+"""API-key auth (mistral_serving.http.auth) on a FastAPI app extended by `server.extend`."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from mistral_serving.auth import ApiKeyError, key_matches, load_keys
-from mistral_serving.frontend import Frontend
-from mistral_serving.metrics import Metrics
-from mistral_serving.server import extend
+from mistral_serving.http.auth import ApiKeyError, key_matches, load_keys
+from mistral_serving.http.frontend import Frontend
+from mistral_serving.http.server import extend
+from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
 
 

@@ -13,11 +13,11 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from mistral_serving import auth
-from mistral_serving.auth import ApiKeyError, configured_keys, secret_text
-from mistral_serving.frontend import Frontend
-from mistral_serving.metrics import Metrics
-from mistral_serving.server import extend
+from mistral_serving.http import auth
+from mistral_serving.http.auth import ApiKeyError, configured_keys, secret_text
+from mistral_serving.http.frontend import Frontend
+from mistral_serving.http.server import extend
+from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
 
 

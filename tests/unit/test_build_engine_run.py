@@ -13,7 +13,7 @@ import pytest
 from mistral_build import engine
 from mistral_build.engine import BuildFacts, EngineOptions, Step, build_trtllm_engine
 from mistral_build.gpu import BuildGpu
-from mistral_serving.manifest import describe, read_manifest, sha256_file, verify_files
+from mistral_serving.artifacts.manifest import describe, read_manifest, sha256_file, verify_files
 
 A100 = BuildGpu(name="NVIDIA A100-SXM4-80GB", compute_capability="8.0", memory_mib=81920)
 FACTS = BuildFacts(gpus=[A100], free_disk_bytes=10**12, trtllm_version="1.2.1",

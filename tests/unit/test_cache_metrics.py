@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mistral_serving.engines.base import SamplingOptions
 from mistral_serving.engines.trtllm.engine import CacheStatsReader
-from mistral_serving.metrics import CacheStats, Metrics, metric_name, prefix_for
+from mistral_serving.ops.metrics import CacheStats, Metrics, metric_name, prefix_for
 from mistral_serving.settings import Settings
 from tests.doubles.scripted_engine import ScriptedEngine
 from tests.doubles.trtllm_helpers import consume, load, load_pytorch_kind, settle

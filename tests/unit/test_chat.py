@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.chat import ChatFormatError, ChatMessage, encode_chat
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.text.chat import ChatFormatError, ChatMessage, encode_chat
+from mistral_serving.text.tokenizer import Tokenizer, load_tokenizer
 from tests.tokenizer_cache import tokenizer_at
 
 SETTINGS = settings(

@@ -15,8 +15,8 @@ import pydantic
 import pytest
 import torch
 
+from mistral_gpu_fallback.static.engine import StaticTorchEngine
 from mistral_serving.engines.base import SamplingOptions
-from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from mistral_serving.settings import Settings
 from tests.static_engines import cpu_static_engine
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from mistral_serving.collector import freeze_loaded_objects, time_collections
-from mistral_serving.metrics import Metrics
+from mistral_serving.ops.collector import freeze_loaded_objects, time_collections
+from mistral_serving.ops.metrics import Metrics
 
 
 @pytest.fixture

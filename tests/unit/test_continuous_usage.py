@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from mistral_serving.engines.base import TokenLogprob
+from mistral_serving.generation.service import Chunk
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.openai import OpenAIFormat
-from mistral_serving.service import Chunk
-from mistral_serving.telemetry import RequestRecord
 
 CTX = ParseContext(default_max_tokens=64)
 PARTS = ["Hel", "lo", " wor", "ld"]

@@ -1,4 +1,4 @@
-"""A deadline per request (mistral_serving.deadline): the rule, and what the service does
+"""A deadline per request (mistral_serving.generation.deadline): the rule, and what the service does
 when it passes, on every engine kind (both PyTorch engines, replay, the engine process, and
 both TensorRT-LLM kinds through the double in tests/doubles/fake_tensorrt_llm).
 
@@ -20,17 +20,17 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from mistral_serving import deadline
-from mistral_serving.artifacts import open_artifact
+from mistral_gpu_fallback.replay import ReplayEngine
+from mistral_serving.artifacts.artifact import open_artifact
 from mistral_serving.engines.base import EngineLimits, SamplingOptions
 from mistral_serving.engines.factory import start_engine, start_torch_engine
-from mistral_serving.engines.replay import ReplayEngine
 from mistral_serving.errors import RequestError
-from mistral_serving.metrics import Metrics
-from mistral_serving.service import GenerationService, PreparedRequest
+from mistral_serving.generation import deadline
+from mistral_serving.generation.service import GenerationService, PreparedRequest
+from mistral_serving.ops.metrics import Metrics
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.settings import Settings
-from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.doubles.trtllm_helpers import load, load_pytorch_kind
 
 WAIT_S = 60  # a bound on waiting for a condition, never a speed assertion

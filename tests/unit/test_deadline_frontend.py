@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 from tests.unit.test_frontend import LIMITS, TEXT, Client, body, call, run, serve
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.detokenizer import IncrementalDetokenizer
-from mistral_serving.tokenizer import TokenTable
+from mistral_serving.text.detokenizer import IncrementalDetokenizer
+from mistral_serving.text.tokenizer import TokenTable
 from tests.decoding import decode
 from tests.tokenizer_cache import tokenizer_at
 

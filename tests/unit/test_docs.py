@@ -7,7 +7,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from mistral_serving.metrics import Metrics
+from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import ENV_PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parents[2]

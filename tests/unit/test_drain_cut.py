@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 from tests.unit.test_frontend import LIMITS, TEXT, Client, body, call, serve
 

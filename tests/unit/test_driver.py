@@ -1,4 +1,4 @@
-"""mistral_serving.driver: the NVIDIA driver against the image's CUDA, from fake /proc and
+"""mistral_serving.ops.driver: the NVIDIA driver against the image's CUDA, from fake /proc and
 CUDA toolkit files (what the kernel module and NGC's images write), and the launcher's
 refusal of a driver that is too old."""
 
@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mistral_build.paths import TRUSS_DIR
-from mistral_serving import driver
+from mistral_serving.ops import driver
 
 PACKAGES = TRUSS_DIR / "packages"
 
@@ -142,7 +142,8 @@ def test_the_launcher_refuses_before_loading_anything(tmp_path: Path) -> None:
     code = f"""
 import sys
 from pathlib import Path
-from mistral_serving import driver, server
+from mistral_serving.ops import driver
+from mistral_serving.http import server
 driver.PROC_VERSION = Path({str(tmp_path / "version")!r})
 driver.CUDA_VERSION_JSON = Path({str(tmp_path / "version.json")!r})
 rc = server.main({str(tmp_path / "config.yaml")!r})

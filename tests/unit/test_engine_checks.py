@@ -12,16 +12,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.engines.base import EngineLimits
-from mistral_serving.engines.trtllm import checks as ec
-from mistral_serving.engines.trtllm.checks import EngineCheckError, GpuInfo
-from mistral_serving.manifest import (
+from mistral_serving.artifacts.manifest import (
     ArtifactError,
     BuildManifest,
     GpuRecord,
     is_engine_config,
     write_manifest,
 )
+from mistral_serving.engines.base import EngineLimits
+from mistral_serving.engines.trtllm import checks as ec
+from mistral_serving.engines.trtllm.checks import EngineCheckError, GpuInfo
 
 A100 = GpuInfo(name="NVIDIA A100-SXM4-40GB", capability="8.0", count=1)
 H100 = GpuInfo(name="NVIDIA H100 80GB HBM3", capability="9.0", count=1)

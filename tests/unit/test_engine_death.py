@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from mistral_serving import shutdown
 from mistral_serving.engines.base import EngineError, SamplingOptions
-from mistral_serving.shutdown import Drainer
+from mistral_serving.ops import shutdown
+from mistral_serving.ops.shutdown import Drainer
 
 
 def test_engine_death_sends_sigterm_once_and_drains(monkeypatch):

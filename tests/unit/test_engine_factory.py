@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from mistral_serving.artifacts import open_artifact
+from mistral_gpu_fallback.replay import ReplayEngine
+from mistral_gpu_fallback.static.engine import StaticTorchEngine
+from mistral_serving.artifacts.artifact import open_artifact
 from mistral_serving.engines.factory import (
     keep_compiled_kernels,
     start_engine,
@@ -18,10 +20,8 @@ from mistral_serving.engines.factory import (
 )
 from mistral_serving.engines.pytorch.dynamic import TorchEngine
 from mistral_serving.engines.pytorch.guided import GuidedDecoder
-from mistral_serving.engines.pytorch.static import StaticTorchEngine
-from mistral_serving.engines.replay import ReplayEngine
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import load_tokenizer
+from mistral_serving.text.tokenizer import load_tokenizer
 
 
 def settings_for(dev_model: Path, **values) -> Settings:
@@ -78,7 +78,7 @@ def test_the_dynamic_engine_module_does_not_import_the_static_one():
     code = (
         "import sys\n"
         "import mistral_serving.engines.pytorch.dynamic\n"
-        "assert 'mistral_serving.engines.pytorch.static' not in sys.modules\n"
+        "assert 'mistral_gpu_fallback.static.engine' not in sys.modules\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],

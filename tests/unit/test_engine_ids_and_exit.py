@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from mistral_serving.artifacts import open_artifact
+from mistral_serving.artifacts.artifact import open_artifact
 from mistral_serving.engines.base import SamplingOptions
 from mistral_serving.engines.factory import start_engine
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.settings import Settings
-from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.text.tokenizer import Tokenizer, load_tokenizer
 from tests.unit.test_frontend import Client, body, call, serve
 
 

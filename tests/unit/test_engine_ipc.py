@@ -20,6 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from mistral_gpu_fallback.process import ipc, worker
+from mistral_gpu_fallback.process.client import ProcessEngine
 from mistral_serving.engines.base import (
     EngineError,
     EngineLimits,
@@ -29,8 +31,6 @@ from mistral_serving.engines.base import (
     TokenDelta,
     TokenLogprob,
 )
-from mistral_serving.engines.process import ipc, worker
-from mistral_serving.engines.process.client import ProcessEngine
 from tests.doubles.process_proxy import FakeProc, process_proxy
 
 DEADLINE_S = 60.0
@@ -255,7 +255,7 @@ def test_garbage_from_the_engine_process_fails_its_requests_not_the_server(
         outcome["tokens"] = got
 
     thread = threading.Thread(target=lambda: asyncio.run(consume()), daemon=True)
-    with caplog.at_level(logging.ERROR, logger="mistral_serving.engines.process.client"):
+    with caplog.at_level(logging.ERROR, logger="mistral_gpu_fallback.process.client"):
         thread.start()
         add = ipc.decode_to_engine(child.recv_bytes())
         assert isinstance(add, ipc.Add)
@@ -292,7 +292,7 @@ def test_garbage_from_the_server_shuts_the_engine_process_down(
     server.send_bytes(ipc.encode(ipc.Abort("r1")))
     server.send_bytes(pickle.dumps(("abort", "r2")))
     server.send_bytes(ipc.encode(ipc.Abort("r3")))  # never read: it stopped before
-    with caplog.at_level(logging.ERROR, logger="mistral_serving.engines.process.worker"):
+    with caplog.at_level(logging.ERROR, logger="mistral_gpu_fallback.process.worker"):
         outbox = worker.Outbox(child)
         owner = worker._Peer(child, 0, outbox)
         worker._Requests(engine, READY, worker.Fanout([outbox]), owner).serve(None, 0.0)  # type: ignore[arg-type]

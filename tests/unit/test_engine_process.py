@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.artifacts import open_artifact
-from mistral_serving.detokenizer import IncrementalDetokenizer
+from mistral_gpu_fallback.process.client import ProcessEngine, wants_own_process
+from mistral_serving.artifacts.artifact import open_artifact
 from mistral_serving.engines.base import (
     EngineError,
     EngineRequestError,
@@ -26,8 +26,8 @@ from mistral_serving.engines.base import (
     SamplingOptions,
 )
 from mistral_serving.engines.factory import start_engine, start_guided_torch_engine
-from mistral_serving.engines.process.client import ProcessEngine, wants_own_process
 from mistral_serving.settings import Settings, SettingsError
+from mistral_serving.text.detokenizer import IncrementalDetokenizer
 
 PROMPTS = [[1] + list(range(100 + 37 * i, 100 + 37 * i + 2 + 5 * i)) for i in range(6)]
 GREEDY = SamplingOptions(max_new_tokens=16, top_k=1)

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from mistral_serving.artifacts import open_artifact, read_config
-from mistral_serving.file_bounds import (
+from mistral_serving.artifacts.artifact import open_artifact, read_config
+from mistral_serving.artifacts.file_bounds import (
     FILE_BOUNDS,
     FOLDER_BOUNDS,
     MiB,
     check_file,
     check_parsed_files,
 )
-from mistral_serving.manifest import ArtifactError
+from mistral_serving.artifacts.manifest import ArtifactError
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import load_tokenizer
+from mistral_serving.text.tokenizer import load_tokenizer
 
 SMALL_FILES = (
     "config.json",

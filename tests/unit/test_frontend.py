@@ -29,7 +29,8 @@ from mistral_serving.engines.base import (
     SamplingOptions,
     TokenDelta,
 )
-from mistral_serving.frontend import (
+from mistral_serving.generation.service import GenerationService
+from mistral_serving.http.frontend import (
     FRONTEND_CONFIG_KEY,
     REQUEST_ID_HEADER,
     Frontend,
@@ -37,11 +38,10 @@ from mistral_serving.frontend import (
     one_line,
     request_id_from,
 )
-from mistral_serving.metrics import Metrics
-from mistral_serving.scope_keys import CUT_EXTENSION, LEFT_EXTENSION
-from mistral_serving.service import GenerationService
+from mistral_serving.http.scope_keys import CUT_EXTENSION, LEFT_EXTENSION
+from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 LIMITS = EngineLimits(max_input_len=32, max_seq_len=64, max_batch_size=4)
@@ -298,7 +298,7 @@ def test_a_request_id_is_made_when_none_is_given(tok: Tokenizer) -> None:
 def test_request_id_from_logs_only_the_start_of_a_refused_id(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level("WARNING", logger="mistral_serving.frontend"):
+    with caplog.at_level("WARNING", logger="mistral_serving.http.frontend"):
         fresh = request_id_from("x" * 100 + " SECRET-TAIL")
     assert fresh in caplog.text
     assert "SECRET-TAIL" not in caplog.text
@@ -759,7 +759,7 @@ def test_metrics_names_picks_the_served_prefix() -> None:
 def test_load_times_collections_and_freezes_what_loading_made(
     tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mistral_serving.frontend as frontend_module
+    import mistral_serving.http.frontend as frontend_module
 
     steps: list[str] = []
     registry = CollectorRegistry()
@@ -966,7 +966,7 @@ def _run_free(sse: bytes) -> bytes:
 
 
 def test_the_write_clock_turns_its_own_cancel_into_a_timeout_and_keeps_anothers():
-    from mistral_serving.frontend import _WriteClock
+    from mistral_serving.http.frontend import _WriteClock
 
     async def write_that_never_ends(external_cancel: bool) -> str:
         clock = _WriteClock(0.0)  # due at once: the first loop pass cancels the write

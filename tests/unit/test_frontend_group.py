@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mistral_serving import frontend_group
+from mistral_gpu_fallback import frontends as frontend_group
 from tests.processes import alive
 
 DEADLINE_S = 60  # a bound on waiting, never a speed assertion

@@ -19,9 +19,9 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from torch import nn
 
+from mistral_gpu_fallback.static import fused, llama
 from mistral_serving.engines.base import EngineError
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.pytorch import fused, llama
 from mistral_serving.engines.pytorch.dynamic import TorchOptions
 from mistral_serving.settings import Settings, SettingsError
 
@@ -198,7 +198,7 @@ def test_the_engine_says_which_ops_it_runs_and_on_refuses_to_start_without(dev_m
 INTERPRETED = r"""
 import json, sys, torch
 from torch import nn
-from mistral_serving.engines.pytorch import fused, llama
+from mistral_gpu_fallback.static import fused, llama
 torch.manual_seed(0)
 ops, ref = fused.TritonOps(), fused.TorchOps()
 worst = {}
@@ -268,7 +268,7 @@ def test_the_triton_kernels_match_the_torch_ops_under_the_interpreter() -> None:
 ENGINE_INTERPRETED = r"""
 import sys, torch
 from bench.step_bench import idle_engine, random_model, shape_config
-from mistral_serving.engines.pytorch import fused
+from mistral_gpu_fallback.static import fused
 shape = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "mlp": 96, "vocab": 300}
 model = random_model(shape_config(shape, 256), torch.device("cpu"), torch.float32, seed=3)
 with torch.inference_mode():

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from mistral_build import gateway, k8s
 from mistral_build.deploy_settings import DeploySettings, load_deploy_settings
 from mistral_build.paths import K8S_DIR, REPO_ROOT
-from mistral_serving.metrics import Metrics
+from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
 
 CRD_DIR = REPO_ROOT / "tests" / "data" / "crds"

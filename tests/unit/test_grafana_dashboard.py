@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from mistral_serving.metrics import Metrics
+from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
 from tests.dashboard import TARGET_LABELS, exposed, load, parse, queries, with_prefix
 

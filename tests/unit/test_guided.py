@@ -13,10 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 
-from mistral_serving.detokenizer import IncrementalDetokenizer
-from mistral_serving.engines.base import EngineRequestError, GuidedDecoding
+from mistral_serving.engines.base import EngineRequestError
 from mistral_serving.engines.pytorch.guided import GuidedDecoder
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.structured.constraint import GuidedDecoding
+from mistral_serving.text.detokenizer import IncrementalDetokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 
 # Bounded schemas: a random-weight model cannot loop forever inside them.
 SCHEMAS = [
@@ -140,10 +141,10 @@ def test_xgrammar_is_loaded_at_the_first_structured_request_not_at_start(dev_mod
         "import sys\n"
         "from pathlib import Path\n"
         "from mistral_serving.engines.pytorch.guided import GuidedDecoder\n"
-        "from mistral_serving.tokenizer import load_tokenizer\n"
+        "from mistral_serving.text.tokenizer import load_tokenizer\n"
         f"decoder = GuidedDecoder(load_tokenizer(Path({str(dev_model)!r})))\n"
         "assert 'xgrammar' not in sys.modules, 'imported at start-up'\n"
-        "from mistral_serving.engines.base import GuidedDecoding\n"
+        "from mistral_serving.structured.constraint import GuidedDecoding\n"
         "decoder.matcher(GuidedDecoding('json_object'))\n"
         "assert 'xgrammar' in sys.modules\n"
     )

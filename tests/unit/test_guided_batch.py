@@ -15,12 +15,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.engines.base import GuidedDecoding, SamplingOptions
+from mistral_gpu_fallback.static.engine import StaticTorchEngine
+from mistral_gpu_fallback.static.guided_batch import BatchMasker, apply_bitmask
+from mistral_serving.engines.base import SamplingOptions
 from mistral_serving.engines.factory import start_guided_torch_engine
-from mistral_serving.engines.pytorch.guided_batch import BatchMasker, apply_bitmask
-from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import load_tokenizer
+from mistral_serving.structured.constraint import GuidedDecoding
+from mistral_serving.text.tokenizer import load_tokenizer
 
 NESTED = json.dumps(
     {

@@ -22,10 +22,10 @@ from mistral_serving.engines.base import (
 )
 from mistral_serving.engines.factory import start_guided_torch_engine
 from mistral_serving.errors import RequestError
-from mistral_serving.metrics import Metrics
-from mistral_serving.service import GenerationRequest, GenerationService
+from mistral_serving.generation.service import GenerationRequest, GenerationService
+from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 PROMPT = [1, 100, 101, 102]

@@ -1,4 +1,4 @@
-"""The response_format gate (`mistral_serving.grammar`): static bounds, refused keywords,
+"""The response_format gate (`mistral_serving.structured.grammar`): static bounds, refused keywords,
 the timed compile in a killable child process (real xgrammar, real processes), cached
 verdicts; the engine-side decoder's bounded cache and its errors without build paths."""
 
@@ -12,10 +12,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.engines.base import EngineRequestError, GuidedDecoding
+from mistral_serving.engines.base import EngineRequestError
 from mistral_serving.engines.pytorch.guided import GuidedDecoder
 from mistral_serving.errors import RequestError
-from mistral_serving.grammar import (
+from mistral_serving.settings import Settings
+from mistral_serving.structured.constraint import GuidedDecoding
+from mistral_serving.structured.grammar import (
     IGNORED_KEYWORDS,
     GrammarGate,
     SchemaLimits,
@@ -23,9 +25,8 @@ from mistral_serving.grammar import (
     gate_for,
     pattern_repeat,
 )
-from mistral_serving.grammar_pool import clean_xgrammar_error
-from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.structured.grammar_pool import clean_xgrammar_error
+from mistral_serving.text.tokenizer import Tokenizer
 
 LIMITS = SchemaLimits.from_settings(Settings())
 BOMB = "((a{0,30}){0,30}){0,30}"  # the issue's 285-byte request: minutes in xgrammar

@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from mistral_serving.http_limits import Limits, is_probe, protocol_class, raise_fd_limit
-from mistral_serving.scope_keys import LEFT_EXTENSION
+from mistral_serving.http.limits import Limits, is_probe, protocol_class, raise_fd_limit
+from mistral_serving.http.scope_keys import LEFT_EXTENSION
 from mistral_serving.settings import Settings
 
 MAX_BYTES = 2048

@@ -84,7 +84,7 @@ def test_the_build_freezes_the_base_then_installs_then_checks_in_that_order(
     last_copy = max(i for i, line in enumerate(lines) if line.startswith("COPY "))
     pip_check = first(f"RUN {py} -m pip check | {py} ")
     assert f"base_constraints.py check {image.BASE_PIP_CHECK}" in lines[pip_check]
-    smoke = first(f'{py} -c "import tensorrt_llm, truss_server, mistral_serving.server')
+    smoke = first(f'{py} -c "import tensorrt_llm, truss_server, mistral_serving.http.server')
     compat = f'RUN LD_LIBRARY_PATH="${{LD_LIBRARY_PATH}}:{image.CUDA_COMPAT_LIB}" '
     assert lines[smoke].startswith(compat)
     entry = first("ENTRYPOINT")
@@ -141,7 +141,7 @@ def test_the_container_runs_our_launcher_of_the_truss_server(
     (argv,) = [json.loads(e.removeprefix("ENTRYPOINT ")) for e in entry]
     assert argv == image.server_entrypoint(image.BASE_IMAGE_PYTHON)
     assert argv[:4] == [image.TINI, "--", "/bin/sh", "-c"]
-    assert argv[4].endswith(f'; exec {image.BASE_IMAGE_PYTHON} -m mistral_serving.server "$@"')
+    assert argv[4].endswith(f'; exec {image.BASE_IMAGE_PYTHON} -m mistral_serving.http.server "$@"')
     tini = next(i for i in lines if "apt-get install" in i and " tini " in i)
     assert lines.index(tini) < lines.index("USER 60000")
     assert "/app/main.py" not in entry[0]
@@ -155,7 +155,7 @@ def test_the_container_runs_our_launcher_of_the_truss_server(
         entry[0]
     )
     assert "COPY --chown=root:root ./packages /packages" in lines
-    assert (context / "packages" / "mistral_serving" / "server.py").is_file()
+    assert (context / "packages" / "mistral_serving" / "http" / "server.py").is_file()
     assert (context / "server" / "truss_server.py").is_file()
 
 
@@ -411,7 +411,7 @@ def test_the_entry_point_raises_the_open_file_limit_and_passes_its_args() -> Non
     assert argv[4].startswith(RAISE_NOFILE + "; exec ")
     # The launcher gets the container's arguments (python replaced by echo: no image here).
     script = argv[4].replace(image.BASE_IMAGE_PYTHON, "echo")
-    assert shell(script, "--extra", "arg") == ["-m mistral_serving.server --extra arg"]
+    assert shell(script, "--extra", "arg") == ["-m mistral_serving.http.server --extra arg"]
     hard = int(shell("ulimit -H -n")[0])
     # containerd 2.x gives soft 1024 under a high hard limit: raised to NOFILE (or to the
     # hard limit where that is lower).

@@ -480,7 +480,7 @@ def test_hpa_scales_the_deployment_on_queue_and_in_flight_gauges(
 def test_the_gauges_the_manifests_name_are_the_ones_the_server_exports(names: str) -> None:
     from prometheus_client import CollectorRegistry
 
-    from mistral_serving.metrics import Metrics, prefix_for
+    from mistral_serving.ops.metrics import Metrics, prefix_for
 
     registry = CollectorRegistry()
     Metrics(registry, prefix=prefix_for(names))

@@ -194,7 +194,7 @@ def test_the_volume_is_a_read_only_claim_that_k8s_weights_fills_once() -> None:
     assert weights["storageclass.yaml"]["parameters"]["type"] == "hyperdisk-ml"
     # The fill: the serving image's module, into the folder the pods mount, from the Hub.
     (fill,) = weights["fill-job.yaml"]["spec"]["template"]["spec"]["containers"]
-    assert fill["command"][-1] == "mistral_serving.artifact_fill"
+    assert fill["command"][-1] == "mistral_serving.artifacts.fill"
     assert fill["args"] == ["--into", f"{k8s_weights.FILL_MOUNT}/{s.artifact_revision}"]
     fill_env = {e["name"]: e for e in fill["env"]}
     assert fill_env["MTT_ARTIFACT"]["value"] == s.artifact

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from mistral_gpu_fallback.static.engine import StaticTorchEngine, static_path_problem
 from mistral_serving.engines import factory
 from mistral_serving.engines.base import EngineError
 from mistral_serving.engines.factory import kv_cache_choice, start_torch_engine
 from mistral_serving.engines.pytorch.dynamic import TorchEngine
-from mistral_serving.engines.pytorch.static import StaticTorchEngine, static_path_problem
 from mistral_serving.settings import Settings
 
 MISTRAL = {
@@ -80,7 +80,7 @@ def sliding_window_copy(dev_model: Path, tmp_path: Path) -> Path:
 
 
 def test_the_factory_starts_the_static_engine_on_cuda(dev_model, fake_cuda, caplog):
-    caplog.set_level(logging.INFO, logger="mistral_serving.engines.factory")
+    caplog.set_level(logging.INFO, logger="mistral_gpu_fallback.plugin")
     engine = start(dev_model)
     try:
         assert type(engine) is StaticTorchEngine
@@ -118,7 +118,7 @@ def test_modules_the_fast_path_cannot_run_fall_back_after_loading(
     dev_model, fake_cuda, monkeypatch, caplog
 ):
     """config.json looks right but the loaded modules do not: dynamic, same weights."""
-    import mistral_serving.engines.pytorch.static as static
+    import mistral_gpu_fallback.static.engine as static
 
     monkeypatch.setattr(static, "supports_static_path", lambda model: "attention is odd")
     engine = start(dev_model)

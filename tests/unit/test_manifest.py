@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving import manifest as mf
-from mistral_serving.manifest import (
+from mistral_serving.artifacts import manifest as mf
+from mistral_serving.artifacts.manifest import (
     MANIFEST_NAME,
     ArtifactError,
     BuildManifest,

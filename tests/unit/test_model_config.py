@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mistral_serving.artifacts.manifest import ArtifactError
 from mistral_serving.engines.factory import check_model_config, start_engine, start_torch_engine
-from mistral_serving.manifest import ArtifactError
 from mistral_serving.settings import Settings
 
 WHERE = "ckpt/config.json"
@@ -130,7 +130,7 @@ def test_the_engines_refuse_an_absurd_config_at_load(tmp_path: Path, dev_model: 
 
 
 def test_start_engine_refuses_an_absurd_checkpoint_config(tmp_path: Path) -> None:
-    from mistral_serving.artifacts import Artifact
+    from mistral_serving.artifacts.artifact import Artifact
 
     artifact = Artifact(
         path=tmp_path,

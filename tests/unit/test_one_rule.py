@@ -19,8 +19,8 @@ from mistral_serving.engines.base import (
     SamplingOptions,
 )
 from mistral_serving.errors import RequestError
+from mistral_serving.http.server import error_json
 from mistral_serving.protocols.predict import PredictFormat
-from mistral_serving.server import error_json
 from mistral_serving.settings import Settings
 
 SERVING = Path(__file__).resolve().parents[2] / "mistral-trt-truss/packages/mistral_serving"
@@ -59,7 +59,7 @@ def test_error_bodies_are_shaped_only_in_their_formats() -> None:
     # protocols/predict.py: predict's `{"error": message}`; OpenAI's is a typed model
     # (protocols/openai_types.py, `ErrorResponse`). The grammar pool's child process
     # reports to its parent over a pipe, not to a client.
-    assert where(builds_an_error_body) == {"protocols/predict.py", "grammar_pool.py"}
+    assert where(builds_an_error_body) == {"protocols/predict.py", "structured/grammar_pool.py"}
     builders = where(lambda n: isinstance(n, ast.ClassDef) and n.name == "ErrorResponse")
     assert builders == {"protocols/openai_types.py"}
 
@@ -79,11 +79,11 @@ def test_the_body_guard_answers_predicts_refusals_in_the_formats_shape(
 
 def test_only_artifacts_decides_local_directory_or_hub_snapshot() -> None:
     # The read-ahead decided it too (via cached_snapshot) before it was removed.
-    assert where(lambda n: names(n, "cached_snapshot", "_REPO_ID")) == {"artifacts.py"}
+    assert where(lambda n: names(n, "cached_snapshot", "_REPO_ID")) == {"artifacts/artifact.py"}
     defined = where(lambda n: isinstance(n, ast.FunctionDef) and n.name == "resolve_artifact")
-    assert defined == {"artifacts.py"}
+    assert defined == {"artifacts/artifact.py"}
     # The Hub is called in one place; the volume fill goes through artifacts.download too.
-    assert where(lambda n: names(n, "snapshot_download")) == {"artifacts.py"}
+    assert where(lambda n: names(n, "snapshot_download")) == {"artifacts/artifact.py"}
 
 
 def test_the_read_ahead_is_gone_with_its_setting() -> None:
@@ -135,7 +135,7 @@ def assert_asks_fit(engine: Engine, calls: list[tuple[int, int]]) -> None:
 
 
 def test_the_replay_engine_asks_fit(fit_calls: list[tuple[int, int]]) -> None:
-    from mistral_serving.engines.replay import ReplayEngine
+    from mistral_gpu_fallback.replay import ReplayEngine
 
     assert_asks_fit(ReplayEngine([7, 8], 2, EngineLimits(16, 32, 4), 0.001), fit_calls)
 
@@ -162,7 +162,7 @@ def test_the_tensorrt_llm_engine_kinds_ask_fit(
 
 def test_the_service_refuses_with_fits_words(tok: object) -> None:
     """The service's length refusals are fit's own message, as a 400 naming the field."""
-    from mistral_serving.service import GenerationRequest, GenerationService
+    from mistral_serving.generation.service import GenerationRequest, GenerationService
     from tests.doubles.scripted_engine import ScriptedEngine
 
     limits = EngineLimits(max_input_len=8, max_seq_len=12, max_batch_size=2)
@@ -222,9 +222,9 @@ def test_every_engine_kind_is_handed_the_artifacts_config(
     process); the in-process PyTorch engine gets it too."""
     import dataclasses
 
-    from mistral_serving.artifacts import load_artifact
+    from mistral_gpu_fallback.process.client import ProcessEngine
+    from mistral_serving.artifacts.artifact import load_artifact
     from mistral_serving.engines import factory
-    from mistral_serving.engines.process.client import ProcessEngine
     from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
 
     artifact = load_artifact(Settings(artifact=str(dev_model)), None)
@@ -251,7 +251,7 @@ def test_every_engine_kind_is_handed_the_artifacts_config(
 def test_the_pytorch_backend_sizes_itself_from_the_config_it_is_handed(
     fake_trtllm: object, tmp_path: Path
 ) -> None:
-    from mistral_serving.artifacts import read_config
+    from mistral_serving.artifacts.artifact import read_config
     from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
     from tests.doubles.trtllm_helpers import make_checkpoint_dir
 
@@ -267,9 +267,9 @@ def test_the_pytorch_backend_sizes_itself_from_the_config_it_is_handed(
 def test_the_engine_process_checks_the_config_it_is_handed(dev_model: Path) -> None:
     """The child takes the parent's config.json (a value the file does not hold is what
     it refuses), so it never parses the file again."""
-    from mistral_serving.artifacts import read_config
+    from mistral_gpu_fallback.process.client import ProcessEngine
+    from mistral_serving.artifacts.artifact import read_config
     from mistral_serving.engines.base import EngineError
-    from mistral_serving.engines.process.client import ProcessEngine
 
     config = read_config(dev_model) | {"num_hidden_layers": -1}
     settings = Settings(artifact=str(dev_model), device="cpu")
@@ -278,7 +278,7 @@ def test_the_engine_process_checks_the_config_it_is_handed(dev_model: Path) -> N
 
 
 def test_config_json_has_one_reader_and_one_error_type(tmp_path: Path) -> None:
-    from mistral_serving.artifacts import ArtifactError, read_config
+    from mistral_serving.artifacts.artifact import ArtifactError, read_config
 
     for text in ("{", "[]", '{"a": NaN'):
         (tmp_path / "config.json").write_text(text)
@@ -316,7 +316,7 @@ def test_config_json_has_one_reader_and_one_error_type(tmp_path: Path) -> None:
 def test_read_config_answers_any_bytes_with_a_dict_or_one_artifact_error(data: bytes) -> None:
     import tempfile
 
-    from mistral_serving.artifacts import ArtifactError, read_config
+    from mistral_serving.artifacts.artifact import ArtifactError, read_config
 
     with tempfile.TemporaryDirectory() as folder:
         (Path(folder) / "config.json").write_bytes(data)

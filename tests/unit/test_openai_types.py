@@ -17,6 +17,8 @@ from hypothesis import strategies as st
 
 from mistral_serving.engines.base import TokenLogprob
 from mistral_serving.errors import RequestError
+from mistral_serving.generation.service import Chunk
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.openai import OpenAICall, OpenAIFormat, _sse
 from mistral_serving.protocols.openai_types import (
@@ -32,9 +34,7 @@ from mistral_serving.protocols.openai_types import (
     Usage,
     openai_error_body,
 )
-from mistral_serving.service import Chunk
-from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 
 CTX = ParseContext(default_max_tokens=64)
 USER = [{"role": "user", "content": "Hi"}]

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mistral_gpu_fallback.static import engine as static
+from mistral_gpu_fallback.static.engine import StaticTorchEngine
 from mistral_serving.engines.base import EngineError, SamplingOptions
-from mistral_serving.engines.pytorch import static
-from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from tests.static_engines import cpu_static_engine
 
 PROMPTS = [[1] + list(range(100 + 37 * i, 100 + 37 * i + 2 + 5 * i)) for i in range(6)]

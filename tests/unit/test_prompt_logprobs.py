@@ -14,6 +14,8 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from mistral_gpu_fallback.process.client import ProcessEngine
+from mistral_gpu_fallback.replay import ReplayEngine
 from mistral_serving.engines.base import (
     EngineLimits,
     EngineRequestError,
@@ -22,16 +24,14 @@ from mistral_serving.engines.base import (
     TokenLogprob,
 )
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.process.client import ProcessEngine
-from mistral_serving.engines.replay import ReplayEngine
 from mistral_serving.errors import RequestError
-from mistral_serving.metrics import Metrics
+from mistral_serving.generation.service import GenerationService
+from mistral_serving.ops.metrics import Metrics
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.openai import OpenAIFormat
-from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
-from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tokenizer import Tokenizer, load_tokenizer
+from mistral_serving.text.tokenizer import Tokenizer, load_tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 EOS = 2

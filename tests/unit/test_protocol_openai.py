@@ -15,16 +15,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from mistral_serving.chat import ChatMessage, encode_chat
-from mistral_serving.engines.base import EngineLimits, GuidedDecoding, TokenLogprob
+from mistral_serving.engines.base import EngineLimits, TokenLogprob
 from mistral_serving.errors import RequestError
-from mistral_serving.metrics import Metrics
+from mistral_serving.generation.service import Chunk, GenerationService, PreparedRequest
+from mistral_serving.ops.metrics import Metrics
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.openai import MAX_TOP_LOGPROBS, OpenAICall, OpenAIFormat
-from mistral_serving.service import Chunk, GenerationService, PreparedRequest
 from mistral_serving.settings import Settings
-from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.structured.constraint import GuidedDecoding
+from mistral_serving.text.chat import ChatMessage, encode_chat
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 LIMITS = EngineLimits(max_input_len=48, max_seq_len=96, max_batch_size=4)

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.chat import ChatMessage
 from mistral_serving.engines.base import SamplingOptions
 from mistral_serving.errors import RequestError
+from mistral_serving.generation.service import Chunk
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext, TruncatedStream
 from mistral_serving.protocols.fields import MAX_STOP_STRINGS
 from mistral_serving.protocols.predict import ALIASES, PredictCall, PredictFormat
-from mistral_serving.service import Chunk
-from mistral_serving.telemetry import RequestRecord
+from mistral_serving.text.chat import ChatMessage
 
 CTX = ParseContext(default_max_tokens=2048)
 FMT = PredictFormat()

@@ -18,7 +18,7 @@ from hub_standin import HubStandIn
 from huggingface_hub import constants
 
 from mistral_build.publish import ArtifactError, push_artifact
-from mistral_serving.manifest import read_manifest, verify_files
+from mistral_serving.artifacts.manifest import read_manifest, verify_files
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hf_standin_secret_0123456789"
@@ -98,7 +98,7 @@ def copy_artifact(src: Path, dst: Path) -> Path:
 
 def test_push_is_exactly_the_artifact_and_resumable(hub: HubStandIn, dev_model: Path,
                                                      tmp_path: Path) -> None:  # fmt: skip
-    from mistral_serving.manifest import write_manifest
+    from mistral_serving.artifacts.manifest import write_manifest
 
     first = copy_artifact(dev_model, tmp_path / "a")
     (first / "rank1.engine").write_bytes(b"x" * 4096)
@@ -146,7 +146,7 @@ def test_resolve_artifact_pulls_the_pushed_commit(hub: HubStandIn, dev_model: Pa
     """What load() does: Settings(artifact=repo, artifact_revision=sha) -> local path."""
     result = push_artifact(dev_model, "acme/served", token=SECRET, endpoint=hub.url)
     code = (
-        "import sys; from mistral_serving.artifacts import resolve_artifact; "
+        "import sys; from mistral_serving.artifacts.artifact import resolve_artifact; "
         "from mistral_serving.settings import Settings; "
         "s = Settings(artifact=sys.argv[1], artifact_revision=sys.argv[2], cache_dir=sys.argv[3]); "
         "print(resolve_artifact(s, sys.argv[4]))"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mistral_gpu_fallback.static.engine import StaticTorchEngine
 from mistral_serving.engines.base import SamplingOptions
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.pytorch.static import StaticTorchEngine
 from mistral_serving.settings import Settings
 
 EOS = 2

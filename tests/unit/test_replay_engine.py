@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from mistral_gpu_fallback.replay import ReplayEngine
 from mistral_serving.engines.base import (
     EngineError,
     EngineLimits,
@@ -18,7 +19,6 @@ from mistral_serving.engines.base import (
     SamplingOptions,
     TokenLogprob,
 )
-from mistral_serving.engines.replay import ReplayEngine
 
 TOKENS = [10, 11, 12, 13, 14]
 LIMITS = EngineLimits(max_input_len=16, max_seq_len=32, max_batch_size=4)
@@ -102,7 +102,7 @@ def test_shutdown_is_idempotent_and_refuses_new_requests(engine):
 def test_the_replay_engine_does_not_import_torch():
     code = (
         "import sys\n"
-        "import mistral_serving.engines.replay\n"
+        "import mistral_gpu_fallback.replay\n"
         "import mistral_serving.engines.factory\n"
         "bad = [m for m in ('torch', 'transformers', 'mistral_serving.engines.pytorch.dynamic')"
         " if m in sys.modules]\n"

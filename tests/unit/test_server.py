@@ -22,10 +22,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, make_asgi_
 from mistral_serving import __version__
 from mistral_serving.engines.base import EngineLimits
 from mistral_serving.errors import RequestError
-from mistral_serving.frontend import Frontend
-from mistral_serving.metrics import Metrics, default_metrics
-from mistral_serving.scope_keys import HANDLED
-from mistral_serving.server import (
+from mistral_serving.generation.service import GenerationService
+from mistral_serving.http.frontend import Frontend
+from mistral_serving.http.scope_keys import HANDLED
+from mistral_serving.http.server import (
     BodyGuard,
     DirectRoutes,
     add_routes,
@@ -33,9 +33,9 @@ from mistral_serving.server import (
     extend,
     route_of,
 )
-from mistral_serving.service import GenerationService
+from mistral_serving.ops.metrics import Metrics, default_metrics
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 MAX = 1000
@@ -583,7 +583,7 @@ def test_direct_routes_answer_a_bug_with_a_clean_500(
 
     monkeypatch.setattr(answering, "handle", broken)
     client = TestClient(wrapped, raise_server_exceptions=True)
-    with caplog.at_level("ERROR", logger="mistral_serving.server"):
+    with caplog.at_level("ERROR", logger="mistral_serving.http.server"):
         failed = client.post("/v1/completions", json=COMPLETION)
     assert failed.status_code == 500
     assert failed.json()["error"]["message"] == "internal error while handling the request"
@@ -602,7 +602,7 @@ def test_a_front_end_of_several_listens_only_once_loaded(
     """uvicorn listens when the lifespan's start returns: with several front-ends on one
     port that start waits for the load, so the kernel hands no connection to a front-end
     still loading (it goes to a loaded one). One front-end answers probes while loading."""
-    from mistral_serving import frontend_group
+    from mistral_gpu_fallback import frontends as frontend_group
 
     if shared:
         monkeypatch.setenv(frontend_group.LISTEN_FD_ENV, "3")

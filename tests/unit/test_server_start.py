@@ -20,7 +20,7 @@ DRIVER = r"""
 import asyncio, json, sys, types
 import uvicorn
 import truss_server
-from mistral_serving import server as ours
+from mistral_serving.http import server as ours
 from mistral_serving.settings import Settings
 
 seen = []
@@ -96,8 +96,8 @@ def test_h11_can_be_chosen(app_context: Path) -> None:
 
 ONE_OWNER = r"""
 import json, sys
-from mistral_serving import server as ours
-from mistral_serving.frontend import FRONTEND_CONFIG_KEY, Frontend
+from mistral_serving.http import server as ours
+from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.settings import Settings
 
 loads = []

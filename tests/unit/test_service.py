@@ -10,7 +10,6 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from mistral_serving.chat import ChatMessage, encode_chat
 from mistral_serving.engines.base import (
     EngineError,
     EngineLimits,
@@ -20,17 +19,18 @@ from mistral_serving.engines.base import (
     TokenLogprob,
 )
 from mistral_serving.errors import RequestError
-from mistral_serving.metrics import Metrics
-from mistral_serving.service import (
+from mistral_serving.generation.service import (
     INLINE_TOKENIZE_CHARS,
     Chunk,
     GenerationRequest,
     GenerationService,
     PreparedRequest,
 )
+from mistral_serving.ops.metrics import Metrics
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.settings import Settings
-from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.chat import ChatMessage, encode_chat
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.decoding import decode
 from tests.doubles.scripted_engine import ScriptedEngine
 

@@ -346,11 +346,11 @@ def test_each_engine_takes_only_its_own_concern() -> None:
     another engine's): their entry points are typed to take just theirs."""
     import inspect
 
-    from mistral_serving.artifacts import load_artifact, open_artifact
+    from mistral_gpu_fallback.process.client import ProcessEngine, wants_own_process
+    from mistral_gpu_fallback.static.engine import StaticTorchEngine, load_static_model
+    from mistral_serving.artifacts.artifact import load_artifact, open_artifact
     from mistral_serving.engines import factory
-    from mistral_serving.engines.process.client import ProcessEngine, wants_own_process
     from mistral_serving.engines.pytorch.dynamic import TorchEngine
-    from mistral_serving.engines.pytorch.static import StaticTorchEngine, load_static_model
     from mistral_serving.engines.trtllm.engine import TrtLlmEngine, scheduler_config
     from mistral_serving.engines.trtllm.pytorch_backend import TrtLlmPytorchEngine
 

@@ -23,15 +23,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mistral_serving.engines.base import EngineError, SamplingOptions
-from mistral_serving.engines.process import ipc
-from mistral_serving.engines.process.client import ProcessEngine
-from mistral_serving.engines.process.sharing import (
+from mistral_gpu_fallback.process import ipc
+from mistral_gpu_fallback.process.client import ProcessEngine
+from mistral_gpu_fallback.process.sharing import (
     ADDRESS_ENV,
     ROLE_ENV,
     SharedEngine,
     SharingError,
 )
+from mistral_serving.engines.base import EngineError, SamplingOptions
 from mistral_serving.settings import Settings
 
 DEADLINE_S = 60  # a bound on waiting for a condition, never a speed assertion
@@ -334,7 +334,7 @@ def test_an_engine_that_cannot_be_shared_is_refused_by_name(
 ):
     """TensorRT-LLM serves from the front-end's own process: with several front-ends
     each would load a copy on the one GPU. The factory refuses it, saying what to set."""
-    from mistral_serving.artifacts import ArtifactError, open_artifact
+    from mistral_serving.artifacts.artifact import ArtifactError, open_artifact
     from mistral_serving.engines.factory import start_engine
     from tests.doubles.trtllm_helpers import make_engine_dir
 

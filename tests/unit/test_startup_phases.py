@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mistral_serving import startup
-from mistral_serving.service import GenerationService
+from mistral_serving.generation.service import GenerationService
+from mistral_serving.ops import startup
 from mistral_serving.settings import Settings
 
 
@@ -47,7 +47,7 @@ def test_start_records_each_phase(dev_model: Path, caplog: pytest.LogCaptureFixt
 def test_a_younger_process_is_younger() -> None:
     """The age is this process's: a child started now is not older than us."""
     ours = startup.process_age_seconds()
-    code = "from mistral_serving import startup; print(startup.process_age_seconds())"
+    code = "from mistral_serving.ops import startup; print(startup.process_age_seconds())"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     child = float(out.stdout)

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from mistral_serving.engines.pytorch import llama
-from mistral_serving.engines.pytorch.static import light_config, load_static_model
+from mistral_gpu_fallback.static import llama
+from mistral_gpu_fallback.static.engine import light_config, load_static_model
 from mistral_serving.settings import Settings
 
 CPU = torch.device("cpu")
@@ -98,7 +98,7 @@ def test_loading_does_not_import_transformers_modeling_code(dev_model):
     script = (
         "import sys, torch; from pathlib import Path\n"
         "from transformers import AutoConfig\n"
-        "from mistral_serving.engines.pytorch.static import load_static_model\n"
+        "from mistral_gpu_fallback.static.engine import load_static_model\n"
         "from mistral_serving.settings import TorchEngineSettings\n"
         f"d = Path({str(dev_model)!r})\n"
         "import json; raw = json.loads((d / 'config.json').read_text())\n"
@@ -178,7 +178,7 @@ def test_an_activation_it_lacks_falls_back_to_transformers(dev_model, tmp_path, 
     config = json.loads((model / "config.json").read_text())
     config["hidden_act"] = "gelu"
     (model / "config.json").write_text(json.dumps(config))
-    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch.static")
+    caplog.set_level(logging.INFO, logger="mistral_gpu_fallback.static.engine")
     loaded = load(model)
     assert "from_pretrained: activation gelu" in caplog.text
     assert not isinstance(loaded, llama.CausalLM)
@@ -199,7 +199,7 @@ def test_unknown_tensor_names_fall_back_to_transformers(dev_model, tmp_path, cap
     tensors = load_file(shard)
     tensors["model.extra.weight"] = torch.zeros(2)  # a name the model does not have
     save_file(tensors, shard, metadata={"format": "pt"})
-    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch.static")
+    caplog.set_level(logging.INFO, logger="mistral_gpu_fallback.static.engine")
     loaded = load(model)
     assert "from_pretrained: checkpoint names differ" in caplog.text
     assert "model.extra.weight" in caplog.text
@@ -213,7 +213,7 @@ def test_a_checkpoint_without_safetensors_falls_back(dev_model, tmp_path, caplog
     for shard in model.glob("*.safetensors"):
         shard.unlink()
     torch.save(ref.state_dict(), model / "pytorch_model.bin")
-    caplog.set_level(logging.INFO, logger="mistral_serving.engines.pytorch.static")
+    caplog.set_level(logging.INFO, logger="mistral_gpu_fallback.static.engine")
     loaded = load(model)
     assert "no safetensors files" in caplog.text
     assert torch.equal(loaded.lm_head.weight, ref.lm_head.weight)

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.detokenizer import IncrementalDetokenizer
-from mistral_serving.streaming import StopMatcher, TextStream
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.detokenizer import IncrementalDetokenizer
+from mistral_serving.text.streaming import StopMatcher, TextStream
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.decoding import decode
 
 SETTINGS = settings(

@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from mistral_serving.errors import RequestError
-from mistral_serving.metrics import Metrics
-from mistral_serving.telemetry import RequestRecord, Telemetry
+from mistral_serving.ops.metrics import Metrics
+from mistral_serving.ops.telemetry import RequestRecord, Telemetry
 
 LOGGER = "mistral_serving.requests"
 
@@ -201,7 +201,7 @@ def test_the_access_line_is_dropped_only_in_a_request_that_writes_its_own() -> N
     import asyncio
     import contextvars
 
-    from mistral_serving.telemetry import CoveredAccessLine, will_write_request_line
+    from mistral_serving.ops.telemetry import CoveredAccessLine, will_write_request_line
 
     covered = CoveredAccessLine()
 

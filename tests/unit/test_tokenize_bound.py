@@ -13,13 +13,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from mistral_serving.chat import ChatMessage, encode_chat
 from mistral_serving.engines.base import EngineLimits, SamplingOptions
 from mistral_serving.errors import RequestError
-from mistral_serving.metrics import Metrics
-from mistral_serving.service import PROBE_MARGIN_TOKENS, GenerationRequest, GenerationService
+from mistral_serving.generation.service import (
+    PROBE_MARGIN_TOKENS,
+    GenerationRequest,
+    GenerationService,
+)
+from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.chat import ChatMessage, encode_chat
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
 
 PROSE = (
@@ -82,7 +86,7 @@ def test_a_prompt_far_over_the_limit_is_refused_after_a_bounded_prefix(
 def test_a_long_chat_is_refused_after_a_bounded_prefix(
     tok: Tokenizer, counting: Counting, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import mistral_serving.service as service_module
+    import mistral_serving.generation.service as service_module
 
     def counted_chat(messages, tokenizer: Tokenizer) -> list[int]:
         counting.calls.append(sum(len(m.content) for m in messages))  # the chat encoder's

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.tokenizer import load_tokenizer
+from mistral_serving.text.tokenizer import load_tokenizer
 from tests.decoding import decode
 from tests.tokenizer_cache import tokenizer_at
 

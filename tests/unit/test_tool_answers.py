@@ -15,16 +15,16 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from mistral_serving.engines.base import EngineLimits
-from mistral_serving.grammar import tool_call_schema
-from mistral_serving.metrics import Metrics
+from mistral_serving.generation.service import GenerationService
+from mistral_serving.ops.metrics import Metrics
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.openai import OpenAICall, OpenAIFormat
 from mistral_serving.protocols.openai_types import ChatCompletion, ChatCompletionChunk
-from mistral_serving.service import GenerationService
 from mistral_serving.settings import Settings
-from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tokenizer import Tokenizer
-from mistral_serving.tool_calls import parse_tool_request
+from mistral_serving.structured.grammar import tool_call_schema
+from mistral_serving.text.tokenizer import Tokenizer
+from mistral_serving.tools.tool_calls import parse_tool_request
 from tests.doubles.scripted_engine import ScriptedEngine
 from tests.unit.test_tool_formats import v3_tokenizer
 

@@ -17,7 +17,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.chat import (
+from mistral_serving.structured.grammar import tool_call_grammar, tool_call_schema
+from mistral_serving.text.chat import (
     ChatMessage,
     HistoryCall,
     Message,
@@ -27,11 +28,10 @@ from mistral_serving.chat import (
     encode_mistral_chat,
     fallback_messages,
 )
-from mistral_serving.detokenizer import IncrementalDetokenizer
-from mistral_serving.grammar import tool_call_grammar, tool_call_schema
-from mistral_serving.tokenizer import Tokenizer, _sentencepiece_tokenizer, load_tokenizer
-from mistral_serving.tool_calls import Tool, ToolRequest
-from mistral_serving.tool_parsers import CallStream, new_call_id, parse_answer
+from mistral_serving.text.detokenizer import IncrementalDetokenizer
+from mistral_serving.text.tokenizer import Tokenizer, _sentencepiece_tokenizer, load_tokenizer
+from mistral_serving.tools.tool_calls import Tool, ToolRequest
+from mistral_serving.tools.tool_parsers import CallStream, new_call_id, parse_answer
 from tests.tokenizer_cache import tokenizer_at
 
 DATA = Path(mistral_common.__file__).parent / "data"

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mistral_serving.generation.service import Chunk
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.openai import OpenAICall, OpenAIFormat
-from mistral_serving.service import Chunk
-from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tool_parsers import CallDelta, CallStream, ParsedCall, parse_answer
+from mistral_serving.tools.tool_parsers import CallDelta, CallStream, ParsedCall, parse_answer
 
 FORMATS = ["mistral", "hermes", "llama3_json", "fallback_json", "constrained"]
 WS = st.text(alphabet=" \n\t\r", max_size=2)

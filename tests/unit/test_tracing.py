@@ -1,4 +1,4 @@
-"""OpenTelemetry spans per request (mistral_serving.tracing) through Frontend.handle, with
+"""OpenTelemetry spans per request (mistral_serving.ops.tracing) through Frontend.handle, with
 an in-memory exporter: the phases, their parent, the caller's traceparent continued, the
 request id as an attribute; a refusal's spans; off by default."""
 
@@ -16,9 +16,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from mistral_serving.ops.tracing import Tracing, tracing_for
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import Tokenizer
-from mistral_serving.tracing import Tracing, tracing_for
+from mistral_serving.text.tokenizer import Tokenizer
 from tests.unit.test_frontend import TEXT, Client, Served, body, run, serve
 
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C

@@ -89,9 +89,9 @@ def test_pytorch_kind_without_tensorrt_llm_says_what_to_do(tmp_path, monkeypatch
 
 
 def test_the_engine_setting_starts_the_pytorch_kind_on_the_dev_model(fake_trtllm, dev_model):
-    from mistral_serving.artifacts import ArtifactError, open_artifact
+    from mistral_serving.artifacts.artifact import ArtifactError, open_artifact
     from mistral_serving.engines.factory import engine_name_for, start_engine
-    from mistral_serving.tokenizer import load_tokenizer
+    from mistral_serving.text.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(dev_model)
     settings = Settings(artifact=str(dev_model), engine="trtllm_pytorch")
@@ -110,11 +110,11 @@ def test_the_servers_shutdown_stops_the_executor(fake_trtllm, tmp_path, dev_mode
     from prometheus_client import CollectorRegistry
     from starlette.testclient import TestClient
 
-    from mistral_serving.frontend import Frontend
-    from mistral_serving.metrics import Metrics
-    from mistral_serving.server import extend
-    from mistral_serving.service import GenerationService
-    from mistral_serving.tokenizer import load_tokenizer
+    from mistral_serving.generation.service import GenerationService
+    from mistral_serving.http.frontend import Frontend
+    from mistral_serving.http.server import extend
+    from mistral_serving.ops.metrics import Metrics
+    from mistral_serving.text.tokenizer import load_tokenizer
 
     engine = load(tmp_path)
     executor = engine.llm._executor

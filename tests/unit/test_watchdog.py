@@ -1,4 +1,4 @@
-"""The engine watchdog (`mistral_serving/watchdog.py`) and each engine's `stalled_for`:
+"""The engine watchdog (`mistral_serving/engines/watchdog.py`) and each engine's `stalled_for`:
 readiness fails past the first limit and comes back, the exit fires past the second; the
 PyTorch engine (both KV caches) with a blocked step, the replay engine with a stopped step
 thread, and the engine-process proxy fed silence or a wedged child's own report.
@@ -16,17 +16,17 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from mistral_gpu_fallback.process import ipc
+from mistral_gpu_fallback.process.client import ProcessEngine
+from mistral_gpu_fallback.replay import ReplayEngine
 from mistral_serving.engines.base import EngineLimits, SamplingOptions
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.process import ipc
-from mistral_serving.engines.process.client import ProcessEngine
-from mistral_serving.engines.replay import ReplayEngine
-from mistral_serving.frontend import Frontend
-from mistral_serving.metrics import Metrics
-from mistral_serving.service import GenerationService
+from mistral_serving.engines.watchdog import Watchdog
+from mistral_serving.generation.service import GenerationService
+from mistral_serving.http.frontend import Frontend
+from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
-from mistral_serving.tokenizer import load_tokenizer
-from mistral_serving.watchdog import Watchdog
+from mistral_serving.text.tokenizer import load_tokenizer
 from tests.doubles.process_proxy import FakeProc, process_proxy
 from tests.doubles.scripted_engine import ScriptedEngine
 
@@ -218,7 +218,7 @@ def test_shutdown_kills_a_silent_engine_process_at_once(proxy) -> None:
 def test_the_worker_monitor_beats_with_its_engines_own_stall() -> None:
     """The engine process's monitor thread (alive while the step loop is wedged) sends
     a Beat with engine.stalled_for() every HEARTBEAT_S, idle or busy."""
-    from mistral_serving.engines.process import worker
+    from mistral_gpu_fallback.process import worker
 
     engine = ScriptedEngine(limits=LIMITS)
     engine.stalled_s = 42.0

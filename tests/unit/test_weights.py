@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
-from mistral_serving.engines.pytorch.weights import copy_shards, parse_header, read_header
+from mistral_gpu_fallback.static.weights import copy_shards, parse_header, read_header
 
 
 def shards(root: Path) -> list[Path]:

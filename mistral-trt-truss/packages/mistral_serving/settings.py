@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import EnvSettingsSource
 
-from mistral_serving.metrics import prefix_for
+from mistral_serving.ops.metrics import prefix_for
 
 ENV_PREFIX = "MTT_"
 MAX_TEXT_CHARS = 4096  # any text setting (paths, repo ids, names)

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
+from mistral_serving.structured.constraint import GuidedDecoding
+
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 # Below this temperature sampling is greedy (vLLM's threshold): dividing logits by a
@@ -34,14 +36,6 @@ class EngineError(RuntimeError):
 
 class EngineRequestError(ValueError):
     """The engine refused a request because of its inputs (the client's fault: a 4xx)."""
-
-
-@dataclass(frozen=True)
-class GuidedDecoding:
-    """Constrain the output to JSON: any JSON object, or one valid for `json_schema`."""
-
-    kind: Literal["json_object", "json_schema"]
-    json_schema: str | None = None  # the schema as JSON text (kind json_schema)
 
 
 @dataclass(frozen=True)
@@ -158,7 +152,7 @@ class Engine(Protocol):
     def stalled_for(self) -> float:
         """Seconds (monotonic clock) since the engine last made progress (a step finished,
         a response or stat arrived) while it had work pending (requests submitted and not
-        finished); 0.0 when idle. The watchdog (`mistral_serving.watchdog`) polls it."""
+        finished); 0.0 when idle. The watchdog (`mistral_serving.engines.watchdog`) polls it."""
         ...
 
     def shutdown(self) -> None:

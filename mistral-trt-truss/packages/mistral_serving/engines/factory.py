@@ -20,15 +20,15 @@ from pydantic import (
     model_validator,
 )
 
-from mistral_serving.artifacts import Artifact, ArtifactError, ArtifactKind, read_config
+from mistral_serving.artifacts.artifact import Artifact, ArtifactError, ArtifactKind, read_config
+from mistral_serving.artifacts.manifest import shown
+from mistral_serving.engines import fallback
 from mistral_serving.engines.base import Engine
-from mistral_serving.manifest import shown
 from mistral_serving.settings import Settings, TorchEngineSettings
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
     from mistral_serving.engines.pytorch.dynamic import TorchEngine
-    from mistral_serving.engines.replay import ReplayEngine
 
 log = logging.getLogger(__name__)
 NO_CUDA = "no CUDA GPU"
@@ -106,17 +106,14 @@ def check_model_config(config: object, where: str) -> ModelConfig:
 def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -> Engine:
     """The engine for this artifact (read once by `artifacts.load_artifact`)."""
     artifact_dir, kind = artifact.path, artifact.kind
-    replay = settings.engine == "replay"  # benchmarks only: see engines/replay.py
+    replay = settings.engine == "replay"  # benchmarks only (the GPU fallback package)
     if kind == "hf_checkpoint" and not replay:
         check_model_config(artifact.config, str(artifact_dir / "config.json"))
-    from mistral_serving.engines.process.client import open_process_engine, wants_own_process
-    from mistral_serving.engines.process.sharing import SharedEngine
-
     # Engines import lazily: each pulls in its own heavy stack (torch, tensorrt_llm).
     if not replay:
         keep_compiled_kernels(settings.cache_path)
         name = engine_name_for(kind, settings.engine)
-        if name != "pytorch" and SharedEngine.from_environ() is not None:
+        if name != "pytorch" and settings.frontend_processes > 1:
             raise ArtifactError(
                 f"frontend_processes={settings.frontend_processes} needs an engine that runs "
                 f"in the engine process (the PyTorch engine, engine_process: on); {name} "
@@ -147,30 +144,12 @@ def start_engine(artifact: Artifact, settings: Settings, tokenizer: Tokenizer) -
                 pad_token_id=tokenizer.eos_id,
                 config=artifact.config,
             )
-    # engine_process: the step loop (the PyTorch engine's, or the replay's) off the
-    # server's GIL; the child starts the same engine with the same settings.
-    if wants_own_process(settings):
-        return open_process_engine(artifact_dir, settings, tokenizer.eos_id, artifact.config)
+    # The engine process and the replay engine live in the GPU fallback package.
+    if settings.engine_process == "on":
+        return fallback.required("engine_process: on").start_engine(artifact, settings, tokenizer)
     if replay:
-        return start_replay_engine(settings, tokenizer)
+        return fallback.required("engine: replay").start_engine(artifact, settings, tokenizer)
     return start_guided_torch_engine(artifact_dir, settings, tokenizer, artifact.config)
-
-
-def start_replay_engine(settings: Settings, tokenizer: Tokenizer) -> ReplayEngine:
-    """The replay engine (benchmarks only), in this process; the engine process
-    (`worker.py`) starts it with this too."""
-    from mistral_serving.engines.base import set_gil_switch_interval
-    from mistral_serving.engines.replay import ReplayEngine
-
-    # It stands in for a fast GPU engine: the PyTorch engine's GIL switch interval.
-    set_gil_switch_interval(settings.gil_switch_interval_ms)
-    return ReplayEngine.for_tokenizer(
-        tokenizer,
-        settings.max_batch_size,
-        settings.max_seq_len,
-        settings.max_input_len,
-        settings.replay_step_ms,
-    )
 
 
 def compiled_kernels_dir(cache: Path) -> Path:
@@ -210,15 +189,17 @@ def runs_on_cuda(settings: TorchEngineSettings) -> bool:
 
 def kv_cache_choice(setting: str, on_cuda: bool, config: dict[str, Any]) -> tuple[str, str | None]:
     """`pytorch_kv_cache` resolved: ("static" | "dynamic", why `auto` did not pick static).
-    `auto` is the fast path on a CUDA GPU for the checkpoints it runs: on a CPU its CUDA
-    graphs do not apply and the dynamic engine runs any causal LM."""
+    `auto` is the fast path on a CUDA GPU for the checkpoints it runs, where the GPU
+    fallback package is installed: on a CPU its CUDA graphs do not apply and the dynamic
+    engine runs any causal LM."""
     if setting != "auto":
         return setting, None
     if not on_cuda:
         return "dynamic", NO_CUDA
-    from mistral_serving.engines.pytorch.static import static_path_problem
-
-    why = static_path_problem(config)
+    plugin = fallback.installed()
+    if plugin is None:
+        return "dynamic", fallback.NOT_INSTALLED
+    why = plugin.static_path_problem(config)
     return ("dynamic", why) if why else ("static", None)
 
 
@@ -241,16 +222,5 @@ def start_torch_engine(
         log.log(level, "pytorch_kv_cache=auto: the dynamic KV cache, because %s", why)
     if kind == "dynamic":
         return TorchEngine.from_pretrained(model_dir, settings, eos_token_id)
-    from mistral_serving.engines.pytorch.static import (
-        StaticTorchEngine,
-        load_static_model,
-        supports_static_path,
-    )
-
-    loaded = load_static_model(Path(model_dir), settings, config)
-    if settings.pytorch_kv_cache == "auto" and (why := supports_static_path(loaded.model)):
-        # config.json looked right but the modules do not: keep the loaded weights.
-        log.warning("pytorch_kv_cache=auto: the dynamic KV cache, because %s", why)
-        return TorchEngine.for_model(loaded, settings, eos_token_id)
-    log.info("pytorch_kv_cache=%s: the static KV cache", settings.pytorch_kv_cache)
-    return StaticTorchEngine.for_model(loaded, settings, eos_token_id)
+    plugin = fallback.required("pytorch_kv_cache: static")
+    return plugin.start_static_torch_engine(Path(model_dir), settings, eos_token_id, config)

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 from mistral_serving.engines.base import TokenLogprob
 from mistral_serving.errors import RequestError
-from mistral_serving.service import Chunk, GenerationRequest
-from mistral_serving.telemetry import RequestRecord
+from mistral_serving.generation.service import Chunk, GenerationRequest
+from mistral_serving.ops.telemetry import RequestRecord
 
 
 @dataclass(frozen=True)

@@ -36,16 +36,10 @@ from typing import Annotated, Any, Literal
 from msgspec import UNSET, UnsetType
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from mistral_serving.chat import (
-    ChatMessage,
-    HistoryCall,
-    Message,
-    ToolCallsMessage,
-    ToolResultMessage,
-)
-from mistral_serving.engines.base import GuidedDecoding, SamplingOptions, TokenLogprob
+from mistral_serving.engines.base import SamplingOptions, TokenLogprob
 from mistral_serving.errors import RequestError
-from mistral_serving.grammar import tool_call_grammar
+from mistral_serving.generation.service import Chunk, GenerationRequest
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.fields import (
     MAX_TOKENS_LIMIT,
@@ -82,10 +76,17 @@ from mistral_serving.protocols.openai_types import (
     Usage,
     openai_error_body,
 )
-from mistral_serving.service import Chunk, GenerationRequest
-from mistral_serving.telemetry import RequestRecord
-from mistral_serving.tool_calls import ToolRequest, check_history, parse_tool_request
-from mistral_serving.tool_parsers import (
+from mistral_serving.structured.constraint import GuidedDecoding
+from mistral_serving.structured.grammar import tool_call_grammar
+from mistral_serving.text.chat import (
+    ChatMessage,
+    HistoryCall,
+    Message,
+    ToolCallsMessage,
+    ToolResultMessage,
+)
+from mistral_serving.tools.tool_calls import ToolRequest, check_history, parse_tool_request
+from mistral_serving.tools.tool_parsers import (
     CallDelta,
     CallStream,
     ParsedAnswer,

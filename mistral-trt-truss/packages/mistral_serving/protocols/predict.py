@@ -18,9 +18,10 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from mistral_serving.chat import ChatMessage
 from mistral_serving.engines.base import SamplingOptions, TokenLogprob
 from mistral_serving.errors import RequestError
+from mistral_serving.generation.service import Chunk, GenerationRequest
+from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext, TruncatedStream
 from mistral_serving.protocols.fields import (
     AdditivePenalty,
@@ -34,8 +35,7 @@ from mistral_serving.protocols.fields import (
     top_p_or_off,
     validate,
 )
-from mistral_serving.service import Chunk, GenerationRequest
-from mistral_serving.telemetry import RequestRecord
+from mistral_serving.text.chat import ChatMessage
 
 ALIASES = {"max_tokens": "max_new_tokens", "stream": "streaming"}
 

@@ -31,9 +31,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from mistral_serving.engines.base import EngineRequestError, GuidedDecoding
-from mistral_serving.grammar_pool import clean_xgrammar_error
-from mistral_serving.tokenizer import Tokenizer
+from mistral_serving.engines.base import EngineRequestError
+from mistral_serving.structured.constraint import GuidedDecoding
+from mistral_serving.structured.grammar_pool import clean_xgrammar_error
+from mistral_serving.text.tokenizer import Tokenizer
 
 DEFAULT_CACHE_BYTES = 64 * 2**20  # settings.grammar_cache_bytes' default
 

@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mistral_serving.engines.base import EngineLimits
-from mistral_serving.manifest import (
+from mistral_serving.artifacts.manifest import (
     CONFIG_NAME,
     ArtifactError,
     parse_json_object,
     read_json_file,
     shown,
 )
+from mistral_serving.engines.base import EngineLimits
 
 REBUILD_HINT = "rebuild it with `python build.py engine` on this GPU kind and image"
 

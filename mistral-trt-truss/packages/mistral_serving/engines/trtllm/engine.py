@@ -68,6 +68,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mistral_serving.artifacts.manifest import read_manifest
 from mistral_serving.engines.base import (
     EngineError,
     EngineInfo,
@@ -87,8 +88,7 @@ from mistral_serving.engines.trtllm.checks import (
     read_engine_config,
     world_size,
 )
-from mistral_serving.manifest import read_manifest
-from mistral_serving.metrics import CacheStats
+from mistral_serving.ops.metrics import CacheStats
 from mistral_serving.settings import TrtllmSettings
 
 if TYPE_CHECKING:  # the image's tensorrt_llm; absent here (the type is then Any)

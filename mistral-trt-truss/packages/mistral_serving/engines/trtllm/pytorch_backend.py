@@ -33,7 +33,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mistral_serving.artifacts import read_config
+from mistral_serving.artifacts.artifact import read_config
 from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
 from mistral_serving.engines.trtllm.checks import EngineCheckError
 from mistral_serving.engines.trtllm.engine import (

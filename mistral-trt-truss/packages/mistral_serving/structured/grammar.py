@@ -1,0 +1,445 @@
+"""Structured output's gate: every `response_format` schema is checked here, in the
+service, before any engine sees the request (PyTorch, engine process, TensorRT-LLM alike).
+
+1. Static bounds, in microseconds, on the event loop: the schema's size, nesting depth,
+   enum/const values, and the cost of its regular expressions (`pattern_repeat`); and the
+   keywords xgrammar 0.2.9 silently ignores (its output would then fail the schema), which
+   are refused by name.
+2. A compile of the schema in a separate process (`grammar_pool.CompilePool`), with a time
+   limit: a compile cannot be interrupted inside xgrammar's C++, so the process that runs
+   one too long is killed and replaced. Only a schema proven to compile within the limit
+   reaches the engine.
+
+Both verdicts are cached by the schema's hash (refusals included), so a repeated schema
+costs a dictionary lookup. Figures behind the defaults: docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import json
+import logging
+import re
+import weakref
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+
+from prometheus_client.metrics_core import Metric
+
+from mistral_serving.errors import RequestError
+from mistral_serving.settings import Settings
+from mistral_serving.structured.constraint import GuidedDecoding
+from mistral_serving.tools.tool_calls import ToolRequest
+
+log = logging.getLogger(__name__)
+
+PARAM = "response_format"
+# Verdicts kept (a 32-byte key and at most a short message each: well under 2 MB).
+VERDICT_CACHE_ENTRIES = 4096
+# The whole schema may spend this many times one pattern's bound (xgrammar compiles each).
+PATTERN_TOTAL_FACTOR = 10
+_SATURATE = 10**12
+
+# Keywords xgrammar 0.2.9 accepts and ignores (measured: a grammar built with them accepts
+# an instance that violates them). Refused so the output never silently fails the schema.
+IGNORED_KEYWORDS = frozenset(
+    {
+        "not",
+        "if",
+        "then",
+        "else",
+        "contains",
+        "minContains",
+        "maxContains",
+        "$dynamicRef",
+        "$dynamicAnchor",
+        "$recursiveRef",
+        "$recursiveAnchor",
+    }
+)
+# `format` values xgrammar 0.2.9 enforces (others are ignored).
+SUPPORTED_FORMATS = frozenset(
+    {
+        "email",
+        "uuid",
+        "date-time",
+        "date",
+        "time",
+        "duration",
+        "ipv4",
+        "ipv6",
+        "uri",
+        "uri-reference",
+        "uri-template",
+        "hostname",
+        "json-pointer",
+        "relative-json-pointer",
+    }
+)
+# Where subschemas sit: one schema, a list of schemas, or a name -> schema map. Anything
+# else (enum, const, default, examples, ...) is data and is not walked as a schema.
+_ONE = ("items", "additionalProperties", "propertyNames", "unevaluatedProperties",
+        "unevaluatedItems", "additionalItems", "not", "if", "then", "else", "contains")  # fmt: skip
+_LIST = ("prefixItems", "allOf", "anyOf", "oneOf")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+@dataclass(frozen=True)
+class SchemaLimits:
+    max_bytes: int
+    max_depth: int
+    max_enum_values: int
+    max_pattern_repeat: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SchemaLimits:
+        return cls(
+            settings.grammar_max_schema_bytes,
+            settings.grammar_max_schema_depth,
+            settings.grammar_max_enum_values,
+            settings.grammar_max_pattern_repeat,
+        )
+
+
+def pattern_repeat(pattern: str) -> int:
+    """How many copies of its atoms xgrammar's regex compiler makes of `pattern`, as an
+    upper bound: a bounded repetition `{m,n}` copies what it repeats max(m, n) times, so
+    nested ones multiply (`((a{0,30}){0,30}){0,30}` is 27,000); `*`, `+`, `?` are loops and
+    cost nothing extra; every alternative counts."""
+    # One frame per open group: [finished alternatives, current alternative, last atom].
+    stack: list[list[int]] = [[0, 0, 0]]
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        frame = stack[-1]
+        if c == "\\":
+            i += 2
+            frame[1], frame[2] = min(frame[1] + 1, _SATURATE), 1
+            continue
+        if c == "[":
+            j = i + 1
+            if j < n and pattern[j] == "^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            i = j + 1
+            frame[1], frame[2] = min(frame[1] + 1, _SATURATE), 1
+            continue
+        if c == "(":
+            stack.append([0, 0, 0])
+        elif c == ")":
+            if len(stack) > 1:
+                done = stack.pop()
+                size = min(done[0] + done[1], _SATURATE)
+                parent = stack[-1]
+                parent[1], parent[2] = min(parent[1] + size, _SATURATE), size
+        elif c == "|":
+            frame[0], frame[1], frame[2] = min(frame[0] + frame[1], _SATURATE), 0, 0
+        elif c == "{":
+            m = re.match(r"\{(\d{1,9})(,(\d{0,9}))?\}", pattern[i:])
+            if m is not None:
+                low = int(m.group(1))
+                high = low if m.group(2) is None else (int(m.group(3)) if m.group(3) else low + 1)
+                times = max(low, high, 1)
+                extra = frame[2] * (times - 1)
+                frame[1] = min(frame[1] + extra, _SATURATE)
+                frame[2] = min(frame[2] * times, _SATURATE)
+                i += m.end()
+                continue
+            frame[1], frame[2] = min(frame[1] + 1, _SATURATE), 1
+        elif c not in "*+?^$":
+            frame[1], frame[2] = min(frame[1] + 1, _SATURATE), 1
+        i += 1
+    while len(stack) > 1:  # unclosed groups: xgrammar refuses them; count them anyway
+        done = stack.pop()
+        stack[-1][1] = min(stack[-1][1] + done[0] + done[1], _SATURATE)
+    return min(stack[0][0] + stack[0][1], _SATURATE)
+
+
+def _depth(value: Any) -> int:
+    """JSON nesting depth (a scalar is 0), without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        node, d = todo.pop()
+        if isinstance(node, dict):
+            todo.extend((v, d + 1) for v in node.values())
+        elif isinstance(node, list):
+            todo.extend((v, d + 1) for v in node)
+        else:
+            continue
+        deepest = max(deepest, d + 1)
+    return deepest
+
+
+def _refuse(message: str, param: str = PARAM) -> RequestError:
+    return RequestError(f"{param}: {message}", param=param)
+
+
+@dataclass(frozen=True)
+class ToolCallGrammar(GuidedDecoding):
+    """The grammar of `tool_choice` required / a named function: engines see a plain
+    json_schema; the gate's refusals name `tools` instead of `response_format`."""
+
+    param: ClassVar[str] = "tools"
+
+
+# The most calls one constrained answer holds (parallel_tool_calls true): a bound, so that
+# a model that keeps calling (a random-weight one does) ends its list.
+MAX_PARALLEL_CALLS = 8
+
+
+def tool_call_schema(request: ToolRequest) -> dict[str, Any]:
+    """The JSON schema every constrained answer follows: a list of calls, each
+    `{"name": <an offered function>, "arguments": <valid for its parameters>}`; exactly
+    one call for a named function or with parallel_tool_calls false, else at most
+    MAX_PARALLEL_CALLS. (vLLM constrains
+    `required` the same way: `_get_json_schema_from_tool` in its OpenAI protocol.)"""
+    offered: Sequence[Any] = [t for t in request.tools if request.forced in (None, t.name)]
+    items = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in offered
+    ]
+    schema: dict[str, Any] = {
+        "type": "array",
+        "items": items[0] if len(items) == 1 else {"anyOf": items},
+        "minItems": 1,
+        "maxItems": 1 if request.forced is not None or not request.parallel else MAX_PARALLEL_CALLS,
+    }
+    return schema
+
+
+def tool_call_grammar(request: ToolRequest) -> ToolCallGrammar:
+    return ToolCallGrammar("json_schema", json.dumps(tool_call_schema(request)))
+
+
+def check_schema(schema: Any, size_bytes: int, limits: SchemaLimits) -> None:
+    """Refuse (RequestError, a 400 naming the limit or keyword) a schema that exceeds the
+    static bounds or uses a keyword xgrammar would ignore. Runs before any compile."""
+    if size_bytes > limits.max_bytes:
+        raise _refuse(
+            f"the schema is {size_bytes} bytes; at most {limits.max_bytes} "
+            "(grammar_max_schema_bytes)"
+        )
+    depth = _depth(schema)
+    if depth > limits.max_depth:
+        raise _refuse(
+            f"the schema nests {depth} levels deep; at most {limits.max_depth} "
+            "(grammar_max_schema_depth)"
+        )
+    enum_values = 0
+    pattern_total = 0
+    total_limit = limits.max_pattern_repeat * PATTERN_TOTAL_FACTOR
+
+    def count_pattern(pattern: Any, where: str) -> None:
+        nonlocal pattern_total
+        if not isinstance(pattern, str):
+            return  # xgrammar refuses it at compile
+        cost = pattern_repeat(pattern)
+        if cost > limits.max_pattern_repeat:
+            raise _refuse(
+                f"the pattern at {where} repeats {cost} times when expanded; at most "
+                f"{limits.max_pattern_repeat} (grammar_max_pattern_repeat)"
+            )
+        pattern_total += cost
+        if pattern_total > total_limit:
+            raise _refuse(
+                f"the schema's patterns repeat {pattern_total} times in all; at most "
+                f"{total_limit} ({PATTERN_TOTAL_FACTOR} x grammar_max_pattern_repeat)"
+            )
+
+    todo: list[tuple[Any, str]] = [(schema, "#")]
+    while todo:
+        node, where = todo.pop()
+        if not isinstance(node, dict):
+            continue  # true/false (or a malformed subschema: the compile answers it)
+        for key in node:
+            if key in IGNORED_KEYWORDS:
+                raise _refuse(
+                    f"the schema keyword {key!r} (at {where}) is not supported by structured "
+                    "output: the output could not be held to it; remove it"
+                )
+        if "multipleOf" in node and not (
+            node.get("type") == "integer" and isinstance(node["multipleOf"], int)
+        ):
+            raise _refuse(
+                f"the schema keyword 'multipleOf' (at {where}) is supported only with "
+                '"type": "integer" and an integer value'
+            )
+        members = node.get("allOf")
+        if (
+            isinstance(members, list)
+            and len(members) > 1
+            and not all(
+                isinstance(m, dict) and (m.get("type") == "object" or "$ref" in m) for m in members
+            )
+        ):
+            # xgrammar merges object members; of others it keeps one and drops the rest.
+            raise _refuse(
+                f"the schema keyword 'allOf' (at {where}) is supported with one subschema, or "
+                'with subschemas that are all "type": "object" (or $refs)'
+            )
+        fmt = node.get("format")
+        if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
+            raise _refuse(
+                f"the schema's format {fmt!r} (at {where}) is not supported by structured "
+                f"output; supported: {', '.join(sorted(SUPPORTED_FORMATS))}"
+            )
+        ref = node.get("$ref")
+        if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
+            raise _refuse(
+                f"the schema's $ref {ref[:80]!r} (at {where}) is not supported: only "
+                'references inside the schema ("#/$defs/...") are'
+            )
+        for key in ("enum", "const"):
+            if key in node:
+                values = node[key]
+                enum_values += len(values) if key == "enum" and isinstance(values, list) else 1
+        if enum_values > limits.max_enum_values:
+            raise _refuse(
+                f"the schema has {enum_values} or more enum/const values; at most "
+                f"{limits.max_enum_values} (grammar_max_enum_values)"
+            )
+        count_pattern(node.get("pattern"), f"{where}/pattern")
+        for key in _ONE:
+            if key in node:
+                todo.append((node[key], f"{where}/{key}"))
+        for key in _LIST:
+            items = node.get(key)
+            if isinstance(items, list):
+                todo.extend((s, f"{where}/{key}/{i}") for i, s in enumerate(items))
+        if isinstance(node.get("items"), list):  # draft-4 tuple form
+            todo.extend((s, f"{where}/items/{i}") for i, s in enumerate(node["items"]))
+        for key in _MAP:
+            table = node.get(key)
+            if isinstance(table, dict):
+                for name, sub in table.items():
+                    if key == "patternProperties":
+                        count_pattern(name, f"{where}/patternProperties")
+                    todo.append((sub, f"{where}/{key}/{str(name)[:40]}"))
+
+
+class _GrammarCollector:
+    """The grammar figures on /metrics, read when scraped (no lock taken)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.gates: weakref.WeakSet[GrammarGate] = weakref.WeakSet()
+        self.decoders: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        yield GaugeMetricFamily(
+            self.prefix + "grammar_cache_bytes",
+            "Memory of compiled grammars kept by the in-process engine (bounded by "
+            "grammar_cache_bytes).",
+            value=sum(d.cache_bytes() for d in list(self.decoders)),
+        )
+        gates = list(self.gates)
+        yield CounterMetricFamily(
+            self.prefix + "grammar_compiles",
+            "response_format schemas compiled in the checking child process (cached "
+            "verdicts are not counted).",
+            value=sum(g.compiles for g in gates),
+        )
+        yield CounterMetricFamily(
+            self.prefix + "grammar_compile_kills",
+            "Grammar compiler processes killed (a compile overran its time limit or crashed).",
+            value=sum(getattr(g._pool, "killed", 0) for g in gates),
+        )
+
+
+_COLLECTORS: dict[str, _GrammarCollector] = {}
+
+
+def export_metrics(prefix: str, gate: GrammarGate, decoder: Any | None) -> None:
+    """Put the gate's (and the in-process decoder's) figures on the default registry,
+    registered once per prefix."""
+    from prometheus_client import REGISTRY
+
+    collector = _COLLECTORS.get(prefix)
+    if collector is None:
+        collector = _COLLECTORS[prefix] = _GrammarCollector(prefix)
+        REGISTRY.register(collector)
+    collector.gates.add(gate)
+    if decoder is not None and hasattr(decoder, "cache_bytes"):
+        collector.decoders.add(decoder)
+
+
+def gate_for(settings: Settings, tokenizer: Any) -> GrammarGate:
+    """The service's gate, its child processes started at the first schema."""
+    from mistral_serving.structured.grammar_pool import CompilePool, Vocab
+
+    pool = CompilePool(
+        lambda: Vocab.of(tokenizer),
+        settings.grammar_compile_workers,
+        settings.grammar_compile_timeout_seconds,
+    )
+    return GrammarGate(settings, pool)
+
+
+class GrammarGate:
+    """The service's check of `response_format` schemas: static bounds, then a compile in a
+    killable child process, each verdict cached. `check` raises RequestError (a 4xx)."""
+
+    def __init__(self, settings: Settings, pool: Any) -> None:
+        self.limits = SchemaLimits.from_settings(settings)
+        self._pool = pool  # grammar_pool.CompilePool (or a stand-in with `async compile`)
+        # sha256 of the schema -> None (compiles within the limit) or the refusal message.
+        self._verdicts: collections.OrderedDict[bytes, str | None] = collections.OrderedDict()
+        # Verdicts being reached: one task per schema, shared by every request that sends
+        # it, and not cancelled when one of them goes away (the verdict is still cached).
+        self._pending: dict[bytes, asyncio.Task[str | None]] = {}
+        self.compiles = 0  # schemas sent to the pool (cached ones are not)
+
+    async def check(self, guided: GuidedDecoding) -> None:
+        if guided.kind != "json_schema" or guided.json_schema is None:
+            return  # json_object: one fixed grammar (xgrammar's builtin JSON), always cheap
+        text = guided.json_schema
+        key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+        if key in self._verdicts:
+            self._verdicts.move_to_end(key)
+            verdict = self._verdicts[key]
+        else:
+            task = self._pending.get(key)
+            if task is None:
+                task = self._pending[key] = asyncio.ensure_future(self._judge(key, text))
+            verdict = await asyncio.shield(task)
+        if verdict is not None:
+            raise _refuse(verdict, getattr(guided, "param", PARAM))
+
+    async def _judge(self, key: bytes, text: str) -> str | None:
+        try:
+            try:
+                size = len(text.encode("utf-8", "surrogatepass"))
+                check_schema(json.loads(text), size, self.limits)
+            except RequestError as exc:
+                verdict = exc.message.removeprefix("response_format: ")
+            else:
+                self.compiles += 1
+                verdict = await self._pool.compile(text)
+            self._remember(key, verdict)  # a pool failure (an exception) is not remembered
+            return verdict
+        finally:
+            del self._pending[key]
+
+    def _remember(self, key: bytes, verdict: str | None) -> None:
+        self._verdicts[key] = verdict
+        while len(self._verdicts) > VERDICT_CACHE_ENTRIES:
+            self._verdicts.popitem(last=False)
+
+    def close(self) -> None:
+        self._pool.close()
