@@ -8,7 +8,7 @@ other cores).
 
     python bench/replay_bench.py [--concurrency 256] [--output-len 256] \
         [--profile docs/replay-profile.txt]   # py-spy: self time per function
-        [--set http_parser=h11] [--context .benchcarry/ctx]  # a setting; no truss package
+        [--set max_inflight=512] [--context .benchcarry/ctx]  # a setting; no truss package
         [--context DIR --packages OTHER/mistral-trt-truss/packages]  # another version's server
         [--aiperf]   # then AIPerf (AIPERF_PY) at the same level: a second client's figures
         [--aiperf-token-ids]  # AIPerf sends our client's token-id bodies, not its own text

@@ -85,13 +85,15 @@ def launch_server(
     settings: dict[str, str],
     log: IO | int,
     extra_env: dict[str, str] | None = None,
+    command: list[str] | None = None,
 ) -> subprocess.Popen:
     """The server as a child process (tests, benchmarks) in its own process group, output
-    to `log`; `prepare_app_dir(context_dir)` must have run."""
+    to `log`; `prepare_app_dir(context_dir)` must have run. `command`: another entry point
+    run from the app folder (Truss's own `main.py`), else `server_command()`."""
     app = context_dir / "app"
     env = server_env(context_dir, port, settings) | (extra_env or {})
     return subprocess.Popen(
-        server_command(),
+        command or server_command(),
         cwd=app,
         env=env,
         stdout=log,
@@ -152,6 +154,7 @@ class LocalServer:
         log_path: Path | None = None,
         wait: bool = True,
         timeout: float = 300.0,
+        command: list[str] | None = None,
     ) -> LocalServer:
         """Launch (`prepare_app_dir(context_dir)` must have run) and, with `wait`, wait
         until ready. The port is free when picked but bound only seconds later, by the
@@ -161,7 +164,7 @@ class LocalServer:
         for attempt in range(1, PORT_ATTEMPTS + 1):
             port = free_port()
             with log_path.open("w") as log:  # the child holds its own copy of the file
-                process = launch_server(context_dir, port, settings, log, extra_env)
+                process = launch_server(context_dir, port, settings, log, extra_env, command)
             server = cls(f"http://127.0.0.1:{port}", port, process, log_path)
             if not wait:
                 return server

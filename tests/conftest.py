@@ -78,12 +78,21 @@ def start_server(
     started: list[LocalServer] = []
 
     def start(
-        wait: bool = True, extra_env: dict[str, str] | None = None, **settings: object
+        wait: bool = True,
+        extra_env: dict[str, str] | None = None,
+        command: list[str] | None = None,
+        **settings: object,
     ) -> LocalServer:
         values = dev_settings(dev_model) | {k: str(v) for k, v in settings.items()}
         log_path = tmp_path_factory.mktemp("server") / "server.log"
         server = LocalServer.start(
-            app_context, values, extra_env, log_path, wait=wait, timeout=READY_TIMEOUT_S
+            app_context,
+            values,
+            extra_env,
+            log_path,
+            wait=wait,
+            timeout=READY_TIMEOUT_S,
+            command=command,
         )
         started.append(server)
         return server

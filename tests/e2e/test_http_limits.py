@@ -1,4 +1,4 @@
-"""HTTP attacks on raw sockets against the real Truss server, for both of uvicorn's parsers:
+"""HTTP attacks on raw sockets against the real Truss server (uvicorn's httptools parser):
 header floods (many lines, one huge value in pieces, too many lines), slowloris, idle
 connections, a full connection cap (probes still answered), clients that never read a
 stream, and clients that close right after sending.
@@ -43,11 +43,9 @@ LIMITS = {
 }
 
 
-@pytest.fixture(scope="module", params=["httptools", "h11"])
-def limited(
-    request: pytest.FixtureRequest, start_server: Callable[..., LocalServer]
-) -> Iterator[LocalServer]:
-    server = start_server(http_parser=request.param, **LIMITS)
+@pytest.fixture(scope="module")
+def limited(start_server: Callable[..., LocalServer]) -> Iterator[LocalServer]:
+    server = start_server(**LIMITS)
     yield server
     server.kill()
 

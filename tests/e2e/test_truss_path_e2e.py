@@ -1,12 +1,14 @@
-"""The generation routes answer the same through the server's direct routes (the default)
-and through Truss's own per-request wrapper (`direct_routes=false`): two real Truss
-servers with the dev model, the same requests to both. Greedy answers match token for
+"""The generation routes answer the same through our launcher's direct routes and through
+Truss's own per-request wrapper, where Truss's own `main.py` runs the Truss (as a Truss
+host that ignores our entry point would): two real Truss servers with the dev model, the
+same requests to both. Greedy answers match token for
 token (a stream's text; its split into events follows timing); refusals match in status
 and body; every route still works on Truss's path."""
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +26,7 @@ VOLATILE = {"id", "created", "system_fingerprint"}
 
 @pytest.fixture(scope="module")
 def truss_path_url(start_server: Callable[..., Any]) -> str:
-    return start_server(direct_routes=False).url
+    return start_server(command=[sys.executable, "main.py"]).url
 
 
 def post(url: str, route: str, body: bytes) -> requests.Response:

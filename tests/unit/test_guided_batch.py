@@ -73,12 +73,12 @@ def run(dev_model: Path, batch: bool, **settings) -> tuple[list[list[int]], int]
             device="cpu",
             pytorch_kv_cache="static",
             max_seq_len=512,
-            guided_batch_mask=batch,
             **settings,
         ),
         tok,
     )
     assert isinstance(eng, StaticTorchEngine)
+    eng.batch_masks = batch  # False: the row-by-row reference path
     calls = []
     real = BatchMasker.mask
 

@@ -1,4 +1,4 @@
-"""http_limits.py on uvicorn's real protocol classes (httptools and h11) with a fake
+"""http/limits.py on uvicorn's real httptools protocol class with a fake
 transport: the header bound holds however the bytes are split (431, never the parser's
 own buffering past it), the count bound, the probe-only reserve and idle eviction, and
 arbitrary bytes never raise or get a 5xx."""
@@ -21,7 +21,6 @@ from mistral_serving.http.scope_keys import LEFT_EXTENSION
 from mistral_serving.settings import Settings
 
 MAX_BYTES = 2048
-PARSERS = ("httptools", "h11")
 
 
 class FakeTransport:
@@ -81,12 +80,11 @@ def make_limits(**overrides: Any) -> Limits:
 class World:
     """One event loop, one uvicorn server state, connections made on demand."""
 
-    def __init__(self, parser: str, limits: Limits, app: Any = ok_app) -> None:
+    def __init__(self, limits: Limits, app: Any = ok_app) -> None:
         self.loop = asyncio.new_event_loop()
         self.limits = limits
-        self.cls = protocol_class(parser, limits)
+        self.cls = protocol_class(limits)
         self.config = Config(app=app, http=self.cls, lifespan="off", log_level="critical")
-        self.config.h11_max_incomplete_event_size = limits.max_header_bytes + 1
         self.config.load()
         self.state = ServerState()
 
@@ -106,9 +104,9 @@ class World:
         self.loop.close()
 
 
-@pytest.fixture(params=PARSERS)
-def world(request: pytest.FixtureRequest) -> Iterator[World]:
-    w = World(request.param, make_limits())
+@pytest.fixture
+def world() -> Iterator[World]:
+    w = World(make_limits())
     yield w
     w.close()
 
@@ -177,7 +175,7 @@ def test_too_many_headers(world: World) -> None:
 
 
 def test_reserve_serves_probes_only_and_idle_ones_make_room() -> None:
-    w = World("httptools", make_limits(max_connections=4, probe_reserve_connections=2))
+    w = World(make_limits(max_connections=4, probe_reserve_connections=2))
     try:
         busy = []
         for _ in range(2):  # the regular places, each with a request in progress
@@ -235,8 +233,7 @@ def test_fd_limit_is_raised_to_fit_the_connections() -> None:
 
 
 @pytest.mark.parametrize("case", ["during", "after", "unwatched"])
-@pytest.mark.parametrize("parser", PARSERS)
-def test_a_response_is_told_once_when_its_client_leaves(parser: str, case: str) -> None:
+def test_a_response_is_told_once_when_its_client_leaves(case: str) -> None:
     """The LEFT_EXTENSION: the callback runs once when the connection closes during the
     response, at once when it had already closed, and never once unwatched."""
     watches: list[Any] = []
@@ -248,7 +245,7 @@ def test_a_response_is_told_once_when_its_client_leaves(parser: str, case: str) 
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await asyncio.Event().wait()  # a stream that never ends by itself
 
-    w = World(parser, make_limits(), streaming_app)
+    w = World(make_limits(), streaming_app)
     try:
         proto, _ = w.connect()
         proto.data_received(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")

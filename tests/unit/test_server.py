@@ -429,19 +429,16 @@ def test_metrics_is_served_without_a_redirect() -> None:
 
 def test_extend_guards_bodies_counts_refusals_and_shuts_down(registered: Frontend) -> None:
     app = FastAPI()
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
-        return JSONResponse({"got": len(await request.body())})
-
-    # Truss's route (the fake one above) serves the body: the guard is what is tested.
-    settings = Settings(max_body_bytes=1024, body_timeout_seconds=5, direct_routes=False)
+    settings = Settings(max_body_bytes=1024, body_timeout_seconds=5)
     assert registered.service is not None
     guarded = Frontend(settings, registered.metrics)
     guarded.attach(registered.service)
     extend(app, guarded)
     with TestClient(app) as client:
-        assert client.post("/v1/chat/completions", content=b"x" * 1024).json() == {"got": 1024}
+        # A body at the bound reaches the frontend (which finds it is no JSON)...
+        at_bound = client.post("/v1/chat/completions", content=b"x" * 1024)
+        assert at_bound.status_code == 400 and "JSON" in at_bound.json()["error"]["message"]
+        # ...one byte more never does.
         too_big = client.post("/v1/chat/completions", content=b"x" * 1025)
         assert too_big.status_code == 413
         assert too_big.json()["error"]["type"] == "invalid_request_error"
@@ -456,8 +453,8 @@ def test_extend_guards_bodies_counts_refusals_and_shuts_down(registered: Fronten
         for s in metric.samples
         if s.name.endswith("_total")
     }
-    # The 413 is counted; the 404 is not one of our routes.
-    assert counts == {(("finished_reason", "invalid"), ("route", "chat_completions")): 1.0}
+    # The 400 and the 413 are counted; the 404 is not one of our routes.
+    assert counts == {(("finished_reason", "invalid"), ("route", "chat_completions")): 2.0}
 
 
 def test_openapi_json_is_a_clean_404(registered: Frontend) -> None:
@@ -534,26 +531,20 @@ def answering(tok: Tokenizer) -> Frontend:
     return frontend
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_direct_routes_answer_as_truss_path_would(answering: Frontend, direct: bool) -> None:
-    """On, the frontend answers the POST itself (Truss's route is never reached); off,
-    Truss's route is called."""
+def test_direct_routes_answer_without_truss_route(answering: Frontend) -> None:
+    """The frontend answers the POST itself: Truss's route is never reached (a GET is)."""
     app, reached = truss_route_app()
     assert answering.service is not None
-    frontend = Frontend(Settings(direct_routes=direct), answering.metrics)
+    frontend = Frontend(Settings(), answering.metrics)
     frontend.attach(answering.service)
     extend(app, frontend)
     with TestClient(app) as client:
         answer = client.post("/v1/completions", json=COMPLETION)
         assert client.get("/v1/completions").json() == {"truss": True}  # not a POST
-    if direct:
-        assert answer.status_code == 200
-        assert answer.json()["object"] == "text_completion"
-        assert answer.headers["x-request-id"]
-        assert reached == ["GET"]
-    else:
-        assert answer.json() == {"truss": True}
-        assert reached == ["/v1/completions", "GET"]
+    assert answer.status_code == 200
+    assert answer.json()["object"] == "text_completion"
+    assert answer.headers["x-request-id"]
+    assert reached == ["GET"]
 
 
 def test_direct_routes_leave_a_loading_model_to_truss(registered: Frontend) -> None:

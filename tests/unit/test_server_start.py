@@ -42,18 +42,18 @@ fake = types.SimpleNamespace(
     _config={"runtime": runtime}, _http_port=8123, create_application=lambda: "the app"
 )
 truss_server.TrussServer.start(fake)
-ours.serve(fake, Settings(http_parser=sys.argv[2]))
+ours.serve(fake, Settings())
 seen[1]["http"] = next(c.__module__ for c in seen[1]["http"].__mro__ if c.__module__.startswith("uvicorn"))
 print(json.dumps(seen, default=repr))
 """
 
 
-def started(app_context: Path, runtime: dict, parser: str) -> tuple[dict, dict]:
+def started(app_context: Path, runtime: dict) -> tuple[dict, dict]:
     app = app_context / "app"
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "mistral-trt-truss/packages"), str(app)])
     out = subprocess.run(
-        [sys.executable, "-c", DRIVER, json.dumps(runtime), parser],
+        [sys.executable, "-c", DRIVER, json.dumps(runtime)],
         cwd=app,
         env=env,
         capture_output=True,
@@ -78,20 +78,13 @@ def started(app_context: Path, runtime: dict, parser: str) -> tuple[dict, dict]:
 def test_same_uvicorn_settings_as_truss_but_the_parser_and_a_real_uvloop(
     app_context: Path, runtime: dict
 ) -> None:
-    truss, mine = started(app_context, runtime, "httptools")
+    truss, mine = started(app_context, runtime)
     assert truss.pop("http") == "h11"
-    assert mine.pop("http") == "uvicorn.protocols.http.httptools_impl"  # bounded: http_limits
-    # The HTTP limits (http_limits.py): h11's own header bound must not answer first.
-    assert mine.pop("h11_max_incomplete_event_size") == Settings().max_header_bytes + 1
+    assert mine.pop("http") == "uvicorn.protocols.http.httptools_impl"  # bounded: http/limits.py
     assert mine.pop("timeout_keep_alive") == Settings().keepalive_timeout_seconds
     assert truss.pop("running_loop") == "asyncio.unix_events"  # asked for uvloop, got this
     assert mine.pop("running_loop") == "uvloop"
     assert mine == truss  # app, host, port, workers, timeouts, log config, ws settings
-
-
-def test_h11_can_be_chosen(app_context: Path) -> None:
-    _, mine = started(app_context, {}, "h11")
-    assert mine["http"] == "uvicorn.protocols.http.h11_impl"
 
 
 ONE_OWNER = r"""

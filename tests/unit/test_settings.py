@@ -135,7 +135,7 @@ def test_env_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
         ({}, {"MTT_MAX_BATCH_SIZE": ""}, "max_batch_size"),  # "" -> None: not an int
         ({"artifact": "~no-such-user-here/model"}, {}, "artifact"),  # no home to expand
         ({}, {"MTT_CACHE_DIR": "~no-such-user-here"}, "cache_dir"),
-        ({}, {"MTT_HTTP_PARSER": "http2"}, "http_parser"),
+        ({}, {"MTT_METRICS_NAMES": "http2"}, "metrics_names"),
     ],
 )
 def test_invalid_values_name_the_field(meta: dict, env: dict, field: str) -> None:

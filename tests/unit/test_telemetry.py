@@ -193,28 +193,3 @@ def test_a_refusal_is_counted_but_not_put_in_the_histograms(reason: str) -> None
 def access_record() -> logging.LogRecord:
     args = ("127.0.0.1:5000", "POST", "/v1/completions", "1.1", 200)
     return logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d', args, None)  # fmt: skip
-
-
-def test_the_access_line_is_dropped_only_in_a_request_that_writes_its_own() -> None:
-    """Each request runs in a task of its own (uvicorn's), so what one request said never
-    reaches another's access line, even on one keep-alive connection."""
-    import asyncio
-    import contextvars
-
-    from mistral_serving.ops.telemetry import CoveredAccessLine, will_write_request_line
-
-    covered = CoveredAccessLine()
-
-    async def request(writes_own_line: bool) -> bool:
-        if writes_own_line:
-            will_write_request_line()
-        await asyncio.sleep(0)  # the response starts later in the same task
-        return covered.filter(access_record())
-
-    async def connection() -> list[bool]:
-        first = await asyncio.create_task(request(True))
-        second = await asyncio.create_task(request(False))
-        return [first, second, covered.filter(access_record())]
-
-    # A fresh context, as uvicorn's protocol has: the test's own is not touched.
-    assert contextvars.Context().run(asyncio.run, connection()) == [False, True, True]

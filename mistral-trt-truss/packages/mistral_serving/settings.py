@@ -98,19 +98,6 @@ class ServerSettings(_Concern):
         description="Address the server listens on: every interface in the image (the pod's "
         "port); `make serve` and `build.py serve` use 127.0.0.1 unless given `--host`.",
     )
-    http_parser: Literal["httptools", "h11"] = Field(
-        "httptools",
-        description="uvicorn's HTTP/1.1 parser: `httptools` (C; uvicorn's own default when "
-        "installed, as in vLLM) or `h11` (pure Python; Truss's choice, ~15% more server CPU "
-        "per streamed token).",
-    )
-    direct_routes: bool = Field(
-        True,
-        description="Serve the generation routes (predict, chat completions, completions) "
-        "from the server's own ASGI layer instead of through Truss's per-request wrapper "
-        "(FastAPI's routing, Truss's spans and semaphore): the same answers, less event-loop "
-        "time per request start. `false`: Truss's path.",
-    )
     frontend_processes: int = Field(
         1,
         ge=1,
@@ -340,12 +327,6 @@ class TorchEngineSettings(LimitsSettings):
         "loop, so a container on a big node does not run one thread per host core and a busy "
         "small one does not spin its threads against the server.",
     )
-    guided_batch_mask: bool = Field(
-        True,
-        description="Static PyTorch engine: structured output's token masks for all "
-        "constrained rows filled as one batched bitmask per step and applied in one pass "
-        "on the device; false: each row masks itself.",
-    )
     grammar_cache_bytes: int = Field(
         64 * 2**20,
         ge=0,
@@ -479,13 +460,6 @@ class OpsSettings(_Concern):
         "compatibility set up by hand).",
     )
     log_prompts: bool = Field(False, description="Log prompt and output text (off: privacy).")
-    access_log: Literal["all", "others"] = Field(
-        "all",
-        description="Uvicorn's access line (`Handled request POST /v1/completions ... 200`): "
-        "`all` writes it for every request (as vLLM does by default); `others` leaves it out "
-        "for the requests that write the per-request line (the generation routes: one line a "
-        "request, a little less work per request start).",
-    )
 
     @model_validator(mode="after")
     def _check_stall_limits(self) -> OpsSettings:

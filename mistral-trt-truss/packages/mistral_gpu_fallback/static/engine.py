@@ -260,8 +260,9 @@ class StaticTorchEngine(TorchEngine):
         self._prefilling: list[_Prefilling] = []  # chunked prefills under way, oldest first
         self._mixed_committed = False  # the current mixed step has committed (see _chunk_step)
         # Structured output: one bitmask per step for all constrained rows
-        # (`guided_batch.py`); False: each row masks itself (`guided.GuidedMatcher.mask`).
-        self.batch_masks = options.guided_batch_mask
+        # (`guided_batch.py`). Each row masks itself (`guided.GuidedMatcher.mask`) when the
+        # batched fill fails, or when this is False (the tests' reference path).
+        self.batch_masks = True
         self._masker: BatchMasker | None = None
         self._overlap = options.overlap_decode
         self._launched: _Launched | None = None  # the decode step whose tokens are unread

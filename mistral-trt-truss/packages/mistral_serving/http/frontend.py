@@ -43,7 +43,6 @@ from mistral_serving.ops.telemetry import (
     REQUEST_ID_HEADER,
     RequestRecord,
     request_id_from,
-    will_write_request_line,
 )
 from mistral_serving.ops.tracing import TRACEPARENT, TRACESTATE
 from mistral_serving.protocols import ParseContext, TruncatedStream, WireFormat
@@ -341,7 +340,6 @@ class Frontend:
             traceparent=request.headers.get(TRACEPARENT),
             tracestate=request.headers.get(TRACESTATE),
         )
-        will_write_request_line()  # every path below ends in Telemetry.finished's line
         headers = {REQUEST_ID_HEADER: record.request_id}
         ticket: Ticket | None = None
         try:

@@ -1,11 +1,12 @@
-"""Connection limits that uvicorn (0.54) does not have, for both of its HTTP/1.1 parsers.
+"""Connection limits that uvicorn (0.54) does not have, on its httptools HTTP/1.1 parser
+(the server's only one: uvicorn's own default where httptools is installed, as in vLLM).
 
-uvicorn's protocols read request headers without bound (httptools keeps appending a header
-value it gets in pieces, at quadratic cost; h11 refuses past 16 KiB with a 400), have no
+uvicorn's protocol reads request headers without bound (httptools keeps appending a header
+value it gets in pieces, at quadratic cost), has no
 timeout for a request's headers, none for a fresh connection that sends nothing (the
 keep-alive timer is armed only after a response), and no connection cap that leaves room
 for the kubelet's probes (`limit_concurrency` answers 503 to probes too). `protocol_class`
-makes a subclass of `HttpToolsProtocol` or `H11Protocol` that adds, per connection:
+makes a subclass of `HttpToolsProtocol` that adds, per connection:
 
 - header bytes (request line included) counted in `data_received` *before* the parser
   sees them: the parser only ever gets what fits, so past `max_header_bytes` the answer is
@@ -42,9 +43,8 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, ClassVar
 
-import h11
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
-from uvicorn.protocols.http import h11_impl, httptools_impl
+from uvicorn.protocols.http import httptools_impl
 
 from mistral_serving.errors import RequestError
 from mistral_serving.http.scope_keys import CUT_EXTENSION, LEFT_EXTENSION
@@ -59,7 +59,7 @@ FD_HEADROOM = 256  # descriptors besides connections: model files, pipes, engine
 # What a kubelet probe or a Prometheus scrape asks for (GET only).
 PROBE_PATH = re.compile(r"/|/health|/ping|/version|/metrics/?|/v1/models/[^/:]+(/loaded)?")
 
-_CYCLES = (httptools_impl.RequestResponseCycle, h11_impl.RequestResponseCycle)
+_CYCLES = (httptools_impl.RequestResponseCycle,)
 
 
 def is_probe(scope: dict[str, Any]) -> bool:
@@ -291,11 +291,9 @@ class _Guarded:
             )
         room = self.limits.max_header_bytes - self._header_bytes
         seen = self._headers_seen
-        if room > 0:  # never b"": h11 takes that for the client's end of input
+        if room > 0:
             self._header_bytes += min(room, len(data))
             super().data_received(data[:room])  # type: ignore[misc]
-        if self._headers_seen == seen and not self._reading_headers():
-            self._headers_done()  # h11: the parser says so only through its state
         if len(data) <= room or self._refused or self.transport.is_closing():
             return
         if self._headers_seen == seen:
@@ -409,32 +407,6 @@ class _HttpTools(_Guarded, httptools_impl.HttpToolsProtocol):
         super().send_400_response(msg)
 
 
-class _H11(_Guarded, h11_impl.H11Protocol):  # type: ignore[misc]
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._header_count_exceeded = False
-        next_event = self.conn.next_event
-
-        def checked() -> Any:
-            event = next_event()
-            if isinstance(event, h11.Request) and len(event.headers) > self.limits.max_header_count:
-                self._header_count_exceeded = True
-                raise h11.RemoteProtocolError("too many headers")
-            return event
-
-        self.conn.next_event = checked  # type: ignore[method-assign]
-
-    def _reading_headers(self) -> bool:
-        return self.conn.their_state is h11.IDLE
-
-    def send_400_response(self, msg: str) -> None:
-        if self._header_count_exceeded:
-            self._too_many_headers()
-            return
-        super().send_400_response(msg)
-
-
-def protocol_class(http_parser: str, limits: Limits) -> type[asyncio.Protocol]:
-    """uvicorn's protocol for `http_parser` with `limits` (pass it as `Config(http=...)`)."""
-    base: type[_Guarded] = _HttpTools if http_parser == "httptools" else _H11
-    return type(f"Limited{base.__name__.lstrip('_')}", (base,), {"limits": limits})
+def protocol_class(limits: Limits) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with `limits` (pass it as `Config(http=...)`)."""
+    return type("LimitedHttpTools", (_HttpTools,), {"limits": limits})

@@ -12,15 +12,13 @@ settings, and adds, before it starts:
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
   ready; 503 while loading, draining, or with a dead or stalled engine),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
-- uvicorn runs on uvloop with the `http_parser` setting's parser (httptools by default;
-  Truss's own start runs h11 on a stdlib asyncio loop), through `http_limits.py`'s
-  protocol class: header size/count (431), header and idle timeouts, a connection cap
-  with room for probes, bounded send buffers; the open-file limit is raised to fit.
-  With `access_log: others` uvicorn's access line is left out for requests that write the
-  per-request line (`telemetry.CoveredAccessLine`).
-- `DirectRoutes` (setting `direct_routes`, on by default) serves the generation routes from
-  the ASGI layer, calling the frontend as the model's methods would, without Truss's
-  per-request wrapper; off, Truss's routes call the model (`model/model.py`).
+- uvicorn runs on uvloop with the httptools parser (Truss's own start runs h11 on a
+  stdlib asyncio loop), through `limits.py`'s protocol class: header size/count (431),
+  header and idle timeouts, a connection cap with room for probes, bounded send buffers;
+  the open-file limit is raised to fit.
+- `DirectRoutes` serves the generation routes from the ASGI layer, calling the frontend as
+  the model's methods would, without Truss's per-request wrapper (Truss's routes still
+  call the model, `model/model.py`, where Truss's own `main.py` runs it).
 - Requests Truss answers 499 itself (client gone after sending) are counted
   `client_gone`; `/openapi.json` is a 404; `/v1/models` does not show the artifact path.
 - The settings are loaded once, here, and the process's one `Frontend` is made here: our
@@ -29,7 +27,8 @@ settings, and adds, before it starts:
 - A failed `load()` ends the process with status 1 and the reason as its last log line
   (Truss alone exits 0), and the engine is shut down when the server stops.
 - With `frontend_processes` above 1 this process is only the launcher of that many
-  servers as above, sharing the port and one engine process (`frontend_group.py`).
+  servers as above, sharing the port and one engine process (the GPU fallback package's
+  `frontends.py`).
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.http.scope_keys import HANDLED
 from mistral_serving.ops import driver
 from mistral_serving.ops.shutdown import exit_if_load_fails
-from mistral_serving.ops.telemetry import CoveredAccessLine, request_id_from
+from mistral_serving.ops.telemetry import request_id_from
 from mistral_serving.protocols.openai_types import ModelCard, ModelList, openai_error_body
 from mistral_serving.protocols.predict import predict_error_body
 from mistral_serving.settings import Settings, SettingsError
@@ -68,7 +67,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _started = int(time.time())
-_runtime: dict[str, str] = {}  # how `serve` started uvicorn (for GET /version)
 
 
 # ---- the body guard ----
@@ -302,7 +300,7 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
         loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
         answer: dict[str, Any] = {
             "version": __version__,
-            "server": {"event_loop": loop, "http_parser": _runtime.get("http_parser")},
+            "server": {"event_loop": loop, "http_parser": "httptools"},
             "engine": None,
         }
         service = frontend.service
@@ -338,8 +336,8 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
     """Add our routes and the body guard to Truss's app (before it starts)."""
     settings = frontend.settings
     add_routes(app, frontend)
-    if settings.direct_routes:  # innermost: it sees only bodies the guards let through
-        app.add_middleware(DirectRoutes, frontend=frontend)
+    # Innermost: it sees only bodies the guards let through.
+    app.add_middleware(DirectRoutes, frontend=frontend)
 
     def count(route: str, reason: str) -> None:
         frontend.metrics.finished.labels(route, reason).inc()
@@ -379,10 +377,9 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
 
 def serve(server: TrussServer, settings: Settings) -> None:
     """`TrussServer.start` (truss 0.18.36) with two differences: uvicorn's HTTP parser is
-    `http_parser` (Truss pins h11), and the event loop really is uvloop (Truss asks uvicorn
-    for uvloop, then runs `asyncio.run`, which makes a stdlib loop). Measured with the
-    replay engine, the server's CPU per streamed token is 15-25% lower than with Truss's
-    start (docs/performance.md)."""
+    httptools (Truss pins h11), and the event loop really is uvloop (Truss asks uvicorn
+    for uvloop, then runs `asyncio.run`, which makes a stdlib loop): less server CPU per
+    streamed token (docs/performance.md)."""
     import truss_server
     import uvicorn
     import uvloop
@@ -390,7 +387,6 @@ def serve(server: TrussServer, settings: Settings) -> None:
     from mistral_serving.http.limits import Limits, protocol_class, raise_fd_limit
 
     raise_fd_limit(settings.max_connections)
-    http_parser = settings.http_parser
 
     runtime = server._config.get("runtime") or {}
     transport = runtime.get("transport") or {}
@@ -401,10 +397,8 @@ def serve(server: TrussServer, settings: Settings) -> None:
     level = "DEBUG" if runtime.get("enable_debug_logs", False) else "INFO"
     config = uvicorn.Config(
         server.create_application(),
-        http=protocol_class(http_parser, Limits.from_settings(settings)),
+        http=protocol_class(Limits.from_settings(settings)),
         timeout_keep_alive=settings.keepalive_timeout_seconds,  # type: ignore[arg-type]
-        # h11's own bound answers 400 at 16 KiB; ours (431, http_limits) must come first.
-        h11_max_incomplete_event_size=settings.max_header_bytes + 1,
         host=settings.host,
         port=server._http_port,
         workers=1,
@@ -414,9 +408,6 @@ def serve(server: TrussServer, settings: Settings) -> None:
         loop="uvloop",
         **{k: v for k, v in pings.items() if v},  # as Truss: unset keeps uvicorn's default
     )
-    if settings.access_log == "others":  # after Config: it configures the loggers
-        logging.getLogger("uvicorn.access").addFilter(CoveredAccessLine())
-    _runtime["http_parser"] = http_parser
     server._server = uvicorn.Server(config=config)
     sock = listen_socket.listen_socket()  # several front-end processes: the launcher's bound port
     uvloop.run(server._server.serve(sockets=[sock] if sock is not None else None))

@@ -7,7 +7,6 @@ import logging
 import re
 import time
 import uuid
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from mistral_serving.errors import REFUSAL_REASONS
@@ -35,24 +34,6 @@ def request_id_from(header: str | None) -> str:
 
 
 _ENGINE_SEQ = itertools.count(1)
-
-# True in a request's task once the frontend has taken it: from then on the request ends
-# in `Telemetry.finished`'s line (a bug's traceback aside), which says what the access line
-# would. Each request runs in a task of its own, so this never outlives its request.
-_WRITES_REQUEST_LINE: ContextVar[bool] = ContextVar("writes_request_line", default=False)
-
-
-def will_write_request_line() -> None:
-    _WRITES_REQUEST_LINE.set(True)
-
-
-class CoveredAccessLine(logging.Filter):
-    """On uvicorn's access logger (setting `access_log: others`): drops the access line of a
-    request that writes its own line, whose formatting and writing were about 5% of the
-    event loop's samples in a profile of request starts (docs/performance.md, round 12)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not _WRITES_REQUEST_LINE.get()
 
 
 @dataclass

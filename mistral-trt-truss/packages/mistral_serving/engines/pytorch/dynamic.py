@@ -193,7 +193,6 @@ class TorchOptions:
         "cuda_graphs"
     ].default  # the static engine's
     prefill_chunk_tokens: int = 0  # the static engine's chunked prefill (0: off)
-    guided_batch_mask: bool = True  # the static engine's batched structured-output masks
     fused_kernels: str = "auto"  # the static engine's Triton kernels (auto|on|off)
     overlap_decode: bool = True  # the static engine reads a step's tokens one step late
 
@@ -204,7 +203,6 @@ class TorchOptions:
             settings.prefill_logits_bytes,
             settings.cuda_graphs,
             settings.prefill_chunk_tokens,
-            settings.guided_batch_mask,
             settings.fused_kernels,
             settings.overlap_decode,
         )
