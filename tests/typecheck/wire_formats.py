@@ -5,13 +5,16 @@ against the protocol's read-only members)."""
 from __future__ import annotations
 
 from mistral_serving.protocols import Call, WireFormat
-from mistral_serving.protocols.openai import OpenAICall, OpenAIFormat
+from mistral_serving.protocols.openai.chat import ChatCall, ChatCompletionsFormat
+from mistral_serving.protocols.openai.completions import CompletionCall, CompletionsFormat
 from mistral_serving.protocols.predict import PredictCall, PredictFormat
 
 
-def formats(predict: PredictFormat, openai: OpenAIFormat) -> list[WireFormat]:
-    return [predict, openai]
+def formats(
+    predict: PredictFormat, chat: ChatCompletionsFormat, completions: CompletionsFormat
+) -> list[WireFormat]:
+    return [predict, chat, completions]
 
 
-def calls(predict: PredictCall, openai: OpenAICall) -> list[Call]:
-    return [predict, openai]
+def calls(predict: PredictCall, chat: ChatCall, completion: CompletionCall) -> list[Call]:
+    return [predict, chat, completion]

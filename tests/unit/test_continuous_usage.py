@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from mistral_serving.engines.base import TokenLogprob
+from mistral_serving.generation.outcome import Outcome
 from mistral_serving.generation.service import Chunk
-from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
-from mistral_serving.protocols.openai import OpenAIFormat
+from tests.doubles.generations import openai_format, scripted
 
 CTX = ParseContext(default_max_tokens=64)
 PARTS = ["Hel", "lo", " wor", "ld"]
@@ -26,25 +25,17 @@ def token_bytes(token_id: int) -> bytes:
     return f"<{token_id}>".encode()
 
 
-async def chunks_of(parts: list[Chunk], record: RequestRecord) -> AsyncIterator[Chunk]:
-    # As the service does: the prompt is counted when the stream starts, each chunk's
-    # tokens before it is yielded, the finish reason at the end.
-    record.prompt_tokens = PROMPT_TOKENS
-    for chunk in parts:
-        record.completion_tokens += 1
-        yield chunk
-    record.finish_reason = "length"
-
-
 def stream(chat: bool, options: dict[str, Any], parts: list[Chunk]) -> list[dict[str, Any]]:
-    fmt = OpenAIFormat(chat, "m", token_bytes)
+    fmt = openai_format(chat, "m", token_bytes)
     body: dict[str, Any] = {"stream": True, "stream_options": options, "max_tokens": 4}
     body |= {"messages": [{"role": "user", "content": "x"}]} if chat else {"prompt": "x"}
     call = fmt.parse(body, CTX)
-    record = RequestRecord("r", fmt.route, engine_id="e")
+    # As the service counts: the prompt from the start, each chunk's tokens before it is
+    # yielded, the finish reason at the end.
+    generation = scripted(parts, Outcome("length", "", PROMPT_TOKENS, len(parts)))
 
     async def run() -> list[str]:
-        return [e async for e in fmt.stream_events(call, chunks_of(parts, record), record)]
+        return [e async for e in fmt.stream_events(call, generation, "e")]
 
     events = asyncio.run(run())
     assert events[-1] == "data: [DONE]\n\n"

@@ -26,9 +26,10 @@ from mistral_serving.engines.base import EngineLimits, SamplingOptions
 from mistral_serving.engines.factory import start_engine, start_torch_engine
 from mistral_serving.errors import RequestError
 from mistral_serving.generation import deadline
+from mistral_serving.generation.outcome import Outcome
 from mistral_serving.generation.service import GenerationService, PreparedRequest
 from mistral_serving.ops.metrics import Metrics
-from mistral_serving.ops.telemetry import RequestRecord
+from mistral_serving.ops.record import RequestRecord
 from mistral_serving.settings import Settings
 from mistral_serving.text.tokenizer import Tokenizer
 from tests.doubles.trtllm_helpers import load, load_pytorch_kind
@@ -158,20 +159,21 @@ def test_a_deadline_that_passes_while_generating_aborts_the_engine_request(
     record = RequestRecord("deadline", "predict")
     chunks: list[str] = []
 
-    async def main() -> None:
+    async def main() -> Outcome | None:
         record.deadline = time.monotonic() + 1.0
-        stream = service.stream(PreparedRequest(PROMPT, LONG, (), 1), record)
-        async for chunk in stream:
+        generation = service.generate(PreparedRequest(PROMPT, LONG, (), 1), record)
+        async for chunk in generation:
             chunks.append(chunk.text)
             if len(chunks) == 1:
                 # Past the deadline before asking for more: the outcome is the clock's.
                 await asyncio.sleep(max(0.0, record.deadline - time.monotonic()) + 0.01)
         await wait_for(lambda: any_engine.num_running() == 0, "the engine request was aborted")
+        return generation.outcome
 
-    asyncio.run(main())
-    assert record.finish_reason == "timeout"
-    assert len(chunks) >= 1 and record.completion_tokens < LONG.max_new_tokens
-    assert record.output == "".join(chunks)
+    outcome = asyncio.run(main())
+    assert outcome is not None and outcome.reason == "timeout"
+    assert len(chunks) >= 1 and outcome.completion_tokens < LONG.max_new_tokens
+    assert outcome.text == "".join(chunks)
     if hasattr(any_engine, "llm"):  # the double saw the cancel (upstream: result.abort())
         assert any_engine.llm.requests[-1].aborted()
 
@@ -181,12 +183,15 @@ def test_a_deadline_already_past_never_reaches_the_engine(any_engine: Any, tok: 
     record = RequestRecord("late", "predict")
     record.deadline = time.monotonic() - 0.001
 
+    generation = service.generate(PreparedRequest(PROMPT, LONG, (), 1), record)
+
     async def main() -> list[str]:
-        return [c.text async for c in service.stream(PreparedRequest(PROMPT, LONG, (), 1), record)]
+        return [c.text async for c in generation]
 
     before = len(any_engine.llm.requests) if hasattr(any_engine, "llm") else None
     assert asyncio.run(main()) == []
-    assert record.finish_reason == "timeout" and record.submitted_at is None
+    assert generation.outcome is not None and generation.outcome.reason == "timeout"
+    assert record.submitted_at is None
     assert any_engine.num_running() == 0
     if before is not None:
         assert len(any_engine.llm.requests) == before  # generate_async never called
@@ -204,9 +209,13 @@ def test_the_service_counts_a_timeout_once_with_its_reason(tok: Tokenizer) -> No
     record = RequestRecord("t", "completions")
 
     async def main() -> None:
+        # As the frontend runs it: the generation, then the record closed with its outcome.
         record.deadline = time.monotonic() + 0.5
-        async for _ in service.stream(PreparedRequest(PROMPT, LONG, (), 1), record):
+        generation = service.generate(PreparedRequest(PROMPT, LONG, (), 1), record)
+        async for _ in generation:
             await asyncio.sleep(max(0.0, record.deadline - time.monotonic()) + 0.01)
+        assert generation.outcome is not None
+        service.telemetry.finished(record, generation.outcome)
 
     try:
         asyncio.run(main())

@@ -49,6 +49,7 @@ def fake_launch(script: str) -> object:
         settings: dict[str, str],
         log: IO | int,
         extra_env: dict[str, str] | None = None,
+        command: list[str] | None = None,
     ) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-c", script, str(port)],

@@ -57,11 +57,11 @@ def builds_an_error_body(node: ast.AST) -> bool:
 
 def test_error_bodies_are_shaped_only_in_their_formats() -> None:
     # protocols/predict.py: predict's `{"error": message}`; OpenAI's is a typed model
-    # (protocols/openai_types.py, `ErrorResponse`). The grammar pool's child process
+    # (protocols/openai/types.py, `ErrorResponse`). The grammar pool's child process
     # reports to its parent over a pipe, not to a client.
     assert where(builds_an_error_body) == {"protocols/predict.py", "structured/grammar_pool.py"}
     builders = where(lambda n: isinstance(n, ast.ClassDef) and n.name == "ErrorResponse")
-    assert builders == {"protocols/openai_types.py"}
+    assert builders == {"protocols/openai/types.py"}
 
 
 @given(st.text(max_size=80), st.sampled_from([400, 408, 413, 429, 503]))

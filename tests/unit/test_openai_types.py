@@ -1,4 +1,4 @@
-"""The OpenAI answers are built from the typed structs of `protocols/openai_types.py`:
+"""The OpenAI answers are built from the typed structs of `protocols/openai/types.py`:
 every whole answer, stream event and error body the format sends converts strictly to its
 type and back to the same JSON; the stream's spliced fast path is byte-identical to
 rendering each chunk from its struct; and the types refuse what is not their shape."""
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -17,11 +16,11 @@ from hypothesis import strategies as st
 
 from mistral_serving.engines.base import TokenLogprob
 from mistral_serving.errors import RequestError
+from mistral_serving.generation.outcome import Outcome
 from mistral_serving.generation.service import Chunk
-from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
-from mistral_serving.protocols.openai import OpenAICall, OpenAIFormat, _sse
-from mistral_serving.protocols.openai_types import (
+from mistral_serving.protocols.openai.base import OpenAICall, OpenAIRoute, sse
+from mistral_serving.protocols.openai.types import (
     OPENAI_ERROR_TYPES,
     ChatCompletion,
     ChatCompletionChunk,
@@ -35,6 +34,7 @@ from mistral_serving.protocols.openai_types import (
     openai_error_body,
 )
 from mistral_serving.text.tokenizer import Tokenizer
+from tests.doubles.generations import openai_format, scripted
 
 CTX = ParseContext(default_max_tokens=64)
 USER = [{"role": "user", "content": "Hi"}]
@@ -48,14 +48,14 @@ def strictly(wire: dict[str, Any], kind: type) -> Any:
     return value
 
 
-def fmt_for(tok: Tokenizer, chat: bool) -> OpenAIFormat:
-    return OpenAIFormat(chat, "m", lambda t: tok.table.token_bytes[t] or b"")
+def fmt_for(tok: Tokenizer, chat: bool) -> OpenAIRoute[Any]:
+    return openai_format(chat, "m", lambda t: tok.table.token_bytes[t] or b"")
 
 
-def record(output: str = "Hello world", reason: str = "stop") -> RequestRecord:
-    rec = RequestRecord("r", "chat_completions", engine_id="e")
-    rec.output, rec.finish_reason, rec.prompt_tokens, rec.completion_tokens = output, reason, 5, 2
-    return rec
+def record(
+    output: str = "Hello world", reason: str = "stop", logprobs: list[TokenLogprob] | None = None
+) -> Outcome:
+    return Outcome(reason, output, 5, 2, tuple(logprobs) if logprobs is not None else None)
 
 
 def lps(tok: Tokenizer, text: str) -> list[TokenLogprob]:
@@ -63,15 +63,9 @@ def lps(tok: Tokenizer, text: str) -> list[TokenLogprob]:
     return [TokenLogprob(t, -0.5, ((t, -0.5), (alt, -1e-05))) for t in tok.encode(text)]
 
 
-def events(fmt: OpenAIFormat, call: OpenAICall, parts: list[Chunk]) -> list[dict[str, Any]]:
-    rec = record("")
-
-    async def chunks() -> AsyncIterator[Chunk]:
-        for p in parts:
-            yield p
-
+def events(fmt: OpenAIRoute[Any], call: OpenAICall, parts: list[Chunk]) -> list[dict[str, Any]]:
     async def main() -> list[str]:
-        return [e async for e in fmt.stream_events(call, chunks(), rec)]
+        return [e async for e in fmt.stream_events(call, scripted(parts, record("")), "e")]
 
     out = asyncio.run(main())
     assert out[-1] == "data: [DONE]\n\n"
@@ -86,7 +80,7 @@ COMPLETION_BODIES = [{}, {"logprobs": 2}, {"echo": True, "logprobs": 1}, {"echo"
 def test_chat_answers_are_chat_completions(tok: Tokenizer, body: dict[str, Any]) -> None:
     fmt = fmt_for(tok, True)
     call = fmt.parse({"messages": USER} | body, CTX)
-    wire = fmt.response_body(call, record(), lps(tok, "Hello world") if body else None)
+    wire = fmt.response_body(call, record(logprobs=lps(tok, "Hello world") if body else None), "e")
     answer = strictly(wire, ChatCompletion)
     assert answer.choices[0].message.content == "Hello world"
 
@@ -96,9 +90,9 @@ def test_completion_answers_are_completions(tok: Tokenizer, body: dict[str, Any]
     fmt = fmt_for(tok, False)
     call = fmt.parse({"prompt": "Hi"} | body, CTX)
     logprobs = lps(tok, "Hi Hello world") if "logprobs" in body else None
-    if logprobs and call.echo:
+    if logprobs and call.gen.echo:
         logprobs[0] = TokenLogprob(logprobs[0].token_id, None)  # the prompt's first: null
-    strictly(fmt.response_body(call, record(), logprobs), Completion)
+    strictly(fmt.response_body(call, record(logprobs=logprobs), "e"), Completion)
 
 
 @pytest.mark.parametrize("chat", [True, False])
@@ -135,27 +129,23 @@ def test_the_spliced_stream_chunk_is_the_struct_rendered(
 ) -> None:
     """The stream splices text (and logprobs) into one pre-rendered chunk: it must send
     exactly what rendering that chunk's struct sends."""
-    fmt = OpenAIFormat(chat, "m", lambda t: bytes([65 + t]))
+    fmt = openai_format(chat, "m", lambda t: bytes([65 + t]))
     body: dict[str, Any] = {"messages": USER} if chat else {"prompt": "Hi"}
     body |= {"stream": True}
     if include_usage:
         body["stream_options"] = {"include_usage": True}
     call = fmt.parse(body, CTX)
-    rec = record("")
     lps = None if logprobs is None else [TokenLogprob(t, v, ((t, v),)) for t, v in logprobs]
-
-    async def two() -> AsyncIterator[Chunk]:
-        yield Chunk("ab", lps)
-        yield Chunk(text, lps)
+    two = [Chunk("ab", lps), Chunk(text, lps)]
 
     async def main() -> list[str]:
-        return [e async for e in fmt.stream_events(call, two(), rec)]
+        return [e async for e in fmt.stream_events(call, scripted(two, record("")), "e")]
 
     sent = asyncio.run(main())[2 if chat else 1]
     usage = None if include_usage else msgspec.UNSET
     rid = "chatcmpl-e" if chat else "cmpl-e"
-    expected = fmt._chunk(call, rid, text, None, lps, 2, usage=usage)  # offset: after "ab"
-    assert sent == _sse(expected.wire())
+    expected = fmt.chunk(call, rid, text, None, lps, 2, usage=usage)  # offset: after "ab"
+    assert sent == sse(expected.wire())
 
 
 @pytest.mark.parametrize("status", sorted(OPENAI_ERROR_TYPES) + [418])
@@ -184,8 +174,8 @@ def test_unset_fields_are_absent_and_null_ones_are_null() -> None:
 def test_floats_keep_pythons_spelling_on_the_wire() -> None:
     """`wire()` leaves rendering to `json.dumps`: 1e-05 stays `1e-05`, as before the
     structs (msgspec's own encoder would send `0.00001`)."""
-    fmt = OpenAIFormat(False, "m", lambda t: b"x")
-    tiny = fmt._completion_logprobs([TokenLogprob(1, -1e-05, ((1, -1e-05),))], 0)
+    fmt = openai_format(False, "m", lambda t: b"x")
+    tiny = fmt.completion_logprobs([TokenLogprob(1, -1e-05, ((1, -1e-05),))], 0)
     assert tiny is not None
     assert '"token_logprobs": [-1e-05]' in json.dumps(tiny.wire())
     assert b"-1e-05" not in msgspec.json.encode(tiny)

@@ -27,9 +27,10 @@ from mistral_serving.engines.factory import start_torch_engine
 from mistral_serving.errors import RequestError
 from mistral_serving.generation.service import GenerationService
 from mistral_serving.ops.metrics import Metrics
-from mistral_serving.ops.telemetry import RequestRecord
+from mistral_serving.ops.record import RequestRecord
 from mistral_serving.protocols import ParseContext
-from mistral_serving.protocols.openai import OpenAIFormat
+from mistral_serving.protocols.openai.chat import ChatCompletionsFormat
+from mistral_serving.protocols.openai.completions import CompletionsFormat
 from mistral_serving.settings import Settings
 from mistral_serving.text.tokenizer import Tokenizer, load_tokenizer
 from tests.doubles.scripted_engine import ScriptedEngine
@@ -237,8 +238,8 @@ LIMITS = EngineLimits(max_input_len=48, max_seq_len=96, max_batch_size=4)
 CTX = ParseContext(default_max_tokens=2048)
 
 
-def comp_fmt(tok: Tokenizer) -> OpenAIFormat:
-    return OpenAIFormat(False, "m", lambda t: tok.table.token_bytes[t] or b"")
+def comp_fmt(tok: Tokenizer) -> CompletionsFormat:
+    return CompletionsFormat("m", lambda t: tok.table.token_bytes[t] or b"")
 
 
 def answer(tok: Tokenizer, body: dict, script: list) -> dict:
@@ -251,8 +252,8 @@ def answer(tok: Tokenizer, body: dict, script: list) -> dict:
     async def main():
         prepared = await service.prepare(call.gen)
         record = RequestRecord("req", "completions", engine_id="e")
-        logprobs = await service.complete(prepared, record)
-        return fmt.response_body(call, record, logprobs)
+        outcome = await service.generate(prepared, record).complete()
+        return fmt.response_body(call, outcome, record.engine_id)
 
     body = asyncio.run(main())
     json.dumps(body, allow_nan=False)
@@ -352,7 +353,7 @@ def test_echo_parse_rules(tok: Tokenizer):
         ({"prompt": [[]]}, "prompt"),
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
     ]:
-        target = fmt if "prompt" in body else OpenAIFormat(True, "m", lambda t: b"")
+        target = fmt if "prompt" in body else ChatCompletionsFormat("m", lambda t: b"")
         with pytest.raises(RequestError) as err:
             target.parse(body, CTX)
         assert err.value.param is not None and err.value.param.startswith(param), body

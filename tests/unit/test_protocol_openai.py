@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,15 +16,19 @@ from prometheus_client import CollectorRegistry
 
 from mistral_serving.engines.base import EngineLimits, TokenLogprob
 from mistral_serving.errors import RequestError
+from mistral_serving.generation.outcome import Outcome
 from mistral_serving.generation.service import Chunk, GenerationService, PreparedRequest
 from mistral_serving.ops.metrics import Metrics
-from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
-from mistral_serving.protocols.openai import MAX_TOP_LOGPROBS, OpenAICall, OpenAIFormat
+from mistral_serving.protocols.openai.base import OpenAICall, OpenAIRoute
+from mistral_serving.protocols.openai.chat import ChatCall, ChatCompletionsFormat
+from mistral_serving.protocols.openai.completions import CompletionsFormat
+from mistral_serving.protocols.openai.requests import MAX_TOP_LOGPROBS
 from mistral_serving.settings import Settings
 from mistral_serving.structured.constraint import GuidedDecoding
 from mistral_serving.text.chat import ChatMessage, encode_chat
 from mistral_serving.text.tokenizer import Tokenizer
+from tests.doubles.generations import scripted
 from tests.doubles.scripted_engine import ScriptedEngine
 
 LIMITS = EngineLimits(max_input_len=48, max_seq_len=96, max_batch_size=4)
@@ -54,13 +57,13 @@ def token_bytes_of(tok: Tokenizer):
 
 
 @pytest.fixture(scope="module")
-def chat_fmt(tok: Tokenizer) -> OpenAIFormat:
-    return OpenAIFormat(True, MODEL, token_bytes_of(tok))
+def chat_fmt(tok: Tokenizer) -> ChatCompletionsFormat:
+    return ChatCompletionsFormat(MODEL, token_bytes_of(tok))
 
 
 @pytest.fixture(scope="module")
-def comp_fmt(tok: Tokenizer) -> OpenAIFormat:
-    return OpenAIFormat(False, MODEL, token_bytes_of(tok))
+def comp_fmt(tok: Tokenizer) -> CompletionsFormat:
+    return CompletionsFormat(MODEL, token_bytes_of(tok))
 
 
 @pytest.fixture
@@ -70,11 +73,11 @@ def service(tok: Tokenizer) -> GenerationService:
     )
 
 
-def chat(fmt: OpenAIFormat, body: dict[str, Any]) -> OpenAICall:
+def chat(fmt: OpenAIRoute[Any], body: dict[str, Any]) -> OpenAICall:
     return fmt.parse({"messages": USER} | body, CTX)
 
 
-def refusal(fmt: OpenAIFormat, body: dict[str, Any]) -> RequestError:
+def refusal(fmt: OpenAIRoute[Any], body: dict[str, Any]) -> RequestError:
     with pytest.raises(RequestError) as err:
         fmt.parse(body, CTX)
     assert err.value.status == 400
@@ -121,7 +124,11 @@ def prepare(service: GenerationService, call: OpenAICall) -> PreparedRequest:
     ],
 )
 def test_unsupported_or_bad_fields_are_refused_by_name(
-    chat_fmt: OpenAIFormat, comp_fmt: OpenAIFormat, chat_route: bool, body: dict, param: str
+    chat_fmt: ChatCompletionsFormat,
+    comp_fmt: CompletionsFormat,
+    chat_route: bool,
+    body: dict,
+    param: str,
 ) -> None:
     err = refusal(chat_fmt if chat_route else comp_fmt, body)
     assert err.param is not None and err.param.split(".")[0] == param
@@ -130,7 +137,7 @@ def test_unsupported_or_bad_fields_are_refused_by_name(
 
 @pytest.mark.parametrize(("field", "value"), [("best_of", 3), ("suffix", "s")])
 def test_fields_with_only_a_default_say_unsupported(
-    comp_fmt: OpenAIFormat, field: str, value: object
+    comp_fmt: CompletionsFormat, field: str, value: object
 ) -> None:
     err = refusal(comp_fmt, {"prompt": "x", field: value})
     assert err.message.startswith(f"unsupported field: {field}")
@@ -144,25 +151,25 @@ def test_fields_with_only_a_default_say_unsupported(
     ],
 )
 def test_fields_that_need_another_are_refused(
-    chat_fmt: OpenAIFormat, body: dict, needle: str
+    chat_fmt: ChatCompletionsFormat, body: dict, needle: str
 ) -> None:
     err = refusal(chat_fmt, {"messages": USER} | body)
     assert needle in err.message
 
 
-def test_stream_options_allowed_with_stream(chat_fmt: OpenAIFormat) -> None:
+def test_stream_options_allowed_with_stream(chat_fmt: ChatCompletionsFormat) -> None:
     call = chat(chat_fmt, {"stream": True, "stream_options": {"include_usage": True}})
     assert (call.stream, call.include_usage) == (True, True)
     call = chat(chat_fmt, {"stream": True})
     assert (call.stream, call.include_usage) == (True, False)
 
 
-def test_missing_or_empty_messages_are_refused(chat_fmt: OpenAIFormat) -> None:
+def test_missing_or_empty_messages_are_refused(chat_fmt: ChatCompletionsFormat) -> None:
     for body in ({}, {"messages": []}):
         assert refusal(chat_fmt, body).param == "messages"
 
 
-def test_non_text_content_part_is_refused(chat_fmt: OpenAIFormat) -> None:
+def test_non_text_content_part_is_refused(chat_fmt: ChatCompletionsFormat) -> None:
     part = {"type": "image_url", "image_url": {"url": "http://x"}}
     err = refusal(chat_fmt, {"messages": [{"role": "user", "content": [part]}]})
     assert err.param is not None and err.param.startswith("messages.0.content")
@@ -172,7 +179,7 @@ def test_non_text_content_part_is_refused(chat_fmt: OpenAIFormat) -> None:
 
 
 def test_developer_role_is_a_system_message(
-    chat_fmt: OpenAIFormat, service: GenerationService, tok: Tokenizer
+    chat_fmt: ChatCompletionsFormat, service: GenerationService, tok: Tokenizer
 ) -> None:
     # After the user turn, so that as a user message it would be merged into that turn
     # ("Hi there\n\nBe terse.") instead of leading it as the system prompt.
@@ -190,16 +197,16 @@ def test_developer_role_is_a_system_message(
     assert ids != encode_chat(as_user, tok)
 
 
-def test_content_as_text_parts(chat_fmt: OpenAIFormat) -> None:
+def test_content_as_text_parts(chat_fmt: ChatCompletionsFormat) -> None:
     parts = [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]
     call = chat_fmt.parse({"messages": [{"role": "user", "content": parts, "name": "n"}]}, CTX)
     assert call.gen.messages == (ChatMessage(role="user", content="first\n\nsecond"),)
 
 
-def test_chat_defaults(chat_fmt: OpenAIFormat, service: GenerationService) -> None:
+def test_chat_defaults(chat_fmt: ChatCompletionsFormat, service: GenerationService) -> None:
     call = chat(chat_fmt, {})
     s = call.gen.sampling
-    assert call.chat and call.stream is False and call.include_usage is False
+    assert isinstance(call, ChatCall) and call.stream is False and call.include_usage is False
     assert s.max_new_tokens == CTX.default_max_tokens  # clamped later, by the service
     assert (s.temperature, s.top_p, s.top_k, s.logprobs, s.guided) == (1.0, 1.0, 0, None, None)
     assert (s.ignore_eos, s.min_tokens) == (False, 0)
@@ -209,7 +216,7 @@ def test_chat_defaults(chat_fmt: OpenAIFormat, service: GenerationService) -> No
     assert req.sampling.max_new_tokens == LIMITS.max_seq_len - len(req.prompt_ids)
 
 
-def test_max_completion_tokens_preferred_over_max_tokens(chat_fmt: OpenAIFormat) -> None:
+def test_max_completion_tokens_preferred_over_max_tokens(chat_fmt: ChatCompletionsFormat) -> None:
     def wanted(body: dict) -> int:
         return chat(chat_fmt, body).gen.sampling.max_new_tokens
 
@@ -218,7 +225,7 @@ def test_max_completion_tokens_preferred_over_max_tokens(chat_fmt: OpenAIFormat)
     assert wanted({"max_completion_tokens": 9}) == 9
 
 
-def test_options_map_to_sampling(chat_fmt: OpenAIFormat) -> None:
+def test_options_map_to_sampling(chat_fmt: ChatCompletionsFormat) -> None:
     call = chat(
         chat_fmt,
         {
@@ -254,7 +261,9 @@ def test_options_map_to_sampling(chat_fmt: OpenAIFormat) -> None:
         ({"logprobs": True, "top_logprobs": MAX_TOP_LOGPROBS}, MAX_TOP_LOGPROBS),
     ],
 )
-def test_chat_logprobs_options(chat_fmt: OpenAIFormat, body: dict, expected: int | None) -> None:
+def test_chat_logprobs_options(
+    chat_fmt: ChatCompletionsFormat, body: dict, expected: int | None
+) -> None:
     assert chat(chat_fmt, body).gen.sampling.logprobs == expected
 
 
@@ -283,7 +292,10 @@ def test_chat_logprobs_options(chat_fmt: OpenAIFormat, body: dict, expected: int
     ],
 )
 def test_response_format_becomes_guided_decoding(
-    chat_fmt: OpenAIFormat, comp_fmt: OpenAIFormat, response_format: dict, guided: object
+    chat_fmt: ChatCompletionsFormat,
+    comp_fmt: CompletionsFormat,
+    response_format: dict,
+    guided: object,
 ) -> None:
     assert chat(chat_fmt, {"response_format": response_format}).gen.sampling.guided == guided
     call = comp_fmt.parse({"prompt": "x", "response_format": response_format}, CTX)
@@ -301,13 +313,15 @@ def test_response_format_becomes_guided_decoding(
         "json_object",
     ],
 )
-def test_bad_response_format_is_refused(chat_fmt: OpenAIFormat, response_format: object) -> None:
+def test_bad_response_format_is_refused(
+    chat_fmt: ChatCompletionsFormat, response_format: object
+) -> None:
     err = refusal(chat_fmt, {"messages": USER, "response_format": response_format})
     assert err.param is not None and err.param.startswith("response_format")
 
 
 def test_chat_prompt_over_the_limit_names_messages(
-    chat_fmt: OpenAIFormat, service: GenerationService
+    chat_fmt: ChatCompletionsFormat, service: GenerationService
 ) -> None:
     """The error's `param` must name a field of the request: a chat request has no
     `prompt`, its prompt is `messages` (OpenAI answers param "messages" here too)."""
@@ -321,7 +335,7 @@ def test_chat_prompt_over_the_limit_names_messages(
 
 
 def test_completion_prompt_over_the_limit_names_prompt(
-    comp_fmt: OpenAIFormat, service: GenerationService
+    comp_fmt: CompletionsFormat, service: GenerationService
 ) -> None:
     call = comp_fmt.parse({"prompt": " ".join(["word"] * 60)}, CTX)
     with pytest.raises(RequestError) as err:
@@ -330,22 +344,22 @@ def test_completion_prompt_over_the_limit_names_prompt(
 
 
 def test_completions_default_max_tokens_is_16(
-    comp_fmt: OpenAIFormat, service: GenerationService, tok: Tokenizer
+    comp_fmt: CompletionsFormat, service: GenerationService, tok: Tokenizer
 ) -> None:
     call = comp_fmt.parse({"prompt": "Once upon"}, CTX)
     assert call.gen.sampling.max_new_tokens == 16
-    assert not call.chat and call.gen.param == "prompt"
+    assert not isinstance(call, ChatCall) and call.gen.param == "prompt"
     assert prepare(service, call).prompt_ids == tok.encode("Once upon", bos=True)
 
 
-def test_completions_logprobs_is_a_count(comp_fmt: OpenAIFormat) -> None:
+def test_completions_logprobs_is_a_count(comp_fmt: CompletionsFormat) -> None:
     assert comp_fmt.parse({"prompt": "x"}, CTX).gen.sampling.logprobs is None
     assert comp_fmt.parse({"prompt": "x", "logprobs": 0}, CTX).gen.sampling.logprobs == 0
     assert comp_fmt.parse({"prompt": "x", "logprobs": 5}, CTX).gen.sampling.logprobs == 5
 
 
 def test_completions_prompt_forms(
-    comp_fmt: OpenAIFormat, service: GenerationService, tok: Tokenizer
+    comp_fmt: CompletionsFormat, service: GenerationService, tok: Tokenizer
 ) -> None:
     one = comp_fmt.parse({"prompt": ["Once upon"]}, CTX)
     assert prepare(service, one).prompt_ids == tok.encode("Once upon", bos=True)
@@ -356,14 +370,16 @@ def test_completions_prompt_forms(
 
 
 @pytest.mark.parametrize("prompt", [["a", "b"], [], [[1, 2], [3]], [[]], [1, "a"], [True]])
-def test_completions_batches_and_mixtures_are_refused(comp_fmt: OpenAIFormat, prompt: list) -> None:
+def test_completions_batches_and_mixtures_are_refused(
+    comp_fmt: CompletionsFormat, prompt: list
+) -> None:
     err = refusal(comp_fmt, {"prompt": prompt})
     assert err.param is not None and err.param.startswith("prompt")
 
 
 @pytest.mark.parametrize("bad", [-1, 32000, 10**6])
 def test_token_id_prompt_is_checked_against_the_vocab(
-    comp_fmt: OpenAIFormat, service: GenerationService, bad: int
+    comp_fmt: CompletionsFormat, service: GenerationService, bad: int
 ) -> None:
     call = comp_fmt.parse({"prompt": [1, 100, bad]}, CTX)
     with pytest.raises(RequestError) as err:
@@ -373,7 +389,7 @@ def test_token_id_prompt_is_checked_against_the_vocab(
 
 
 def test_token_id_prompt_at_the_vocab_edge_is_accepted(
-    comp_fmt: OpenAIFormat, service: GenerationService
+    comp_fmt: CompletionsFormat, service: GenerationService
 ) -> None:
     call = comp_fmt.parse({"prompt": [0, 31999]}, CTX)
     assert prepare(service, call).prompt_ids == [0, 31999]
@@ -383,17 +399,20 @@ def test_token_id_prompt_at_the_vocab_edge_is_accepted(
 
 
 def finished_record(
-    output: str, reason: str, prompt_tokens: int = 4, completion_tokens: int = 3
-) -> RequestRecord:
-    record = RequestRecord("req-1", "chat_completions", engine_id="abc")
-    record.output, record.finish_reason = output, reason
-    record.prompt_tokens, record.completion_tokens = prompt_tokens, completion_tokens
-    return record
+    output: str,
+    reason: str,
+    prompt_tokens: int = 4,
+    completion_tokens: int = 3,
+    logprobs: list[TokenLogprob] | None = None,
+) -> Outcome:
+    """How a request ended (answers are built from this; the answer id is "abc")."""
+    lps = tuple(logprobs) if logprobs is not None else None
+    return Outcome(reason, output, prompt_tokens, completion_tokens, lps)
 
 
-def test_chat_response_body(chat_fmt: OpenAIFormat) -> None:
+def test_chat_response_body(chat_fmt: ChatCompletionsFormat) -> None:
     call = chat(chat_fmt, {})
-    body = chat_fmt.response_body(call, finished_record("Hello!", "stop"), None)
+    body = chat_fmt.response_body(call, finished_record("Hello!", "stop"), "abc")
     assert body == {
         "id": "chatcmpl-abc",
         "object": "chat.completion",
@@ -411,9 +430,9 @@ def test_chat_response_body(chat_fmt: OpenAIFormat) -> None:
     }
 
 
-def test_completion_response_body(comp_fmt: OpenAIFormat) -> None:
+def test_completion_response_body(comp_fmt: CompletionsFormat) -> None:
     call = comp_fmt.parse({"prompt": "x"}, CTX)
-    body = comp_fmt.response_body(call, finished_record("yz", "length"), None)
+    body = comp_fmt.response_body(call, finished_record("yz", "length"), "abc")
     assert body["id"] == "cmpl-abc" and body["object"] == "text_completion"
     assert body["model"] == MODEL and body["created"] == call.created
     assert body["choices"] == [
@@ -430,10 +449,10 @@ def logprobs_for(tok: Tokenizer, text: str) -> tuple[list[int], list[TokenLogpro
     ]
 
 
-def test_chat_logprobs_in_openais_shape(chat_fmt: OpenAIFormat, tok: Tokenizer) -> None:
+def test_chat_logprobs_in_openais_shape(chat_fmt: ChatCompletionsFormat, tok: Tokenizer) -> None:
     ids, lps = logprobs_for(tok, "Hello world")  # " Hello", " world"
     call = chat(chat_fmt, {"logprobs": True, "top_logprobs": 1})
-    body = chat_fmt.response_body(call, finished_record("Hello world", "stop"), lps)
+    body = chat_fmt.response_body(call, finished_record("Hello world", "stop", logprobs=lps), "abc")
     logprobs = body["choices"][0]["logprobs"]
     assert logprobs == {
         "content": [
@@ -464,25 +483,27 @@ def test_chat_logprobs_in_openais_shape(chat_fmt: OpenAIFormat, tok: Tokenizer) 
 
 
 def test_chat_logprobs_of_byte_tokens_carry_their_bytes(
-    chat_fmt: OpenAIFormat, tok: Tokenizer
+    chat_fmt: ChatCompletionsFormat, tok: Tokenizer
 ) -> None:
     ids = tok.encode("🫠")
     byte_ids = [t for t in ids if tok.table.is_byte_token[t]]
     assert len(byte_ids) == 4
     call = chat(chat_fmt, {"logprobs": True})
     lps = [TokenLogprob(t, -1.0) for t in byte_ids]
-    content = chat_fmt.response_body(call, finished_record("🫠", "stop"), lps)["choices"][0][
-        "logprobs"
-    ]["content"]
+    content = chat_fmt.response_body(call, finished_record("🫠", "stop", logprobs=lps), "abc")[
+        "choices"
+    ][0]["logprobs"]["content"]
     assert b"".join(bytes(e["bytes"]) for e in content) == "🫠".encode()
     assert all(e["top_logprobs"] == [] for e in content)
     json.dumps(content)  # every token string is valid JSON text (no lone surrogates)
 
 
-def test_completion_logprobs_in_openais_shape(comp_fmt: OpenAIFormat, tok: Tokenizer) -> None:
+def test_completion_logprobs_in_openais_shape(comp_fmt: CompletionsFormat, tok: Tokenizer) -> None:
     ids, lps = logprobs_for(tok, "Hello world")
     call = comp_fmt.parse({"prompt": "x", "logprobs": 1}, CTX)
-    body = comp_fmt.response_body(call, finished_record(" Hello world", "length"), lps)
+    body = comp_fmt.response_body(
+        call, finished_record(" Hello world", "length", logprobs=lps), "abc"
+    )
     assert body["choices"][0]["logprobs"] == {
         "tokens": [" Hello", " world"],
         "token_logprobs": [-0.25, -0.5],
@@ -494,27 +515,18 @@ def test_completion_logprobs_in_openais_shape(comp_fmt: OpenAIFormat, tok: Token
 # ---- streams ----
 
 
-async def chunks_of(
-    parts: list[Chunk], record: RequestRecord, error: RequestError | None = None
-) -> AsyncIterator[Chunk]:
-    for p in parts:
-        yield p
-    if error is not None:
-        raise error
-    record.finish_reason = "stop"
-
-
 def run_sse(
-    fmt: OpenAIFormat,
+    fmt: OpenAIRoute[Any],
     call: OpenAICall,
     parts: list[str] | list[Chunk],
-    record: RequestRecord,
+    outcome: Outcome,
     error: RequestError | None = None,
 ) -> list[str]:
-    chunks = [p if isinstance(p, Chunk) else Chunk(p) for p in parts]
+    """The events of a stream of `parts` that ends with `outcome` (or `error`)."""
 
     async def main() -> list[str]:
-        return [e async for e in fmt.stream_events(call, chunks_of(chunks, record, error), record)]
+        generation = scripted(parts, outcome, error)
+        return [e async for e in fmt.stream_events(call, generation, "abc")]
 
     return asyncio.run(main())
 
@@ -547,11 +559,11 @@ TRICKY = [
 
 
 @pytest.mark.parametrize("include_usage", [False, True])
-def test_chat_sse_sequence(chat_fmt: OpenAIFormat, include_usage: bool) -> None:
+def test_chat_sse_sequence(chat_fmt: ChatCompletionsFormat, include_usage: bool) -> None:
     body = {"stream": True} | ({"stream_options": {"include_usage": True}} if include_usage else {})
     call = chat(chat_fmt, body)
-    record = finished_record("", "stop")
-    events = decode(run_sse(chat_fmt, call, TRICKY, record))
+    outcome = finished_record("", "stop")
+    events = decode(run_sse(chat_fmt, call, TRICKY, outcome))
     assert all(
         e["id"] == "chatcmpl-abc"
         and e["object"] == "chat.completion.chunk"
@@ -577,15 +589,15 @@ def test_chat_sse_sequence(chat_fmt: OpenAIFormat, include_usage: bool) -> None:
     if include_usage:
         assert all("usage" in e and e["usage"] is None for e in events[:-1])
         assert events[-1]["choices"] == []
-        assert events[-1]["usage"] == record.usage
+        assert events[-1]["usage"] == outcome.usage
     else:
         assert all("usage" not in e for e in events)
 
 
-def test_completion_sse_sequence(comp_fmt: OpenAIFormat) -> None:
+def test_completion_sse_sequence(comp_fmt: CompletionsFormat) -> None:
     call = comp_fmt.parse({"prompt": "x", "stream": True}, CTX)
-    record = finished_record("", "length")
-    events = decode(run_sse(comp_fmt, call, ["a", "b c"], record))
+    outcome = finished_record("", "stop")
+    events = decode(run_sse(comp_fmt, call, ["a", "b c"], outcome))
     assert all(e["object"] == "text_completion" and e["id"] == "cmpl-abc" for e in events)
     assert [e["choices"][0]["text"] for e in events] == ["a", "b c", ""]
     assert [e["choices"][0]["finish_reason"] for e in events] == [None, None, "stop"]
@@ -594,30 +606,22 @@ def test_completion_sse_sequence(comp_fmt: OpenAIFormat) -> None:
     )
 
 
-def test_a_cut_stream_says_abort_in_band(chat_fmt: OpenAIFormat) -> None:
+def test_a_cut_stream_says_abort_in_band(chat_fmt: ChatCompletionsFormat) -> None:
     call = chat(chat_fmt, {"stream": True})
-    record = finished_record("", "stop")
-
-    async def cut() -> AsyncIterator[Chunk]:
-        yield Chunk("par")
-        record.finish_reason = "abort"
-
-    async def main() -> list[str]:
-        return [e async for e in chat_fmt.stream_events(call, cut(), record)]
-
-    events = decode(asyncio.run(main()))
+    events = decode(run_sse(chat_fmt, call, [Chunk("par")], finished_record("par", "abort")))
     assert events[-1]["choices"][0]["finish_reason"] == "abort"
 
 
-def test_chat_sse_with_logprobs(chat_fmt: OpenAIFormat, tok: Tokenizer) -> None:
+def test_chat_sse_with_logprobs(chat_fmt: ChatCompletionsFormat, tok: Tokenizer) -> None:
     ids, lps = logprobs_for(tok, "Hello world")
     call = chat(chat_fmt, {"stream": True, "logprobs": True, "top_logprobs": 1})
-    record = finished_record("", "stop")
+    outcome = finished_record("", "stop")
     parts = [Chunk(" Hello", lps[:1]), Chunk(" world", lps[1:])]
-    events = decode(run_sse(chat_fmt, call, parts, record))
+    events = decode(run_sse(chat_fmt, call, parts, outcome))
     _, first, second, finish = events
     assert first["choices"][0]["delta"] == {"content": " Hello"}
-    expected = chat_fmt.response_body(call, record, lps)["choices"][0]["logprobs"]
+    whole = finished_record("", "stop", logprobs=lps)
+    expected = chat_fmt.response_body(call, whole, "abc")["choices"][0]["logprobs"]
     assert first["choices"][0]["logprobs"] == {
         "content": expected["content"][:1],
         "refusal": None,
@@ -626,12 +630,12 @@ def test_chat_sse_with_logprobs(chat_fmt: OpenAIFormat, tok: Tokenizer) -> None:
     assert finish["choices"][0]["logprobs"] is None
 
 
-def test_completion_sse_logprob_offsets_run_on(comp_fmt: OpenAIFormat, tok: Tokenizer) -> None:
+def test_completion_sse_logprob_offsets_run_on(comp_fmt: CompletionsFormat, tok: Tokenizer) -> None:
     ids, lps = logprobs_for(tok, "Hello world")
     call = comp_fmt.parse({"prompt": "x", "stream": True, "logprobs": 1}, CTX)
-    record = finished_record("", "stop")
+    outcome = finished_record("", "stop")
     parts = [Chunk(" Hello", lps[:1]), Chunk(" world", lps[1:])]
-    first, second, _ = decode(run_sse(comp_fmt, call, parts, record))
+    first, second, _ = decode(run_sse(comp_fmt, call, parts, outcome))
     assert first["choices"][0]["logprobs"]["text_offset"] == [0]
     assert second["choices"][0]["logprobs"] == {
         "tokens": [" world"],
@@ -641,11 +645,11 @@ def test_completion_sse_logprob_offsets_run_on(comp_fmt: OpenAIFormat, tok: Toke
     }
 
 
-def test_sse_error_mid_stream_ends_with_an_error_event(chat_fmt: OpenAIFormat) -> None:
+def test_sse_error_mid_stream_ends_with_an_error_event(chat_fmt: ChatCompletionsFormat) -> None:
     call = chat(chat_fmt, {"stream": True})
-    record = finished_record("", "invalid")
+    outcome = finished_record("", "invalid")
     error = RequestError("bad token", param="prompt")
-    events = decode(run_sse(chat_fmt, call, ["partial"], record, error))
+    events = decode(run_sse(chat_fmt, call, ["partial"], outcome, error))
     assert events[-1] == {
         "error": {
             "message": "bad token",
@@ -660,7 +664,7 @@ def test_sse_error_mid_stream_ends_with_an_error_event(chat_fmt: OpenAIFormat) -
 @settings(max_examples=100, deadline=None)
 @given(parts=st.lists(st.text(), max_size=6), chat_route=st.booleans())
 def test_any_text_streams_back_exactly(
-    chat_fmt: OpenAIFormat, comp_fmt: OpenAIFormat, parts: list[str], chat_route: bool
+    chat_fmt: ChatCompletionsFormat, comp_fmt: CompletionsFormat, parts: list[str], chat_route: bool
 ) -> None:
     fmt = chat_fmt if chat_route else comp_fmt
     body = {"messages": USER} if chat_route else {"prompt": "x"}
@@ -684,7 +688,7 @@ def test_any_text_streams_back_exactly(
         (500, "server_error"),
     ],
 )
-def test_error_body_shape(chat_fmt: OpenAIFormat, status: int, kind: str) -> None:
+def test_error_body_shape(chat_fmt: ChatCompletionsFormat, status: int, kind: str) -> None:
     err = RequestError("nope", status=status, param="messages", code="x")
     assert chat_fmt.error_body(err) == {
         "error": {"message": "nope", "type": kind, "param": "messages", "code": "x"}
@@ -744,24 +748,27 @@ VALID_COMPLETION = {
 }
 
 
-def check_outcome(fmt: OpenAIFormat, body: dict[str, Any]) -> None:
+def check_outcome(fmt: OpenAIRoute[Any], body: dict[str, Any]) -> None:
     try:
         call = fmt.parse(body, CTX)
     except RequestError as err:
         assert err.status == 400 and err.message
-        named = set(body) | {"messages" if fmt.chat else "prompt"}  # required ones too
+        named = set(body) | {
+            "messages" if isinstance(fmt, ChatCompletionsFormat) else "prompt"
+        }  # required ones too
         assert err.param is None or err.param in named or err.param.split(".")[0] in named, (
             err.param
         )
         json.dumps(fmt.error_body(err))
     else:
         s = call.gen.sampling
+        echo = call.gen.echo  # completions' only
         # 0 new tokens: only echo (a prefill scoring the prompt).
-        assert s.max_new_tokens >= 1 or (call.echo and s.max_new_tokens == 0)
+        assert s.max_new_tokens >= 1 or (echo and s.max_new_tokens == 0)
         assert 0 < s.top_p <= 1 and 0 <= s.temperature <= 2
-        assert s.prompt_logprobs == (s.logprobs if call.echo else None)
+        assert s.prompt_logprobs == (s.logprobs if echo else None)
         assert s.logprobs is None or 0 <= s.logprobs <= MAX_TOP_LOGPROBS
-        if call.chat:
+        if isinstance(call, ChatCall):
             assert call.gen.messages and call.gen.prompt is None and call.gen.prompt_ids is None
         else:
             assert (call.gen.prompt is None) != (call.gen.prompt_ids is None)
@@ -772,7 +779,10 @@ def check_outcome(fmt: OpenAIFormat, body: dict[str, Any]) -> None:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), chat_route=st.booleans())
 def test_any_json_body_parses_or_is_refused(
-    chat_fmt: OpenAIFormat, comp_fmt: OpenAIFormat, data: st.DataObject, chat_route: bool
+    chat_fmt: ChatCompletionsFormat,
+    comp_fmt: CompletionsFormat,
+    data: st.DataObject,
+    chat_route: bool,
 ) -> None:
     names = CHAT_FIELDS if chat_route else COMPLETION_FIELDS
     body = data.draw(st.dictionaries(st.sampled_from(names) | st.text(max_size=5), JSON))
@@ -782,7 +792,10 @@ def test_any_json_body_parses_or_is_refused(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), chat_route=st.booleans())
 def test_mutated_valid_bodies_parse_or_are_refused(
-    chat_fmt: OpenAIFormat, comp_fmt: OpenAIFormat, data: st.DataObject, chat_route: bool
+    chat_fmt: ChatCompletionsFormat,
+    comp_fmt: CompletionsFormat,
+    data: st.DataObject,
+    chat_route: bool,
 ) -> None:
     valid = VALID_CHAT if chat_route else VALID_COMPLETION
     names = CHAT_FIELDS if chat_route else COMPLETION_FIELDS
@@ -818,7 +831,7 @@ PROMPT_ITEM = (
 @settings(max_examples=300, deadline=None)
 @given(prompt=st.lists(PROMPT_ITEM, max_size=5) | st.text(max_size=6) | JSON)
 def test_a_prompt_is_taken_exactly_in_its_supported_forms(
-    comp_fmt: OpenAIFormat, prompt: Any
+    comp_fmt: CompletionsFormat, prompt: Any
 ) -> None:
     """The prompt's form is picked from its first element (a plain union checked a long
     token-id list against every form); whatever the mixture, the outcome is what the
@@ -851,7 +864,7 @@ def test_a_prompt_is_taken_exactly_in_its_supported_forms(
     ],
 )
 def test_a_mixed_prompt_names_its_first_odd_element(
-    comp_fmt: OpenAIFormat, prompt: list, param: str
+    comp_fmt: CompletionsFormat, prompt: list, param: str
 ) -> None:
     """Checked as the form its first element says, so the refusal is one line about the
     element that does not fit, not one per form tried."""

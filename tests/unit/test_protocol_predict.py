@@ -4,7 +4,6 @@ field name, the answer and stream bodies, and any body giving a call or a Reques
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,12 +12,12 @@ from hypothesis import strategies as st
 
 from mistral_serving.engines.base import SamplingOptions
 from mistral_serving.errors import RequestError
-from mistral_serving.generation.service import Chunk
-from mistral_serving.ops.telemetry import RequestRecord
+from mistral_serving.generation.outcome import Outcome
 from mistral_serving.protocols import ParseContext, TruncatedStream
 from mistral_serving.protocols.fields import MAX_STOP_STRINGS
 from mistral_serving.protocols.predict import ALIASES, PredictCall, PredictFormat
 from mistral_serving.text.chat import ChatMessage
+from tests.doubles.generations import scripted
 
 CTX = ParseContext(default_max_tokens=2048)
 FMT = PredictFormat()
@@ -298,16 +297,13 @@ def test_several_problems_are_all_reported() -> None:
 # ---- answers ----
 
 
-def record_of(output: str, reason: str | None) -> RequestRecord:
-    record = RequestRecord("rid", "predict")
-    record.output, record.finish_reason = output, reason
-    record.prompt_tokens, record.completion_tokens = 4, 3
-    return record
+def outcome_of(output: str, reason: str) -> Outcome:
+    return Outcome(reason, output, 4, 3)
 
 
 def test_response_body() -> None:
     call = parse({"prompt": "p"})
-    assert FMT.response_body(call, record_of("Hi!", "stop"), None) == {
+    assert FMT.response_body(call, outcome_of("Hi!", "stop"), "rid") == {
         "output": "Hi!",
         "finish_reason": "stop",
         "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7},
@@ -318,20 +314,14 @@ def test_error_body() -> None:
     assert FMT.error_body(RequestError("nope", status=429, param="x")) == {"error": "nope"}
 
 
-async def chunks_then(parts: list[str], record: RequestRecord, reason: str) -> AsyncIterator[Chunk]:
-    for p in parts:
-        yield Chunk(p)
-    record.finish_reason = reason
-
-
 def run_stream(parts: list[str], reason: str) -> tuple[list[str], BaseException | None]:
     call = parse({"prompt": "p", "streaming": True})
-    record = record_of("", None)
+    generation = scripted(parts, outcome_of("".join(parts), reason))
     out: list[str] = []
 
     async def main() -> BaseException | None:
         try:
-            async for text in FMT.stream_events(call, chunks_then(parts, record, reason), record):
+            async for text in FMT.stream_events(call, generation, "rid"):
                 out.append(text)
         except TruncatedStream as exc:
             return exc

@@ -6,6 +6,7 @@ stop strings, finish reasons, logprobs, aborts, errors), telemetry once per requ
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,6 +20,7 @@ from mistral_serving.engines.base import (
     TokenLogprob,
 )
 from mistral_serving.errors import RequestError
+from mistral_serving.generation.outcome import Outcome
 from mistral_serving.generation.service import (
     INLINE_TOKENIZE_CHARS,
     Chunk,
@@ -27,7 +29,7 @@ from mistral_serving.generation.service import (
     PreparedRequest,
 )
 from mistral_serving.ops.metrics import Metrics
-from mistral_serving.ops.telemetry import RequestRecord
+from mistral_serving.ops.record import RequestRecord
 from mistral_serving.settings import Settings
 from mistral_serving.text.chat import ChatMessage, encode_chat
 from mistral_serving.text.tokenizer import Tokenizer
@@ -78,9 +80,33 @@ def prepare(service: GenerationService, **fields: object) -> PreparedRequest:
 
 
 async def collect(
-    service: GenerationService, req: PreparedRequest, record: RequestRecord
+    service: GenerationService,
+    req: PreparedRequest,
+    record: RequestRecord,
+    prompt_text: str | None = None,
 ) -> list[Chunk]:
-    return [chunk async for chunk in service.stream(req, record)]
+    """The chunks of the request's generation; the record is then closed with its
+    outcome, as the frontend closes it (once, however the generation ended)."""
+    generation = service.generate(req, record)
+    try:
+        return [chunk async for chunk in generation]
+    finally:
+        await generation.aclose()
+        service.telemetry.finished(record, generation.outcome or generation.cut(), prompt_text)
+
+
+async def complete(
+    service: GenerationService,
+    req: PreparedRequest,
+    record: RequestRecord,
+    is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+) -> Outcome:
+    """The whole answer, the record closed as the frontend closes it."""
+    generation = service.generate(req, record)
+    try:
+        return await generation.complete(is_disconnected)
+    finally:
+        service.telemetry.finished(record, generation.outcome or generation.cut())
 
 
 def texts(chunks: list[Chunk]) -> list[str]:
@@ -243,7 +269,6 @@ def test_stream_yields_the_text_and_propagates_the_engine_finish(
     assert len(chunks) > 1  # interval 1: streamed, not one blob
     assert all(c.logprobs is None for c in chunks)  # not asked for
     assert record.finish_reason == reason
-    assert record.output == TEXT
     assert (record.prompt_tokens, record.completion_tokens) == (len(prompt), len(ids))
     assert record.first_token_at is not None
     assert engine.calls[0].request_id == record.engine_id
@@ -287,7 +312,6 @@ def test_stop_string_ends_with_stop_and_aborts_the_engine(tok: Tokenizer) -> Non
     record = RequestRecord("r", ROUTE)
     chunks = asyncio.run(collect(service, prepared([1], stop=("STOP",)), record))
     assert "".join(texts(chunks)) == "Answer: yes. "
-    assert record.output == "Answer: yes. "
     assert record.finish_reason == "stop"
     assert engine.aborted == [record.engine_id]
     assert engine.closed == [record.engine_id]
@@ -328,7 +352,7 @@ def test_stop_string_completed_by_the_final_flush_is_a_stop(tok: Tokenizer) -> N
     record = RequestRecord("r", ROUTE)
     chunks = asyncio.run(collect(service, prepared([1], stop=("🫠",)), record))
     assert "".join(texts(chunks)).rstrip() == "Hi"
-    assert "🫠" not in record.output
+    assert "🫠" not in "".join(texts(chunks))
     assert record.finish_reason == "stop"
     assert finished(registry, "stop") == 1
 
@@ -351,9 +375,11 @@ def test_consumer_closing_early_aborts_and_records_abort(tok: Tokenizer) -> None
     record = RequestRecord("r", ROUTE)
 
     async def main() -> Chunk:
-        agen = service.stream(prepared([1]), record)
-        first = await agen.__anext__()
-        await agen.aclose()
+        generation = service.generate(prepared([1]), record)
+        first = await generation.__aiter__().__anext__()
+        await generation.aclose()
+        assert generation.outcome is not None
+        service.telemetry.finished(record, generation.outcome)
         return first
 
     first = asyncio.run(main())
@@ -464,10 +490,10 @@ def test_complete_fills_the_record(tok: Tokenizer) -> None:
     async def connected() -> bool:
         return False
 
-    out = asyncio.run(service.complete(prepared([1]), record, connected))
-    assert out is None  # logprobs were not asked for
-    assert (record.output, record.finish_reason) == (TEXT, "stop")
-    assert record.completion_tokens == len(ids)
+    out = asyncio.run(complete(service, prepared([1]), record, connected))
+    assert out.logprobs is None  # not asked for
+    assert (out.text, out.reason, record.finish_reason) == (TEXT, "stop", "stop")
+    assert out.completion_tokens == record.completion_tokens == len(ids)
     assert finished_total(registry) == 1
 
 
@@ -477,9 +503,9 @@ def test_complete_returns_every_logprob(tok: Tokenizer) -> None:
     script = [TokenDelta(ids[:5], None, lps[:5]), TokenDelta(ids[5:], "length", lps[5:])]
     service, _ = make_service(tok, ScriptedEngine(script, limits=LIMITS))
     record = RequestRecord("r", ROUTE)
-    out = asyncio.run(service.complete(prepared([1], logprobs=0), record))
-    assert out == lps
-    assert record.output == TEXT
+    out = asyncio.run(complete(service, prepared([1], logprobs=0), record))
+    assert out.logprobs == tuple(lps)
+    assert out.text == TEXT
 
 
 def test_complete_aborts_when_the_client_leaves(tok: Tokenizer) -> None:
@@ -493,7 +519,7 @@ def test_complete_aborts_when_the_client_leaves(tok: Tokenizer) -> None:
         polls += 1
         return True
 
-    asyncio.run(asyncio.wait_for(service.complete(prepared([1]), record, gone), 60))
+    asyncio.run(asyncio.wait_for(complete(service, prepared([1]), record, gone), 60))
     assert polls >= 1
     assert engine.aborted == [record.engine_id]
     assert engine.closed == [record.engine_id]
@@ -508,7 +534,7 @@ def test_complete_reraises_request_errors(tok: Tokenizer) -> None:
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
     with pytest.raises(RequestError, match="bad prompt"):
-        asyncio.run(service.complete(prepared([1]), record))
+        asyncio.run(complete(service, prepared([1]), record))
     assert record.finish_reason == "invalid"
     assert finished_total(registry) == 1
 
@@ -518,7 +544,7 @@ def test_complete_reraises_engine_errors(tok: Tokenizer) -> None:
     service, registry = make_service(tok, engine)
     record = RequestRecord("r", ROUTE)
     with pytest.raises(EngineError, match="boom"):
-        asyncio.run(service.complete(prepared([1]), record))
+        asyncio.run(complete(service, prepared([1]), record))
     assert (record.finish_reason, finished(registry, "error")) == ("error", 1)
 
 
@@ -539,12 +565,8 @@ def test_stream_logs_prompt_text_when_asked(
     service, _ = make_service(tok, engine, log_prompts=True)
     record = RequestRecord("r", ROUTE)
 
-    async def main() -> None:
-        async for _ in service.stream(prepared([1]), record, prompt_text="How are you?"):
-            pass
-
     with caplog.at_level("INFO", logger="mistral_serving.requests"):
-        asyncio.run(main())
+        asyncio.run(collect(service, prepared([1]), record, prompt_text="How are you?"))
     (line,) = [r for r in caplog.records if r.name == "mistral_serving.requests"]
     assert (line.prompt, line.output, line.finish_reason) == ("How are you?", "Fine.", "length")
 

@@ -10,8 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from mistral_serving.errors import RequestError
+from mistral_serving.generation.outcome import Outcome
 from mistral_serving.ops.metrics import Metrics
-from mistral_serving.ops.telemetry import RequestRecord, Telemetry
+from mistral_serving.ops.record import RequestRecord
+from mistral_serving.ops.telemetry import Telemetry
 
 LOGGER = "mistral_serving.requests"
 
@@ -25,43 +27,49 @@ def value(registry: CollectorRegistry, name: str, labels: dict | None = None) ->
     return registry.get_sample_value(name, labels or {}) or 0.0
 
 
-def done_record(
-    route: str = "predict",
-    reason: str | None = "length",
-    prompt_tokens: int = 5,
-    completion_tokens: int = 4,
-    first_token: bool = True,
-) -> RequestRecord:
-    record = RequestRecord("client-id-1", route, arrived_at=time.monotonic() - 0.5)
-    record.prompt_tokens, record.completion_tokens = prompt_tokens, completion_tokens
-    record.finish_reason = reason
-    record.output = "generated words"
-    if first_token:
-        record.first_token_at = record.arrived_at + 0.1
-    return record
+class Done:
+    """A request that ran for half a second, and how it ended."""
+
+    def __init__(
+        self,
+        route: str = "predict",
+        reason: str = "length",
+        prompt_tokens: int = 5,
+        completion_tokens: int = 4,
+        first_token: bool = True,
+    ) -> None:
+        self.record = RequestRecord("client-id-1", route, arrived_at=time.monotonic() - 0.5)
+        if first_token:
+            self.record.first_token_at = self.record.arrived_at + 0.1
+        self.outcome = Outcome(reason, "generated words", prompt_tokens, completion_tokens)
+
+    def finish(self, telemetry: Telemetry, prompt: str | None = None) -> RequestRecord:
+        telemetry.finished(self.record, self.outcome, prompt)
+        return self.record
 
 
 def request_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
     return [r for r in caplog.records if r.name == LOGGER]
 
 
-def test_record_usage_and_ttft() -> None:
-    record = done_record(prompt_tokens=7, completion_tokens=3)
-    assert record.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
-    assert record.ttft_s == pytest.approx(0.1)
-    assert done_record(first_token=False).ttft_s is None
+def test_outcome_usage_and_record_ttft() -> None:
+    done = Done(prompt_tokens=7, completion_tokens=3)
+    assert done.outcome.usage == {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    assert done.record.ttft_s == pytest.approx(0.1)
+    assert Done(first_token=False).record.ttft_s is None
     assert RequestRecord("a", "r").engine_id != RequestRecord("a", "r").engine_id
 
 
 def test_record_tpot_is_the_time_per_token_after_the_first() -> None:
-    record = done_record(completion_tokens=5)
+    record = Done().record
+    record.completion_tokens = 5
     assert record.tpot_s is None  # not ended yet
     assert record.first_token_at is not None
     record.ended_at = record.first_token_at + 0.8
     assert record.tpot_s == pytest.approx(0.2)  # 0.8 s over the 4 tokens after the first
     record.completion_tokens = 1
     assert record.tpot_s is None
-    assert done_record(first_token=False).tpot_s is None
+    assert Done(first_token=False).record.tpot_s is None
 
 
 def test_admitted_observes_queue_time() -> None:
@@ -75,11 +83,9 @@ def test_admitted_observes_queue_time() -> None:
 
 def test_finished_updates_every_metric(caplog: pytest.LogCaptureFixture) -> None:
     telemetry, registry = make()
-    record = done_record(
-        route="chat_completions", reason="stop", prompt_tokens=5, completion_tokens=4
-    )
+    done = Done(route="chat_completions", reason="stop", prompt_tokens=5, completion_tokens=4)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        telemetry.finished(record)
+        record = done.finish(telemetry)
     route = {"route": "chat_completions"}
     assert value(registry, "mtt:request_finished_total", route | {"finished_reason": "stop"}) == 1
     assert value(registry, "mtt:prompt_tokens_total") == 5
@@ -97,7 +103,7 @@ def test_finished_updates_every_metric(caplog: pytest.LogCaptureFixture) -> None
 
 def test_no_ttft_or_tpot_without_output(caplog: pytest.LogCaptureFixture) -> None:
     telemetry, registry = make()
-    telemetry.finished(done_record(first_token=False, completion_tokens=0, reason="abort"))
+    Done(first_token=False, completion_tokens=0, reason="abort").finish(telemetry)
     route = {"route": "predict"}
     assert value(registry, "mtt:time_to_first_token_seconds_count", route) == 0
     assert value(registry, "mtt:time_per_output_token_seconds_count", route) == 0
@@ -106,30 +112,31 @@ def test_no_ttft_or_tpot_without_output(caplog: pytest.LogCaptureFixture) -> Non
 
 def test_single_token_has_ttft_but_no_tpot() -> None:
     telemetry, registry = make()
-    telemetry.finished(done_record(completion_tokens=1))
+    Done(completion_tokens=1).finish(telemetry)
     route = {"route": "predict"}
     assert value(registry, "mtt:time_to_first_token_seconds_count", route) == 1
     assert value(registry, "mtt:time_per_output_token_seconds_count", route) == 0
 
 
-def test_missing_finish_reason_counts_as_error(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_record_is_finished_once(caplog: pytest.LogCaptureFixture) -> None:
+    """The record has one end: a second close is a bug, refused before it counts twice."""
     telemetry, registry = make()
+    done = Done(reason="stop")
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        telemetry.finished(done_record(reason=None))
-    assert (
-        value(
-            registry, "mtt:request_finished_total", {"route": "predict", "finished_reason": "error"}
-        )
-        == 1
-    )
+        done.finish(telemetry)
+        with pytest.raises(RuntimeError, match="already finished"):
+            telemetry.finished(done.record, done.outcome.because("error"))
+    labels = {"route": "predict", "finished_reason": "stop"}
+    assert value(registry, "mtt:request_finished_total", labels) == 1
+    assert not value(registry, "mtt:request_finished_total", labels | {"finished_reason": "error"})
     (line,) = request_lines(caplog)
-    assert line.finish_reason == "error"
+    assert line.finish_reason == "stop" and done.record.finish_reason == "stop"
 
 
 def test_one_log_line_with_fields_and_no_text_by_default(caplog: pytest.LogCaptureFixture) -> None:
     telemetry, _ = make(log_prompts=False)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        telemetry.finished(done_record(reason="length"), "secret prompt")
+        Done(reason="length").finish(telemetry, "secret prompt")
     (line,) = request_lines(caplog)
     assert line.levelno == logging.INFO
     assert line.event == "request"
@@ -148,7 +155,7 @@ def test_one_log_line_with_fields_and_no_text_by_default(caplog: pytest.LogCaptu
 def test_log_prompts_adds_prompt_and_output(caplog: pytest.LogCaptureFixture) -> None:
     telemetry, _ = make(log_prompts=True)
     with caplog.at_level(logging.INFO, logger=LOGGER):
-        telemetry.finished(done_record(), "the prompt")
+        Done().finish(telemetry, "the prompt")
     (line,) = request_lines(caplog)
     assert line.prompt == "the prompt"
     assert line.output == "generated words"
@@ -170,8 +177,7 @@ def test_log_prompts_adds_prompt_and_output(caplog: pytest.LogCaptureFixture) ->
 def test_a_refusal_is_counted_under_its_reason(status: int, reason: str) -> None:
     telemetry, registry = make()
     record = RequestRecord("r", "completions")
-    record.finish_reason = RequestError("no", status=status).finish_reason
-    telemetry.finished(record)
+    telemetry.finished(record, Outcome(RequestError("no", status=status).finish_reason))
     labels = {"route": "completions", "finished_reason": reason}
     assert value(registry, "mtt:request_finished_total", labels) == 1
     assert value(registry, "mtt:time_to_first_token_seconds_count", {"route": "completions"}) == 0
@@ -181,15 +187,9 @@ def test_a_refusal_is_counted_under_its_reason(status: int, reason: str) -> None
 def test_a_refusal_is_counted_but_not_put_in_the_histograms(reason: str) -> None:
     telemetry, registry = make()
     record = RequestRecord(request_id="r", route="predict")
-    record.finish_reason = reason
-    telemetry.finished(record)
+    telemetry.finished(record, Outcome(reason))
     route = {"route": "predict"}
     assert value(registry, "mtt:request_finished_total", route | {"finished_reason": reason}) == 1
     assert not value(registry, "mtt:e2e_request_latency_seconds_count", route)
     assert not value(registry, "mtt:request_prompt_tokens_count")
     assert not value(registry, "mtt:request_generation_tokens_count")
-
-
-def access_record() -> logging.LogRecord:
-    args = ("127.0.0.1:5000", "POST", "/v1/completions", "1.1", 200)
-    return logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d', args, None)  # fmt: skip

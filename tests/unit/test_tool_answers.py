@@ -1,4 +1,4 @@
-"""Tool calls through the chat route's whole path (OpenAIFormat -> GenerationService ->
+"""Tool calls through the chat route's whole path (ChatCompletionsFormat -> GenerationService ->
 an engine -> the answer and the stream): per model format with a scripted engine, and
 with both TensorRT-LLM kinds through the `tensorrt_llm` test double."""
 
@@ -17,10 +17,11 @@ from prometheus_client import CollectorRegistry
 from mistral_serving.engines.base import EngineLimits
 from mistral_serving.generation.service import GenerationService
 from mistral_serving.ops.metrics import Metrics
-from mistral_serving.ops.telemetry import RequestRecord
+from mistral_serving.ops.record import RequestRecord
 from mistral_serving.protocols import ParseContext
-from mistral_serving.protocols.openai import OpenAICall, OpenAIFormat
-from mistral_serving.protocols.openai_types import ChatCompletion, ChatCompletionChunk
+from mistral_serving.protocols.openai.chat import ChatCall, ChatCompletionsFormat
+from mistral_serving.protocols.openai.completions import CompletionsFormat
+from mistral_serving.protocols.openai.types import ChatCompletion, ChatCompletionChunk
 from mistral_serving.settings import Settings
 from mistral_serving.structured.grammar import tool_call_schema
 from mistral_serving.text.tokenizer import Tokenizer
@@ -46,8 +47,8 @@ USER = [{"role": "user", "content": "Weather in Paris?"}]
 ARGS = '{"city": "Paris"}'
 
 
-def fmt_for(tok: Tokenizer) -> OpenAIFormat:
-    return OpenAIFormat(True, "m", lambda t: tok.table.token_bytes[t] or b"", tok.tool_format)
+def fmt_for(tok: Tokenizer) -> ChatCompletionsFormat:
+    return ChatCompletionsFormat("m", lambda t: tok.table.token_bytes[t] or b"", tok.tool_format)
 
 
 def answer_ids(tok: Tokenizer, text: str) -> list[int]:
@@ -67,21 +68,23 @@ def serve(tok: Tokenizer, body: dict[str, Any], text: str, per_step: int = 2) ->
         engine = ScriptedEngine.from_ids(ids, "stop", per_step=per_step, limits=LIMITS)
         service = GenerationService(Settings(), tok, engine, Metrics(CollectorRegistry()))
         call = fmt.parse({"messages": USER, "tools": [WEATHER]} | body | {"stream": stream}, CTX)
-        assert isinstance(call, OpenAICall)
+        assert isinstance(call, ChatCall)
         results.append(asyncio.run(_run(fmt, service, call, stream)))
         service.shutdown()
     return results[0], results[1], engine
 
 
-async def _run(fmt: OpenAIFormat, service: GenerationService, call: OpenAICall, stream: bool):
+async def _run(
+    fmt: ChatCompletionsFormat, service: GenerationService, call: ChatCall, stream: bool
+):
     record = RequestRecord("req", "chat_completions", engine_id="e1")
     prepared = await service.prepare(call.gen)
+    generation = service.generate(prepared, record)
     if not stream:
-        logprobs = await service.complete(prepared, record)
-        whole = fmt.response_body(call, record, logprobs)
+        whole = fmt.response_body(call, await generation.complete(), record.engine_id)
         msgspec.convert(whole, ChatCompletion)  # strictly OpenAI's shape, as typed
         return whole
-    events = [e async for e in fmt.stream_events(call, service.stream(prepared, record), record)]
+    events = [e async for e in fmt.stream_events(call, generation, record.engine_id)]
     assert events[-1] == "data: [DONE]\n\n"
     decoded = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
     for event in decoded:
@@ -239,7 +242,7 @@ def test_bad_tool_fields_are_400s_that_name_them(
 def test_completions_refuse_tools(tok: Tokenizer) -> None:
     from mistral_serving.errors import RequestError
 
-    fmt = OpenAIFormat(False, "m", lambda t: b"")
+    fmt = CompletionsFormat("m", lambda t: b"")
     with pytest.raises(RequestError) as err:
         fmt.parse({"prompt": "x", "tools": [WEATHER]}, CTX)
     assert err.value.param == "tools"
@@ -282,7 +285,7 @@ def test_required_calls_on_both_tensorrt_llm_kinds(
     service = GenerationService(Settings(), tok, engine, Metrics(CollectorRegistry()))
     fmt = fmt_for(tok)
     call = fmt.parse({"messages": USER, "tools": [WEATHER], "tool_choice": "required"}, CTX)
-    assert isinstance(call, OpenAICall)
+    assert isinstance(call, ChatCall)
     try:
         whole = asyncio.run(_run(fmt, service, call, stream=False))
     finally:
@@ -309,7 +312,7 @@ def test_the_tool_grammar_is_checked_by_the_gate_and_named_tools(tok: Tokenizer)
     engine = ScriptedEngine(limits=LIMITS)
     service = GenerationService(Settings(), tok, engine, Metrics(CollectorRegistry()))
     call = fmt_for(tok).parse({"messages": USER, "tools": [bad], "tool_choice": "required"}, CTX)
-    assert isinstance(call, OpenAICall)
+    assert isinstance(call, ChatCall)
     try:
         with pytest.raises(RequestError) as err:
             asyncio.run(service.prepare(call.gen))
@@ -360,6 +363,6 @@ def test_any_tool_body_is_parsed_or_a_400_naming_a_field(
     except RequestError as err:
         assert err.status == 400 and err.param
         return
-    assert isinstance(call, OpenAICall)
+    assert isinstance(call, ChatCall)
     if call.tools is not None:  # what was accepted is well formed
         assert call.tools.tools and call.tools.choice in ("auto", "required", "named")

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mistral_serving.generation.service import Chunk
-from mistral_serving.ops.telemetry import RequestRecord
+from mistral_serving.generation.outcome import Outcome
+from mistral_serving.generation.service import Generation
 from mistral_serving.protocols import ParseContext
-from mistral_serving.protocols.openai import OpenAICall, OpenAIFormat
+from mistral_serving.protocols.openai.chat import ChatCall, ChatCompletionsFormat
 from mistral_serving.tools.tool_parsers import CallDelta, CallStream, ParsedCall, parse_answer
+from tests.doubles.generations import ScriptedGeneration
 
 FORMATS = ["mistral", "hermes", "llama3_json", "fallback_json", "constrained"]
 WS = st.text(alphabet=" \n\t\r", max_size=2)
@@ -274,25 +274,19 @@ def route_events(size: int) -> list[tuple[int, dict[str, Any]]]:
     """(chunks the model had sent, the event) for each event of the chat route's stream
     when the model writes ROUTE_TEXT `size` characters at a time."""
     pieces = [ROUTE_TEXT[i : i + size] for i in range(0, len(ROUTE_TEXT), size)]
-    fmt = OpenAIFormat(True, "m", lambda t: b"", "fallback_json")
+    fmt = ChatCompletionsFormat("m", lambda t: b"", "fallback_json")
     tools = [{"type": "function", "function": {"name": "get_weather"}}]
     body = {"messages": [{"role": "user", "content": "hi"}], "tools": tools, "stream": True}
     call = fmt.parse(body, ParseContext(default_max_tokens=64))
-    assert isinstance(call, OpenAICall)
-    record = RequestRecord("req", "chat_completions", engine_id="e1")
-    record.finish_reason = "stop"
-    consumed = 0
-
-    async def chunks() -> AsyncIterator[Chunk]:
-        nonlocal consumed
-        for p in pieces:
-            consumed += 1
-            yield Chunk(p)
+    assert isinstance(call, ChatCall)
+    # Its completion_tokens count the chunks handed out so far.
+    generation = ScriptedGeneration(pieces, Outcome("stop", ROUTE_TEXT, 1, len(pieces)))
 
     async def run() -> list[tuple[int, dict[str, Any]]]:
         out = []
-        async for event in fmt.stream_events(call, chunks(), record):
+        async for event in fmt.stream_events(call, cast(Generation, generation), "e1"):
             if event != "data: [DONE]\n\n":
+                consumed = generation.completion_tokens
                 out.append((consumed, json.loads(event.removeprefix("data: "))))
         return out
 

@@ -30,9 +30,11 @@ from mistral_serving.engines.factory import start_engine
 from mistral_serving.engines.watchdog import Watchdog
 from mistral_serving.errors import RequestError
 from mistral_serving.generation import deadline
+from mistral_serving.generation.outcome import Outcome
 from mistral_serving.ops.metrics import Metrics, default_metrics
+from mistral_serving.ops.record import RequestRecord
 from mistral_serving.ops.startup import process_age_seconds
-from mistral_serving.ops.telemetry import RequestRecord, Telemetry
+from mistral_serving.ops.telemetry import Telemetry
 from mistral_serving.ops.tracing import tracing_for
 from mistral_serving.settings import Settings
 from mistral_serving.structured.grammar import export_metrics, gate_for
@@ -113,7 +115,7 @@ class GenerationService:
             tracing_for(settings.otlp_traces_endpoint),
         )
 
-        self._live: set[str] = set()  # engine ids of the requests in the engine now
+        self.live: set[str] = set()  # engine ids of the requests in the engine now
         # Seconds each phase of `start` took (artifact, tokenizer, engine); GET /version
         # reports them so a slow cold start shows which phase to look at.
         self.startup: dict[str, float] = {}
@@ -190,7 +192,7 @@ class GenerationService:
 
     def abort_all(self) -> int:
         """Abort every request in the engine (end of a drain); returns how many."""
-        live = list(self._live)
+        live = list(self.live)
         for request_id in live:
             self.engine.abort(request_id)
         return len(live)
@@ -290,93 +292,54 @@ class GenerationService:
                 raise RequestError(str(exc), param="messages") from None
         return self.tokenizer.encode(req.prompt or "", bos=True)
 
-    async def stream(
-        self, req: PreparedRequest, record: RequestRecord, prompt_text: str | None = None
-    ) -> AsyncIterator[Chunk]:
-        """Chunks as they are ready; `record` is filled in as it goes and reported
-        (log line + metrics) when the stream ends. Leaving early (client gone, stop
-        string) aborts the engine request. A failure of this request raises
-        RequestError (the client's fault) or EngineError; other requests go on."""
-        record.prompt_tokens = len(req.prompt_ids)
-        table = self.tokenizer.table
-        if req.echo:
-            table = dataclasses.replace(table, strip_leading_space=False)
-        text = TextStream(table, req.stop, req.interval)
-        want_logprobs = req.sampling.logprobs is not None
-        pending: list[TokenLogprob] = []
-        if deadline.passed(record.deadline):  # never reaches the engine
-            record.finish_reason = deadline.FINISH_REASON
-            self.telemetry.finished(record, prompt_text)
-            return
-        record.submitted_at = time.monotonic()
-        tokens = self.engine.generate(record.engine_id, req.prompt_ids, req.sampling)
-        if record.deadline is not None:
-            tokens = deadline.bounded(tokens, record.deadline)
-        self._live.add(record.engine_id)
-        engine_done = False
-        engine_reason: str | None = None
-        record.finish_reason = "abort"  # unless we get to the end below
-        try:
-            async for delta in tokens:
-                chunk = text.add(delta.token_ids)
-                record.completion_tokens = text.num_tokens
-                if want_logprobs and delta.prompt_logprobs is not None:
-                    # Echo: the prompt's logprobs lead (its first token has none).
-                    pending[:0] = [TokenLogprob(req.prompt_ids[0], None), *delta.prompt_logprobs]
-                if want_logprobs and delta.logprobs:
-                    pending.extend(delta.logprobs)
-                if chunk:
-                    record.first_token_at = record.first_token_at or time.monotonic()
-                    yield Chunk(chunk, pending if want_logprobs else None)
-                    pending = []
-                if text.stopped:
-                    break
-                if delta.finish_reason is not None:
-                    engine_done, engine_reason = True, delta.finish_reason
-                    break
-            tail = text.finish()  # may complete a stop string (a byte-fallback character)
-            reason = "stop" if text.stopped else (engine_reason or "abort")
-            record.output = text.text
-            if tail or pending:
-                record.first_token_at = record.first_token_at or time.monotonic()
-                yield Chunk(tail, pending if want_logprobs else None)
-            record.finish_reason = reason
-        except deadline.DeadlineExceeded:  # aborted below; the answer says "timeout"
-            record.output = text.text
-            record.finish_reason = deadline.FINISH_REASON
-        except EngineRequestError as exc:
-            record.finish_reason = "invalid"
-            raise RequestError(str(exc)) from None
-        except EngineError:
-            record.finish_reason = "error"
-            raise
-        except Exception:
-            record.finish_reason = "error"
-            log.exception("request %s failed", record.request_id)
-            raise EngineError("generation failed") from None
-        finally:
-            if not engine_done:
-                self.engine.abort(record.engine_id)  # sync first: nothing may await past a cancel
-            if isinstance(tokens, AsyncGenerator):  # what every engine returns: close it now
-                await tokens.aclose()
-            self._live.discard(record.engine_id)
-            self.telemetry.finished(record, prompt_text)
+    def generate(self, req: PreparedRequest, record: RequestRecord) -> Generation:
+        """The request's generation: its chunks as they are ready, then its `Outcome`.
+        `record` gets its times (submitted, first token); closing it is the caller's."""
+        return Generation(self, req, record)
+
+
+class Generation:
+    """One request's generation: async-iterate it for its chunks; once they end (or the
+    iteration stops early, or fails) `outcome` says how it ended and what it produced.
+    Leaving early (client gone, stop string) aborts the engine request. A failure of
+    this request raises RequestError (the client's fault) or EngineError; other
+    requests go on."""
+
+    def __init__(self, service: GenerationService, req: PreparedRequest, record: RequestRecord):
+        self._service = service
+        self._req = req
+        self._record = record
+        self.prompt_tokens = len(req.prompt_ids)
+        self.completion_tokens = 0  # so far: a stream's continuous usage reads it
+        self.outcome: Outcome | None = None
+        self._text = ""
+        self._logprobs: list[TokenLogprob] | None = (
+            [] if req.sampling.logprobs is not None else None
+        )
+        self._iterator: AsyncGenerator[Chunk, None] | None = None
+
+    def __aiter__(self) -> AsyncIterator[Chunk]:
+        if self._iterator is not None:
+            raise RuntimeError("a generation is iterated once")
+        self._iterator = self._chunks()
+        return self._iterator
+
+    async def aclose(self) -> None:
+        """Stop it now if it is still running (the engine request is aborted): its
+        outcome is set when this returns."""
+        if self._iterator is not None:
+            await self._iterator.aclose()
 
     async def complete(
-        self,
-        req: PreparedRequest,
-        record: RequestRecord,
-        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
-        prompt_text: str | None = None,
-    ) -> list[TokenLogprob] | None:
-        """The whole answer into `record`; stops (and aborts the engine request) if the
-        client leaves. Returns the tokens' logprobs when they were asked for."""
-        logprobs: list[TokenLogprob] | None = [] if req.sampling.logprobs is not None else None
+        self, is_disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> Outcome:
+        """Run it to the end and return its outcome; stops (and aborts the engine
+        request) if the client leaves. A failure of this request raises RequestError or
+        EngineError, with `outcome` set."""
 
         async def drain() -> None:
-            async for chunk in self.stream(req, record, prompt_text):
-                if logprobs is not None and chunk.logprobs:
-                    logprobs.extend(chunk.logprobs)
+            async for _ in self:
+                pass
 
         task = asyncio.ensure_future(drain())
         try:
@@ -391,7 +354,87 @@ class GenerationService:
                     await task
         if not task.cancelled():
             task.result()  # re-raise what generation raised
-        return logprobs
+        return self.outcome or self.cut()
+
+    def cut(self) -> Outcome:
+        """What was produced so far, as an answer cut short (abort)."""
+        return self._ended("abort")
+
+    def _ended(self, reason: str) -> Outcome:
+        logprobs = tuple(self._logprobs) if self._logprobs is not None else None
+        return Outcome(reason, self._text, self.prompt_tokens, self.completion_tokens, logprobs)
+
+    async def _chunks(self) -> AsyncGenerator[Chunk, None]:
+        service, req, record = self._service, self._req, self._record
+        table = service.tokenizer.table
+        if req.echo:
+            table = dataclasses.replace(table, strip_leading_space=False)
+        text = TextStream(table, req.stop, req.interval)
+        want_logprobs = self._logprobs is not None
+        pending: list[TokenLogprob] = []
+        if deadline.passed(record.deadline):  # never reaches the engine
+            self.outcome = self._ended(deadline.FINISH_REASON)
+            return
+        engine = service.engine
+        record.submitted_at = time.monotonic()
+        tokens = engine.generate(record.engine_id, req.prompt_ids, req.sampling)
+        if record.deadline is not None:
+            tokens = deadline.bounded(tokens, record.deadline)
+        service.live.add(record.engine_id)
+        engine_done = False
+        engine_reason: str | None = None
+        reason = "abort"  # unless we get to the end below
+        try:
+            async for delta in tokens:
+                chunk = text.add(delta.token_ids)
+                self.completion_tokens = text.num_tokens
+                if want_logprobs and delta.prompt_logprobs is not None:
+                    # Echo: the prompt's logprobs lead (its first token has none).
+                    pending[:0] = [TokenLogprob(req.prompt_ids[0], None), *delta.prompt_logprobs]
+                if want_logprobs and delta.logprobs:
+                    pending.extend(delta.logprobs)
+                if chunk:
+                    self._text = text.text
+                    record.first_token_at = record.first_token_at or time.monotonic()
+                    yield self._chunk(chunk, pending)
+                    pending = []
+                if text.stopped:
+                    break
+                if delta.finish_reason is not None:
+                    engine_done, engine_reason = True, delta.finish_reason
+                    break
+            tail = text.finish()  # may complete a stop string (a byte-fallback character)
+            reason = "stop" if text.stopped else (engine_reason or "abort")
+            self._text = text.text
+            if tail or pending:
+                record.first_token_at = record.first_token_at or time.monotonic()
+                yield self._chunk(tail, pending)
+        except deadline.DeadlineExceeded:  # aborted below; the answer says "timeout"
+            reason = deadline.FINISH_REASON
+        except EngineRequestError as exc:
+            reason = "invalid"
+            raise RequestError(str(exc)) from None
+        except EngineError:
+            reason = "error"
+            raise
+        except Exception:
+            reason = "error"
+            log.exception("request %s failed", record.request_id)
+            raise EngineError("generation failed") from None
+        finally:
+            self._text = text.text
+            self.outcome = self._ended(reason)
+            if not engine_done:
+                engine.abort(record.engine_id)  # sync first: nothing may await past a cancel
+            if isinstance(tokens, AsyncGenerator):  # what every engine returns: close it now
+                await tokens.aclose()
+            service.live.discard(record.engine_id)
+
+    def _chunk(self, text: str, pending: list[TokenLogprob]) -> Chunk:
+        if self._logprobs is None:
+            return Chunk(text)
+        self._logprobs.extend(pending)
+        return Chunk(text, pending)
 
 
 def _cut_before_space(text: str, at: int, reach: int = 64) -> int:

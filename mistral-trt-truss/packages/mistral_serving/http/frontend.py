@@ -34,20 +34,18 @@ from mistral_serving.generation.admission import (
     Overloaded,
     Ticket,
 )
-from mistral_serving.generation.service import GenerationService
+from mistral_serving.generation.outcome import Outcome
+from mistral_serving.generation.service import Generation, GenerationService
 from mistral_serving.http.scope_keys import CUT_EXTENSION, HANDLED, LEFT_EXTENSION
 from mistral_serving.ops.collector import freeze_loaded_objects, time_collections
 from mistral_serving.ops.metrics import Metrics, default_metrics
+from mistral_serving.ops.record import REQUEST_ID_HEADER, RequestRecord, request_id_from
 from mistral_serving.ops.shutdown import Drainer
-from mistral_serving.ops.telemetry import (
-    REQUEST_ID_HEADER,
-    RequestRecord,
-    request_id_from,
-)
 from mistral_serving.ops.tracing import TRACEPARENT, TRACESTATE
 from mistral_serving.protocols import ParseContext, TruncatedStream, WireFormat
 from mistral_serving.protocols.body import decode_json_object
-from mistral_serving.protocols.openai import OpenAIFormat
+from mistral_serving.protocols.openai.chat import ChatCompletionsFormat
+from mistral_serving.protocols.openai.completions import CompletionsFormat
 from mistral_serving.protocols.predict import PredictFormat
 from mistral_serving.settings import Settings
 
@@ -193,6 +191,7 @@ class _Stream(StreamingResponse):
                     held += len(data)
                     ready.set()
                     if held > self.buffer_bytes:
+                        self._slow()  # before the body closes: its end says why
                         raise _SlowReader
             finally:
                 ready.set()
@@ -279,10 +278,10 @@ class Frontend:
         name = self.settings.served_model_name
         self.formats = {
             "predict": PredictFormat(),
-            "chat_completions": OpenAIFormat(
-                True, name, token_bytes, service.tokenizer.tool_format
+            "chat_completions": ChatCompletionsFormat(
+                name, token_bytes, service.tokenizer.tool_format
             ),
-            "completions": OpenAIFormat(False, name, token_bytes),
+            "completions": CompletionsFormat(name, token_bytes),
         }
         self.service = service
         engine = service.engine
@@ -360,31 +359,44 @@ class Frontend:
         except RequestError as err:
             if ticket is not None:
                 ticket.release()
-            return _refuse(service, fmt, err, record, headers)
+            return self._refuse(fmt, err, record, headers)
         # Only logged with log_prompts: joining a large chat's messages is not free.
         prompt_text = call.gen.prompt_text if self.settings.log_prompts else None
+        generation = service.generate(prepared, record)
         if call.stream:
-            events = fmt.stream_events(call, service.stream(prepared, record, prompt_text), record)
+            events = fmt.stream_events(call, generation, record.engine_id)
             return self._streaming_response(
-                service, events, ticket, record, fmt.stream_media_type, headers
+                generation, events, ticket, record, fmt.stream_media_type, headers, prompt_text
             )
         try:
-            logprobs = await service.complete(
-                prepared, record, request.is_disconnected, prompt_text
-            )
-        except RequestError as err:
-            return _error_response(fmt, err, headers)  # counted by the service
-        except EngineError as exc:
-            failed = RequestError(f"generation failed: {exc}", status=500)
+            outcome = await generation.complete(request.is_disconnected)
+        except (RequestError, EngineError) as exc:
+            failed = exc if isinstance(exc, RequestError) else _generation_failed(exc)
+            self._finish(record, generation.outcome or generation.cut(), prompt_text)
             return _error_response(fmt, failed, headers)
         finally:
             ticket.release()
-        answer = fmt.response_body(call, record, logprobs)
-        if record.finish_reason == "abort":
+        self._finish(record, outcome, prompt_text)
+        answer = fmt.response_body(call, outcome, record.engine_id)
+        if outcome.reason == "abort":
             return _cut_response(fmt, answer, headers)
-        if record.finish_reason == deadline.FINISH_REASON:
+        if outcome.reason == deadline.FINISH_REASON:
             return _cut_response(fmt, answer, headers, deadline.cut_short())
         return JSONResponse(answer, headers=headers)
+
+    def _finish(self, record: RequestRecord, outcome: Outcome, prompt: str | None = None) -> None:
+        """The one place a request's record is closed (counted, logged, traced)."""
+        service = self.service
+        assert service is not None  # a request is handled only once loaded
+        service.telemetry.finished(record, outcome, prompt)
+
+    def _refuse(
+        self, fmt: WireFormat, err: RequestError, record: RequestRecord, headers: dict[str, str]
+    ) -> Response:
+        self._finish(record, Outcome(err.finish_reason))
+        if err.status == 499:
+            return Response(status_code=499, headers=headers)
+        return _error_response(fmt, err, headers)
 
     def early_refusal(self) -> RequestError | None:
         """503 while draining, 429 when no slot and no queue place is free: decided
@@ -422,16 +434,16 @@ class Frontend:
 
     def _streaming_response(
         self,
-        service: GenerationService,
+        generation: Generation,
         events: AsyncIterator[str],
         ticket: Ticket,
         record: RequestRecord,
         media_type: str,
         headers: dict[str, str],
+        prompt_text: str | None,
     ) -> StreamingResponse:
         started = []
         slow: list[bool] = []
-        telemetry = service.telemetry
         tokens = self.metrics.generation_tokens
 
         async def body() -> AsyncIterator[str]:
@@ -440,8 +452,8 @@ class Frontend:
             try:
                 async for event in events:
                     # Counted as they are sent, so rate() follows long streams.
-                    tokens.inc(record.completion_tokens - record.tokens_counted)
-                    record.tokens_counted = record.completion_tokens
+                    tokens.inc(generation.completion_tokens - record.tokens_counted)
+                    record.tokens_counted = generation.completion_tokens
                     yield event
             except (EngineError, RequestError):
                 # Past the status line a failure can only cut the body (the predict
@@ -450,25 +462,26 @@ class Frontend:
                 raise TruncatedStream("error") from None
             finally:
                 ticket.release()
-                if record.finish_reason is None:
+                await generation.aclose()  # a stream cut here stops generating now
+                outcome = generation.outcome
+                if outcome is None:
                     # Left before generation started (e.g. while the chat role chunk was
-                    # written): the service never saw it, so count it here.
-                    record.finish_reason = "slow_reader" if slow else "client_gone"
-                    telemetry.finished(record)
+                    # written): nothing reached the engine.
+                    outcome = generation.cut().because("slow_reader" if slow else "client_gone")
+                elif slow and outcome.reason == "abort":
+                    outcome = outcome.because("slow_reader")
+                self._finish(record, outcome, prompt_text)
 
         def slow_reader() -> None:
             slow.append(True)
             log.warning("request %s: client stopped reading; stream aborted", record.request_id)
-            if record.finish_reason == "abort":  # generating: the service counts it so
-                record.finish_reason = "slow_reader"
 
         def gone() -> None:
             # If the body never started (client gone before the first byte), nothing
             # reached the engine: free the slot and still count and log the request.
             ticket.release()
             if not started:
-                record.finish_reason = "client_gone"
-                telemetry.finished(record)
+                self._finish(record, generation.cut().because("client_gone"), prompt_text)
 
         response = _Stream(
             body(),
@@ -482,18 +495,8 @@ class Frontend:
         return response
 
 
-def _refuse(
-    service: GenerationService,
-    fmt: WireFormat,
-    err: RequestError,
-    record: RequestRecord,
-    headers: dict[str, str],
-) -> Response:
-    record.finish_reason = err.finish_reason
-    service.telemetry.finished(record)
-    if err.status == 499:
-        return Response(status_code=499, headers=headers)
-    return _error_response(fmt, err, headers)
+def _generation_failed(exc: EngineError) -> RequestError:
+    return RequestError(f"generation failed: {exc}", status=500)
 
 
 def _draining() -> RequestError:

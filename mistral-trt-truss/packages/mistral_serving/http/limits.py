@@ -48,7 +48,7 @@ from uvicorn.protocols.http import httptools_impl
 
 from mistral_serving.errors import RequestError
 from mistral_serving.http.scope_keys import CUT_EXTENSION, LEFT_EXTENSION
-from mistral_serving.protocols.openai_types import openai_error_body
+from mistral_serving.protocols.openai.types import openai_error_body
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)

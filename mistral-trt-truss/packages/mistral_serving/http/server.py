@@ -54,9 +54,9 @@ from mistral_serving.http.auth import ApiKeyGuard, configured_keys
 from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.http.scope_keys import HANDLED
 from mistral_serving.ops import driver
+from mistral_serving.ops.record import request_id_from
 from mistral_serving.ops.shutdown import exit_if_load_fails
-from mistral_serving.ops.telemetry import request_id_from
-from mistral_serving.protocols.openai_types import ModelCard, ModelList, openai_error_body
+from mistral_serving.protocols.openai.types import ModelCard, ModelList, openai_error_body
 from mistral_serving.protocols.predict import predict_error_body
 from mistral_serving.settings import Settings, SettingsError
 

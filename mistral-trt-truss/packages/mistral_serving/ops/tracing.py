@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
-    from mistral_serving.ops.telemetry import RequestRecord
+    from mistral_serving.ops.record import RequestRecord
 
 log = logging.getLogger(__name__)
 

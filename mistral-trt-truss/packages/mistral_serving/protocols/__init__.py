@@ -1,7 +1,8 @@
-"""Wire formats, one module each: `predict` (the article's Truss route) and `openai`
-(chat and text completions). Each owns its format end to end: body -> one
-`GenerationRequest`, the answer, the stream encoding and the error body. `frontend.py`
-drives them through the `WireFormat` interface below."""
+"""Wire formats, one per route: `predict` (the Truss route of the original article) and
+`openai/` (chat completions and text completions, over a shared base). Each owns its
+format end to end: body -> one `GenerationRequest`; the answer, the stream's encoding and
+the error body, all built from the generation's `Outcome`. `http/frontend.py` drives them
+through the `WireFormat` interface below."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from mistral_serving.engines.base import TokenLogprob
 from mistral_serving.errors import RequestError
-from mistral_serving.generation.service import Chunk, GenerationRequest
-from mistral_serving.ops.telemetry import RequestRecord
+from mistral_serving.generation.outcome import Outcome
+from mistral_serving.generation.service import Generation, GenerationRequest
 
 
 @dataclass(frozen=True)
@@ -46,15 +46,16 @@ class WireFormat(Protocol):
 
     def parse(self, body: dict[str, Any], ctx: ParseContext) -> Call: ...
 
-    def response_body(
-        self, call: Any, record: RequestRecord, logprobs: list[TokenLogprob] | None
-    ) -> Any: ...
+    def response_body(self, call: Any, outcome: Outcome, answer_id: str) -> Any:
+        """The whole answer; `answer_id` is unique to this request in the process."""
+        ...
 
     def stream_events(
-        self, call: Any, chunks: AsyncIterator[Chunk], record: RequestRecord
+        self, call: Any, generation: Generation, answer_id: str
     ) -> AsyncIterator[str]:
-        """The stream's body; must end by raising `TruncatedStream` when the answer was
-        cut (drain, abort) and the format has no way to say so in-band."""
+        """The stream's body, from the generation's chunks and then its outcome; must end
+        by raising `TruncatedStream` when the answer was cut (drain, abort) and the format
+        has no way to say so in-band."""
         ...
 
     def error_body(self, err: RequestError) -> dict[str, Any]: ...

@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from mistral_serving.engines.base import SamplingOptions, TokenLogprob
+from mistral_serving.engines.base import SamplingOptions
 from mistral_serving.errors import RequestError
-from mistral_serving.generation.service import Chunk, GenerationRequest
-from mistral_serving.ops.telemetry import RequestRecord
+from mistral_serving.generation.outcome import Outcome
+from mistral_serving.generation.service import Generation, GenerationRequest
 from mistral_serving.protocols import ParseContext, TruncatedStream
 from mistral_serving.protocols.fields import (
     AdditivePenalty,
@@ -105,23 +105,18 @@ class PredictFormat:
         )
         return PredictCall(gen, req.streaming)
 
-    def response_body(
-        self, call: PredictCall, record: RequestRecord, logprobs: list[TokenLogprob] | None
-    ) -> dict[str, Any]:
-        return {
-            "output": record.output,
-            "finish_reason": record.finish_reason,
-            "usage": record.usage,
-        }
+    def response_body(self, call: PredictCall, outcome: Outcome, answer_id: str) -> dict[str, Any]:
+        return {"output": outcome.text, "finish_reason": outcome.reason, "usage": outcome.usage}
 
     async def stream_events(
-        self, call: PredictCall, chunks: AsyncIterator[Chunk], record: RequestRecord
+        self, call: PredictCall, generation: Generation, answer_id: str
     ) -> AsyncIterator[str]:
-        async for chunk in chunks:
+        async for chunk in generation:
             if chunk.text:
                 yield chunk.text
-        if record.finish_reason not in ("stop", "length"):
-            raise TruncatedStream(record.finish_reason)
+        outcome = generation.outcome
+        if outcome is None or not outcome.complete:
+            raise TruncatedStream(outcome.reason if outcome is not None else "abort")
 
     def error_body(self, err: RequestError) -> dict[str, Any]:
         return predict_error_body(err)
