@@ -1,4 +1,4 @@
-"""Tool calls streamed as they are generated (tool_parsers.CallStream): for every format,
+"""Tool calls streamed as they are generated (parsers.stream.CallStream): for every format,
 random call texts written the ways models write JSON (whitespace, escapes, key orders,
 arguments as JSON text), fed in random splits, assemble the way the openai SDK assembles
 them into exactly the non-streamed answer; and the chat route sends them before the
@@ -19,7 +19,7 @@ from mistral_serving.generation.service import Chunk
 from mistral_serving.ops.telemetry import RequestRecord
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.openai import OpenAICall, OpenAIFormat
-from mistral_serving.tools.tool_parsers import CallDelta, CallStream, ParsedCall, parse_answer
+from mistral_serving.tools.parsers.stream import CallDelta, CallStream, ParsedCall, parse_answer
 
 FORMATS = ["mistral", "hermes", "llama3_json", "fallback_json", "constrained"]
 WS = st.text(alphabet=" \n\t\r", max_size=2)
