@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mistral_serving.errors import RequestError
+from mistral_serving.tools.parsers.stream import ParsedCall, parse_answer
 from mistral_serving.tools.tool_calls import check_history, parse_tool_request
-from mistral_serving.tools.tool_parsers import ParsedCall, parse_answer
 
 WEATHER: dict[str, Any] = {
     "type": "function",

@@ -30,8 +30,8 @@ from mistral_serving.text.chat import (
 )
 from mistral_serving.text.detokenizer import IncrementalDetokenizer
 from mistral_serving.text.tokenizer import Tokenizer, _sentencepiece_tokenizer, load_tokenizer
+from mistral_serving.tools.parsers.stream import CallStream, new_call_id, parse_answer
 from mistral_serving.tools.tool_calls import Tool, ToolRequest
-from mistral_serving.tools.tool_parsers import CallStream, new_call_id, parse_answer
 from tests.tokenizer_cache import tokenizer_at
 
 DATA = Path(mistral_common.__file__).parent / "data"

@@ -1,4 +1,4 @@
-"""Tool calls streamed as they are generated (tool_parsers.CallStream): for every format,
+"""Tool calls streamed as they are generated (parsers.stream.CallStream): for every format,
 random call texts written the ways models write JSON (whitespace, escapes, key orders,
 arguments as JSON text), fed in random splits, assemble the way the openai SDK assembles
 them into exactly the non-streamed answer; and the chat route sends them before the
@@ -18,7 +18,7 @@ from mistral_serving.generation.outcome import Outcome
 from mistral_serving.generation.service import Generation
 from mistral_serving.protocols import ParseContext
 from mistral_serving.protocols.openai.chat import ChatCall, ChatCompletionsFormat
-from mistral_serving.tools.tool_parsers import CallDelta, CallStream, ParsedCall, parse_answer
+from mistral_serving.tools.parsers.stream import CallDelta, CallStream, ParsedCall, parse_answer
 from tests.doubles.generations import ScriptedGeneration
 
 FORMATS = ["mistral", "hermes", "llama3_json", "fallback_json", "constrained"]

@@ -95,7 +95,7 @@ class ToolResultMessage(BaseModel):
 
 Message = ChatMessage | ToolCallsMessage | ToolResultMessage
 
-FALLBACK_CALLS = "TOOL_CALLS:"  # tool_parsers.FALLBACK_MARKER: what the fallback asks for
+FALLBACK_CALLS = "TOOL_CALLS:"  # parsers.fallback_json.MARKER: what the fallback asks for
 FALLBACK_RESULTS = "TOOL_RESULTS:"
 
 

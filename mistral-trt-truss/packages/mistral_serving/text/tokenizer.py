@@ -42,7 +42,7 @@ ChatFormat = Literal["mistral", "template", "none"]
 # (messages, tools or None) -> prompt ids; messages are OpenAI-shaped dicts.
 ChatTemplateFn = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], list[int]]
 
-# How a model is asked for tool calls and how its answer is read (tool_parsers.FORMATS):
+# How a model is asked for tool calls and how its answer is read (tools/parsers/registry.py):
 #   "mistral":       a Mistral tokenizer with tool tokens (v3 and later: [AVAILABLE_TOOLS],
 #                    [TOOL_CALLS], [TOOL_RESULTS]), encoded as mistral-common does;
 #   "hermes":        a chat template that takes `tools` and writes `<tool_call>` blocks;

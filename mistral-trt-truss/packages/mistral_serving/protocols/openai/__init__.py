@@ -8,20 +8,13 @@ Accepted beyond OpenAI's core: vLLM's `top_k`, `repetition_penalty`, `ignore_eos
 a count) are the log-softmax of the logits the sampler saw, after penalties and before
 temperature, top-k and top-p. `response_format` (`json_object`, `json_schema`) constrains
 the output with a grammar where the engine supports it (the schema is checked by
-`grammar.GrammarGate` before any engine sees it; `min_tokens` with it is refused). `echo` (completions) puts the
-prompt before the completion; with `logprobs` the choice's logprobs cover the prompt
+`structured/grammar.py` before any engine sees it; `min_tokens` with it is refused).
+`echo` (completions) puts the prompt before the completion; with `logprobs` the choice's logprobs cover the prompt
 tokens first (the first one null, then each given the tokens before it, the model's own
 log-softmax), then the generated ones; `max_tokens: 0` (echo only) generates nothing, so
 `echo, max_tokens 0, logprobs k` scores a text (lm-evaluation-harness's loglikelihood).
 A prompt may be one list of token ids, or a batch holding one. Fields we cannot honour
 (`n` > 1, echo with `stream`, ...) are refused with a 400 that names the field.
 
-Tools (chat): `tools`, `tool_choice`, `parallel_tool_calls` and the tool history are read
-strictly by `tool_calls.py`; the prompt takes the model's tool format (`chat.py`);
-`required` or a named function constrain the output with the tool-call grammar
-(`grammar.tool_call_schema`); the answer is read by that format's parser
-(`tool_parsers.py`) and streamed in OpenAI's shape as it is generated: content first,
-then per call a delta with `index`, `id`, `type` and `function.name` once the name is
-complete, then its `arguments` in fragments as the model writes them.
-docs/tool-calling.md is the contract.
+Tools (chat): `chat.py`; docs/tool-calling.md is the contract.
 """

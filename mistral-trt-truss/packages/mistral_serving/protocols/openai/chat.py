@@ -44,14 +44,14 @@ from mistral_serving.protocols.openai.types import (
     Usage,
 )
 from mistral_serving.structured.grammar import tool_call_grammar
-from mistral_serving.tools.tool_calls import ToolRequest, check_history, parse_tool_request
-from mistral_serving.tools.tool_parsers import (
+from mistral_serving.tools.parsers.stream import (
     CallDelta,
     CallStream,
     ParsedAnswer,
     new_call_id,
     parse_answer,
 )
+from mistral_serving.tools.tool_calls import ToolRequest, check_history, parse_tool_request
 
 log = logging.getLogger(__name__)
 
