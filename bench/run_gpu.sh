@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/performance.md, part by part, on one GPU machine (an H200 or an
-# H100: 80 GB is enough for every part), from the repository root:
+# The GPU figures of docs/performance.md, part by part, on one GPU machine, from the
+# repository root (the figures there are an H200's: 141 GB; the benchmark's static KV cache,
+# 256 slots x 2,048 tokens, takes 64 GiB beside the 14.5 GB of weights, so a GPU of 80 GB
+# needs MBS=128, which leaves out the levels at 256 streams):
 #
 #   bash bench/run_gpu.sh PART [PART ...]
 #
@@ -15,7 +17,8 @@
 #               versions), .whl-aiperf/ (AIPerf's, bench/tool_wheels.sh --lean).
 #   engine      goal 3 (~5 min): the engine in-process, 128 in / 128 out at c = 1/16/64/256
 #               twice, 1024 in / 256 out at c = 16/256, and the captured decode step's GPU
-#               time at 1/16/64/256 rows.
+#               time at 1/16/64/256 rows. CORRECTNESS=1: also the static path's greedy tokens
+#               against an fp32 reference (gpu_bench.py engine --correctness).
 #   server      goals 1 and 2 (~8 min per server start): the engine in-process (one sweep,
 #               the shares' denominator), then the real server at the same levels, measured
 #               by the project's client and then by AIPerf (our client's token-id bodies) in
@@ -141,7 +144,7 @@ print(" ".join(f"{n}=={m.version(n)}" for n in sys.argv[1:]))' $names) || exit 1
 
 part_engine() {
   begin engine 300
-  engine 100 --repeat ${REPEAT:-2}
+  engine 100 --repeat ${REPEAT:-2} ${CORRECTNESS:+--correctness}
 }
 
 part_server() {
