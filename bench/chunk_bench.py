@@ -6,7 +6,7 @@ CPU time of this process).
 
 `--against FILE` times another version of `protocols/openai.py` too, interleaved with this
 one so that a busy machine slows both alike. The hand-built dicts before the typed answers
-(docs/performance.md's figures) are b06b943's, whose error-body import moved since:
+(docs/perf/history/round-03.md's figures) are b06b943's, whose error-body import moved since:
 
     git show b06b943:mistral-trt-truss/packages/mistral_serving/protocols/openai.py \
       | sed 's/^from mistral_serving.errors import RequestError, openai_error_body$/from mistral_serving.errors import RequestError\nfrom mistral_serving.protocols.openai_types import openai_error_body/' > /tmp/old.py
