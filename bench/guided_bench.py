@@ -17,7 +17,8 @@ Two parts:
    the steadiest on a shared machine), not per-request ones. Each point runs `--rounds`
    times, formats interleaved, and the medians are printed.
 
-`python bench/guided_bench.py --help`; the figures go to docs/performance.md.
+`python bench/guided_bench.py --help`; its figures: docs/perf/history/structured-output.md
+(`bash bench/run_gpu.sh structured` runs the `device` part on a GPU).
 """
 
 from __future__ import annotations

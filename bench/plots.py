@@ -1,4 +1,4 @@
-"""Plots for docs/performance.md from the device runs' results (docs/perf/run*-results.jsonl).
+"""Plots for docs/perf/history/round-01.md from the GPU runs' results (docs/perf/run*-results.jsonl).
 
 python bench/plots.py   # writes docs/perf/engine-variants.png
 """

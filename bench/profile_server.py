@@ -1,7 +1,7 @@
 """Where the real server's time goes at high concurrency: one device call.
 
 The real Truss server (default settings: engine in the server's process) on an artifact, the
-same warm-up as `gpu_bench.py service`, then at one concurrency (128 in / 128 out, token-id
+same warm-up as `gpu_bench.py service` (bench/gpu/server.py), then at one concurrency (128 in / 128 out, token-id
 prompts, `python -m client bench`'s raw client in 4 processes):
 
 1. a plain run (no profiler), with the server's /metrics read before and after: the mean queue
@@ -28,8 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_bench as gb  # noqa: E402  - the same helpers and rows as the round's benchmark
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# The same helpers and rows as the GPU benchmark (bench/gpu/).
+from bench.gpu import common, inprocess  # noqa: E402
+from bench.gpu.server import service_level, start_server, warm_up  # noqa: E402
 
 # BENCH_PACKAGES: another copy of the serving packages (e.g. the last commit's) for both the
 # server and the in-process engine, so that uncommitted work in the tree is not measured.
@@ -74,8 +76,8 @@ def phase_means(before: dict, after: dict) -> dict:
 def level(url: str, args, per_worker: int, label: str) -> None:
     before = scrape(url)
     t0 = time.time()
-    row = gb.service_level(url, args.concurrency, 128, 128, per_worker, "raw", 4)
-    gb.emit(
+    row = service_level(url, args.concurrency, 128, 128, per_worker, "raw", 4)
+    common.emit(
         figure="service",
         label=label,
         per_worker=per_worker,
@@ -104,7 +106,7 @@ def profiled_level(url: str, args, pid: int, name: str, extra: list[str]) -> Non
             spy.wait(timeout=60)
         except subprocess.TimeoutExpired:
             spy.kill()
-        gb.emit(
+        common.emit(
             figure="pyspy",
             file=name,
             cmd=" ".join(cmd),
@@ -126,13 +128,13 @@ def server(args) -> None:
     }
     log_path = Path(args.out) / "server.log"
     app = Path(args.app).resolve()
-    srv, ready = gb.start_server(app, settings, str(log_path), PACKAGES)
+    srv, ready = start_server(app, settings, str(log_path), PACKAGES)
     url = srv.url
     try:
-        gb.emit(figure="server_start_to_ready", seconds=round(ready, 1), pid=srv.process.pid)
+        common.emit(figure="server_start_to_ready", seconds=round(ready, 1), pid=srv.process.pid)
         t = time.time()
-        gb.warm_up(url, args.max_batch_size)
-        gb.emit(figure="warmup", seconds=round(time.time() - t, 1))
+        warm_up(url, args.max_batch_size)
+        common.emit(figure="warmup", seconds=round(time.time() - t, 1))
         level(url, args, 2, "plain")
         profiled_level(
             url,
@@ -155,19 +157,20 @@ def engine_alone(args) -> None:
     from client.metrics import compute_metrics
     from mistral_serving.engines.factory import start_torch_engine
 
-    ns = argparse.Namespace(max_batch_size=args.max_batch_size, max_seq_len=2048, tiny=False)
-    engine = start_torch_engine(Path(args.artifact), gb.engine_settings(Path(args.artifact), ns), 2)
+    ns = argparse.Namespace(max_batch_size=args.max_batch_size, max_seq_len=2048, set=None)
+    artifact = Path(args.artifact)
+    engine = start_torch_engine(artifact, inprocess.engine_settings(artifact, ns), 2)
     for c in (1, 2, 4, 8, 16, 32, 64, 128, 256):
         if c <= args.max_batch_size:
-            asyncio.run(gb.drive(engine, c, 128, 4, 1))
+            asyncio.run(inprocess.drive(engine, c, 128, 4, 1))
     for per_worker in (2, args.long_per_worker):
         if time.time() > args.deadline - 30:
-            gb.emit(figure="skipped", what="engine", per_worker=per_worker)
+            common.emit(figure="skipped", what="engine", per_worker=per_worker)
             continue
-        records, wall = asyncio.run(gb.drive(engine, args.concurrency, 128, 128, per_worker))
-        row = gb.level_row("engine", args.concurrency, 128, 128, compute_metrics(records, wall))
-        gb.emit(figure="engine", per_worker=per_worker, **row)
-    gb.release(engine)
+        records, wall = asyncio.run(inprocess.drive(engine, args.concurrency, 128, 128, per_worker))
+        row = common.level_row("engine", args.concurrency, 128, 128, compute_metrics(records, wall))
+        common.emit(figure="engine", per_worker=per_worker, **row)
+    inprocess.release(engine)
 
 
 def main() -> int:
@@ -184,11 +187,11 @@ def main() -> int:
     ap.add_argument("--skip-engine", action="store_true")
     args = ap.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    gb.OUT = Path(args.out) / "results.jsonl"
+    common.OUT = Path(args.out) / "results.jsonl"
     args.deadline = START + args.budget
     import mistral_serving
 
-    gb.emit(figure="packages", path=str(Path(mistral_serving.__file__).parent))
+    common.emit(figure="packages", path=str(Path(mistral_serving.__file__).parent))
     server(args)
     if not args.skip_engine and time.time() < args.deadline - 60:
         engine_alone(args)

@@ -1,4 +1,5 @@
-"""Text summary of `run_gpu_profile.sh`'s output (the docs/perf/*-profile.txt files).
+"""Text summary of `bash bench/run_gpu.sh profile`'s output, $OUT/profile (the
+docs/perf/*-profile.txt files).
 
 Reads the py-spy speedscope file recorded with `--threads --idle` (samples in time order, one
 list per thread, 1/rate s apart), the results rows and the server's request log, and prints:

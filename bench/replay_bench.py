@@ -146,7 +146,7 @@ def main() -> int:
     ap.add_argument(
         "--aiperf",
         action="store_true",
-        help="then AIPerf at the same level (bench/gpu_bench.py's aiperf_level, AIPERF_PY)",
+        help="then AIPerf at the same level (bench/gpu/clients.py's aiperf_level, AIPERF_PY)",
     )
     ap.add_argument(
         "--aiperf-token-ids",
@@ -236,7 +236,7 @@ def main() -> int:
             Path(args.profile).write_text("\n".join(lines) + "\n")
             print("\n".join(lines[:15]))
         if args.aiperf:
-            from bench.gpu_bench import aiperf_level
+            from bench.gpu.clients import aiperf_level
             from mistral_serving.settings import Settings
 
             model = Settings.load(settings).served_model_name

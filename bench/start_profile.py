@@ -6,8 +6,8 @@ heavy modules the load imports.
 Imports torch and transformers and sets up the device first (not counted), then loads the
 engine the way the server does. Prints the load time, the modules it imported (how many,
 and whether torch._dynamo, sympy, scikit-learn or transformers' model classes are among
-them: the import chain that took ~6 s of a warm start on the H200), then cProfile's top
-functions by cumulative time. docs/performance.md, section 5.
+them: the import chain that took most of a warm start), then cProfile's top functions by
+cumulative time. docs/perf/history/round-03.md, section 5.
 """
 
 from __future__ import annotations

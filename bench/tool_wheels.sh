@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The wheels AIPerf 0.13.0 needs on the H200 image and the image lacks: AIPerf's runtime
 # closure (pip's resolution of aiperf==0.13.0 under tests/tools/requirements.txt, Linux,
-# CPython 3.12) less the packages /work/.library/device/KINDS.md lists as already there.
+# CPython 3.12) less the packages the image already has.
 # Versions come from tests/tools/requirements.txt (the pins live there only).
 #
 #   bash bench/tool_wheels.sh DIR [--lean]   # DIR/*.whl, then their count and total size
@@ -14,7 +14,7 @@
 # On the device (no network): unzip every wheel into one folder and put it on PYTHONPATH:
 #   mkdir -p /tmp/ap && for w in DIR/*.whl; do python3 -m zipfile -e "$w" /tmp/ap; done
 #   PYTHONPATH=/tmp/ap python3 -m aiperf --version    # prints 0.13.0
-# For gpu_bench.py --aiperf, only AIPerf's python gets that path (the folder holds fastapi,
+# For gpu_bench.py --aiperf (bench/run_gpu.sh does this), only AIPerf's python gets that path (the folder holds fastapi,
 # starlette and pydantic of their own, which must not reach the server):
 #   printf '#!/bin/sh\nPYTHONPATH=/tmp/ap exec python3 "$@"\n' > /tmp/aiperf-py
 #   chmod +x /tmp/aiperf-py && export AIPERF_PY=/tmp/aiperf-py

@@ -134,7 +134,8 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     (r"^docker ", DOCKER),
     # -- GPU machine and TensorRT-LLM container steps
     (r"^python3? bench/(guided_bench|replay_bench)\.py", NotHere("GPU-machine benchmarks")),
-    (r"^bash bench/run_gpu", GPU),
+    (r"^bash bench/run_gpu\.sh prepare$", NotHere("downloads wheels for a GPU machine")),
+    (r"^bash bench/run_gpu", NotHere("needs an NVIDIA GPU with 80 GB (docs/performance.md)")),
     (r"^python bench/plots\.py", NotHere("rewrites docs/perf/engine-variants.png")),
     (r"^python3? -m pip (download|install)", NotHere("packing wheels for the GPU machine")),
     (r"^pip (freeze|install)", NotHere("inside the TensorRT-LLM release container")),

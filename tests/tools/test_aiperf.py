@@ -79,16 +79,16 @@ def test_aiperf_profile_completes_every_request(server_url: str, tmp_path: Path)
 def test_aiperf_sends_the_benchmarks_token_id_bodies(
     server_url: str, dev_model: Path, tmp_path: Path
 ) -> None:
-    """bench/gpu_bench.py's AIPerf level with `token_ids`: AIPerf replays our client's
+    """bench/clients.py's AIPerf level with `token_ids`: AIPerf replays our client's
     token-id bodies verbatim (its inputs_json dataset), so the second client measures the
     same requests as ours; every one is answered with the prompt length asked for."""
-    from bench import gpu_bench
+    from bench.gpu import clients
 
     model = json.loads(urlopen(f"{server_url}/v1/models").read())["data"][0]["id"]
-    payloads = gpu_bench.aiperf_token_id_payloads(tmp_path / "inputs.json", model, 2, 16, 4)
+    payloads = clients.aiperf_token_id_payloads(tmp_path / "inputs.json", model, 2, 16, 4)
     bodies = [s["payloads"][0] for s in json.loads(payloads.read_text())["data"]]
     assert len(bodies) == 6 and all(len(b["prompt"]) == 16 for b in bodies)
-    argv = gpu_bench.aiperf_command(
+    argv = clients.aiperf_command(
         server_url, model, str(dev_model), 2, 16, 4, tmp_path / "out", payloads=payloads
     )
     env = {

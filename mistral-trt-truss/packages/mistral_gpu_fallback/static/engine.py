@@ -206,9 +206,10 @@ def light_config(raw: dict[str, Any]) -> Any | None:
     base config class, or None where the model's own class is needed: a key missing whose
     default is the model class's (`llama.config_keys_without_shared_defaults`) or a RoPE
     other than the default (the model class normalises its parameters). The model's own
-    class costs a cold start 7-8.5 s on the H200 image: in transformers 5.17 its docstring decorator imports the auto model classes
-    and, through them, generation and tensor-parallel code (torch.distributed.tensor's
-    custom-op registration, scikit-learn)."""
+    class costs a cold start seconds: in transformers 5.17 its docstring decorator imports
+    the auto model classes and, through them, generation and tensor-parallel code
+    (torch.distributed.tensor's custom-op registration, scikit-learn;
+    docs/perf/history/round-06.md, goal 4)."""
     from transformers import PretrainedConfig
 
     if any(k not in raw for k in llama.config_keys_without_shared_defaults(raw)):

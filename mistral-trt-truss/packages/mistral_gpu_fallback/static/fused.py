@@ -2,8 +2,9 @@
 
 Besides its matrix products, a decode layer ran ~35 small kernels (transformers' RMSNorm
 as seven element-wise ops, twice; RoPE as cat/neg/mul/add for q and for k; the residual
-adds; SiLU and the gate product), each ~2 us on an H200 even inside a CUDA graph: at
-batch 1 they were a third of the step. `TritonOps` does each group in one kernel:
+adds; SiLU and the gate product), each a launch of its own even inside a CUDA graph: at
+batch 1 they were a third of the step (docs/perf/history/round-07.md). `TritonOps` does
+each group in one kernel:
 
 - `add_rms_norm`: the residual add and the next RMSNorm (float32 variance, cast back,
   times the weight, as transformers computes it), returning both;

@@ -5,8 +5,8 @@ The static engine runs its own forward pass (`static._forward`) over the
 checkpoint's modules; it needs their parameters, the RMSNorms, the activation and the
 rotary tables, not transformers' `MistralForCausalLM`. Importing that class pulls in
 transformers' generation and tensor-parallel code (torch.distributed.tensor's custom-op
-registration, scikit-learn, sympy): measured on the H200 image, ~6 of the ~10 s a warm
-engine start took. These modules carry the same parameter names, shapes and numerics
+registration, scikit-learn, sympy): most of a warm engine start
+(docs/perf/history/round-03.md). These modules carry the same parameter names, shapes and numerics
 (RMSNorm in float32 as transformers computes it; the rotary inverse frequencies from
 transformers' own formulas), so a checkpoint loads into them unchanged.
 """

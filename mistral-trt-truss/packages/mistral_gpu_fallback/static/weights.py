@@ -2,7 +2,7 @@
 
 `safe_open(...).get_tensor()` copies each tensor out of a memory map (page faults, one
 tensor at a time) into a new CPU tensor, which is then copied again to the GPU from
-pageable memory: measured on an H200, ~11 s for 14.5 GB even with every page cached.
+pageable memory: slow even with every page cached (docs/perf/history/round-03.md).
 Here each shard is read front to back with `preadv` into two pinned buffers per reader
 thread, and every piece of a tensor in a buffer is copied asynchronously into its place
 in the target (the GPU tensor's own bytes) while the next piece is read. Tensors whose

@@ -64,8 +64,8 @@ def _ratio(quota: str, period: str) -> float | None:
 
 def default_torch_threads(cpus: int) -> int:
     """torch's intra-op threads when `torch_threads` is unset: one CPU is left to the
-    server's event loop (HTTP, tokenization, streaming). Measured on a busy 2-core machine
-    (bench/threads_bench.py, docs/performance.md): 2 threads decoded SmolLM2 ~20x
-    slower than 1, since torch's threads spin-wait for each other while the loop and other
-    processes hold the cores."""
+    server's event loop (HTTP, tokenization, streaming). On a busy machine torch's threads
+    spin-wait for each other while the loop and other processes hold the cores, so more
+    threads than free CPUs decode many times slower (bench/threads_bench.py;
+    docs/perf/history/cpu-torch-threads.md)."""
     return max(1, cpus - 1)

@@ -30,9 +30,8 @@ Structured output (`guided`) needs `engine.guided` set (a `mistral_serving.engin
 decoder: its per-request matcher masks each row before sampling and is told each chosen
 token); without it such a request is refused with a 4xx.
 
-The fast path is `static.py` (preallocated KV slots, our own Llama/Mistral forward
-pass, CUDA graphs): 6.4x this engine's throughput at 256 concurrent requests and 13x for
-one stream on an H200. `factory.py` picks (`pytorch_kv_cache: auto`: static on a CUDA GPU
+The fast path is the static engine (preallocated KV slots, our own Llama/Mistral forward
+pass, CUDA graphs; docs/perf/history/round-01.md measured both). `factory.py` picks (`pytorch_kv_cache: auto`: static on a CUDA GPU
 for the architectures it supports).
 """
 
@@ -170,15 +169,15 @@ def load_model(
     # Straight to the GPU (no host copy of the weights) where transformers can.
     model = loader(model_dir, config, dtype, device) if loader is not None else None
     if model is None:
-        # Imported only here: in transformers 5.17 (the H200 image) this import pulls in the
-        # whole modeling stack (torch.distributed.tensor's custom ops, sklearn): 7-8.5 s of
-        # a cold start measured on the H200 that the direct loader never needs.
+        # Imported only here: in transformers 5.17 this import pulls in the whole modeling
+        # stack (torch.distributed.tensor's custom ops, sklearn): seconds of a cold start
+        # that the direct loader never needs (docs/perf/history/round-06.md, goal 4).
         from transformers import AutoModelForCausalLM
 
         placement = {"device_map": device} if device.type == "cuda" and _has_accelerate() else {}
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, **placement)
     model = model.to(device).eval()
-    if device.type == "cuda":  # a decode step is 7-15 ms on an H200
+    if device.type == "cuda":  # a GPU step is a few ms: the GIL must not hold it up
         set_gil_switch_interval(settings.gil_switch_interval_ms)
     return LoadedModel(model, max_seq, max_input)
 

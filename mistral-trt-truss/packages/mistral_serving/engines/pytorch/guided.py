@@ -7,11 +7,11 @@ of every token the grammar does not allow next, and accepts the token that was c
 Once the grammar is complete only EOS is allowed, so the output always parses. The
 TensorRT-LLM engine does the same inside the runtime (`GuidedDecodingParams`).
 
-Cost (measured by `bench/guided_bench.py`): compiling a schema takes milliseconds
-once, then xgrammar's cache answers; per token, filling the bitmask takes ~1-4 us and
-applying it ~10-20 us on a 32000-token row (CPU). The mask is applied with numpy rather than
-xgrammar's CPU kernel, which takes ~110 us when only a few tokens are allowed (most
-steps of a schema), and on an accelerator without copying the logits to the host.
+Cost (`bench/guided_bench.py`; docs/perf/history/structured-output.md): a schema is
+compiled once, then xgrammar's cache answers; per token, the bitmask is filled and applied.
+The mask is applied with numpy rather than xgrammar's CPU kernel, whose time grows with the
+tokens it blocks (slowest on most steps of a schema, where only a few are allowed), and on
+an accelerator without copying the logits to the host.
 
 Compiles run on the decoder's own thread (`matcher_later`), never on the caller's (the
 server's event loop) nor inside the engine's step; every schema that reaches an engine has
@@ -63,7 +63,7 @@ class _GrammarMatcher(Protocol):
 
 
 class GuidedDecoder:
-    """xgrammar (a 1.3 s import) and its compiler are set up at the first structured
+    """xgrammar (a slow import) and its compiler are set up at the first structured
     request, not at start-up: most servers never see one."""
 
     def __init__(
