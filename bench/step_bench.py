@@ -43,9 +43,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from mistral_gpu_fallback.static import fused, llama  # noqa: E402
-from mistral_gpu_fallback.static.engine import StaticTorchEngine, light_config  # noqa: E402
+from mistral_gpu_fallback.static.engine import (  # noqa: E402
+    StaticOptions,  # noqa: E402
+    StaticTorchEngine,
+    light_config,
+)
 from mistral_serving.engines.base import EngineLimits  # noqa: E402
-from mistral_serving.engines.pytorch.dynamic import TorchOptions  # noqa: E402
 
 OUT: Path | None = None
 
@@ -115,7 +118,7 @@ def idle_engine(model: torch.nn.Module, rows: int, width: int, fused_kernels: st
     """The static engine around `model` for `rows` slots of `width` columns, its step
     thread stopped once its buffers are made (so this thread drives its methods alone)."""
     cuda = next(model.parameters()).device.type == "cuda"
-    options = TorchOptions(cuda_graphs=cuda, fused_kernels=fused_kernels)
+    options = StaticOptions(cuda_graphs=cuda, fused_kernels=fused_kernels)
     engine = StaticTorchEngine(model, 2, EngineLimits(width - 1, width, rows), options)
     for _ in range(600):  # the thread makes the KV cache first, then idles
         if engine._k is not None or engine._fatal is not None:

@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = [
     "mistral_build.k8s",
     "mistral_build.k8s_bucket",
     "mistral_build.verify_gpu",
+    "mistral_build.reference",
 ]
 
 

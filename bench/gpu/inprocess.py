@@ -272,13 +272,13 @@ def hf_generate_serial(model, args) -> None:
 def older_engines(model, args) -> None:
     """The same fast path without CUDA graphs, and the engine it replaced (a record of what
     each change gave; run only without --skip-variants)."""
-    from mistral_gpu_fallback.static.engine import StaticTorchEngine
+    from mistral_gpu_fallback.static.engine import StaticOptions, StaticTorchEngine
     from mistral_serving.engines.base import EngineLimits
     from mistral_serving.engines.pytorch.dynamic import TorchEngine, TorchOptions
 
     limits = EngineLimits(args.max_seq_len - 1, args.max_seq_len, args.max_batch_size)
     if time_left() > 60:
-        eager = StaticTorchEngine(model, 2, limits, TorchOptions(8192, cuda_graphs=False))
+        eager = StaticTorchEngine(model, 2, limits, StaticOptions(8192, cuda_graphs=False))
         sweep(eager, "static eager", [1, 256][: 1 if args.quick else 2], 128, 128, 1, 40)
         release(eager)
         del eager

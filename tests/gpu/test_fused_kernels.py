@@ -187,12 +187,11 @@ def test_greedy_decode_with_the_kernels_on_and_off() -> None:
 
 def test_the_engine_serves_with_the_kernels() -> None:
     from bench.step_bench import random_model, shape_config
-    from mistral_gpu_fallback.static.engine import StaticTorchEngine
+    from mistral_gpu_fallback.static.engine import StaticOptions, StaticTorchEngine
     from mistral_serving.engines.base import EngineLimits, SamplingOptions
-    from mistral_serving.engines.pytorch.dynamic import TorchOptions
 
     model = random_model(shape_config(SMALL, 256), DEV, BF16, seed=2)
-    options = TorchOptions(fused_kernels="on")
+    options = StaticOptions(fused_kernels="on")
     engine = StaticTorchEngine(model, 2, EngineLimits(255, 256, 8), options)
 
     async def one(i: int) -> list[int]:

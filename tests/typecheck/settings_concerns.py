@@ -25,7 +25,8 @@ def the_whole_settings_is_every_concern(settings: Settings) -> list[object]:
 def a_torch_engine_reads_limits_not_server_knobs(settings: TorchEngineSettings) -> list[object]:
     return [
         settings.max_batch_size,
-        settings.cuda_graphs,
+        settings.pytorch_kv_cache,
+        settings.cuda_graphs,  # type: ignore[attr-defined]  # the GPU fallback's
         settings.max_body_bytes,  # type: ignore[attr-defined]
         settings.trtllm_sampler,  # type: ignore[attr-defined]
     ]

@@ -228,7 +228,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_build.diagrams",
             ),
         ),
-        ("commands", ("mistral_build.cli", "mistral_build.verify_gpu")),
+        ("commands", ("mistral_build.cli", "mistral_build.verify_gpu", "mistral_build.reference")),
     ),
 }
 

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from torch import nn
 
 from mistral_gpu_fallback.static import fused, llama
+from mistral_gpu_fallback.static.engine import StaticOptions
 from mistral_serving.engines.base import EngineError
 from mistral_serving.engines.factory import start_torch_engine
-from mistral_serving.engines.pytorch.dynamic import TorchOptions
 from mistral_serving.settings import Settings, SettingsError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,7 +155,7 @@ def test_the_setting_reaches_the_engine_options(value: str) -> None:
     from_env = Settings.load(None, env={"MTT_FUSED_KERNELS": value})
     from_meta = Settings.load({"fused_kernels": value}, env={})
     assert from_env.fused_kernels == from_meta.fused_kernels == value
-    assert TorchOptions.from_settings(from_env).fused_kernels == value
+    assert StaticOptions.from_settings(from_env).fused_kernels == value
     assert Settings().fused_kernels == "auto"
 
 

@@ -39,7 +39,7 @@ class _Concern(BaseModel):
 
 
 class ArtifactSettings(_Concern):
-    """What to serve and where it is kept (artifacts.py)."""
+    """What to serve and where it is kept (artifacts/)."""
 
     artifact: str = Field(
         "",
@@ -86,8 +86,7 @@ class ArtifactSettings(_Concern):
 
 
 class ServerSettings(_Concern):
-    """The HTTP server: listening, bodies, connections, streams (server.py,
-    http_limits.py, auth.py, frontend.py)."""
+    """The HTTP server: listening, bodies, connections, streams (http/)."""
 
     served_model_name: str = Field(
         "mistral-7b-instruct", description="Model name returned by the OpenAI routes."
@@ -97,15 +96,6 @@ class ServerSettings(_Concern):
         pattern=r"^[0-9A-Za-z.:-]{1,64}$",
         description="Address the server listens on: every interface in the image (the pod's "
         "port); `make serve` and `build.py serve` use 127.0.0.1 unless given `--host`.",
-    )
-    frontend_processes: int = Field(
-        1,
-        ge=1,
-        le=64,
-        description="HTTP server processes sharing the port, over one engine process (needs "
-        "`engine_process: on`, so the PyTorch engine; as vLLM's API-server count). Each "
-        "applies the admission and connection limits to its own requests; `/metrics` sums "
-        "them all. 1: one process, the engine in it unless `engine_process` is on.",
     )
     max_body_bytes: int = Field(
         8 * 2**20, ge=1024, le=2**30, description="Largest request body; larger ones get 413."
@@ -185,7 +175,7 @@ class ServerSettings(_Concern):
 
 class AdmissionSettings(_Concern):
     """Who may generate now, who waits, what a request gets by default, and the drain
-    (admission.py, shutdown.py, the wire formats)."""
+    (generation/admission.py, ops/shutdown.py, the wire formats)."""
 
     default_max_tokens: int = Field(
         2048,
@@ -249,19 +239,17 @@ class LimitsSettings(_Concern):
 
 
 class TorchEngineSettings(LimitsSettings):
-    """The PyTorch engines (engine=pytorch), their process split and their grammars."""
+    """The PyTorch engine (engine=pytorch): the CPU/dev engine of the core, and the GPU
+    fallback's static KV cache when chosen."""
 
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
-    prefill_chunk_tokens: int = Field(
-        0,
-        ge=0,
-        le=2**21,
-        description="Static PyTorch engine: chunked prefill. Prompt tokens added to a "
-        "decode step (one forward pass over the decoding rows' tokens and these; long "
-        "prompts are split over steps), so a burst of prompts no longer stalls every "
-        "decoding stream for a whole prefill; 0: off (each admitted prompt is prefilled "
-        "whole, up to max_num_tokens per step).",
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the PyTorch engine runs: `auto` is a CUDA GPU when torch sees one.",
+    )
+    torch_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="The PyTorch engine's weights: `auto` is bf16 on a GPU that has it, else "
+        "fp16; fp32 on a CPU.",
     )
     prefill_logits_bytes: int = Field(
         256 * 2**20,
@@ -275,7 +263,7 @@ class TorchEngineSettings(LimitsSettings):
     pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
         "auto",
         description="`static`: preallocated KV slots, our own Llama/Mistral forward pass and "
-        "CUDA graphs (engines/pytorch/static.py; the fast path on a GPU). `dynamic`: "
+        "CUDA graphs (the GPU fallback package; the fast path on a GPU). `dynamic`: "
         "transformers' forward over a growing, left-padded DynamicCache (any causal LM). "
         "`auto`: static on a CUDA GPU for the checkpoints it supports (Llama/Mistral "
         "without sliding window or biases), else dynamic, logging why.",
@@ -287,36 +275,6 @@ class TorchEngineSettings(LimitsSettings):
         description="PyTorch engine on a GPU (and the replay engine, which stands in for "
         "one): the process's GIL switch interval (sys.setswitchinterval); the engine "
         "thread and the event loop share the GIL.",
-    )
-    engine_process: Literal["off", "on"] = Field(
-        "off",
-        description="PyTorch engines: `on` runs the model and its step loop in a process of "
-        "their own (token ids to the server over a socket; the two no longer share one "
-        "GIL). Measured on an H200 it served the same throughput as `off` with a later "
-        "first token, so it is off by default. With engine=replay (benchmarks) it runs "
-        "the replay engine there: the serving layer measured over that socket.",
-    )
-    cuda_graphs: bool = Field(
-        True,
-        description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs.",
-    )
-    fused_kernels: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="Static PyTorch engine: the forward pass's element-wise chain (residual "
-        "add + RMSNorm, RoPE of q and k, SiLU x up) and the decode step's attention (each "
-        "row over its own columns) as Triton kernels "
-        "(engines/pytorch/fused.py). `auto`: on a CUDA GPU where Triton imports and the "
-        "kernels agree with the torch ops on the model's shapes at start, else the torch ops "
-        "(the reason in /version's details); `on`: the engine fails to start without them; "
-        "`off`: the torch ops.",
-    )
-    overlap_decode: bool = Field(
-        True,
-        description="Static PyTorch engine: while every running row is plain greedy, launch "
-        "the next decode step (fed the tokens on the device) before reading the last one's "
-        "tokens, so the host's bookkeeping and delivery overlap the GPU; a row that ended "
-        "rides one extra step, discarded. false: each step's tokens are read before the next "
-        "is launched.",
     )
     torch_threads: int | None = Field(
         None,
@@ -376,9 +334,61 @@ class TrtllmSettings(LimitsSettings):
     )
 
 
-class ReplaySettings(_Concern):
-    """engine=replay (benchmarks only)."""
+class GpuFallbackSettings(_Concern):
+    """The GPU fallback package: the PyTorch engine's static KV
+    cache, the engine in its own process, several front-end processes over it, and the
+    replay engine of the benchmarks. A TensorRT-LLM deployment uses none of them; an image
+    built without the package refuses each (engines/fallback.py)."""
 
+    prefill_chunk_tokens: int = Field(
+        0,
+        ge=0,
+        le=2**21,
+        description="Static PyTorch engine: chunked prefill. Prompt tokens added to a "
+        "decode step (one forward pass over the decoding rows' tokens and these; long "
+        "prompts are split over steps), so a burst of prompts no longer stalls every "
+        "decoding stream for a whole prefill; 0: off (each admitted prompt is prefilled "
+        "whole, up to max_num_tokens per step).",
+    )
+    cuda_graphs: bool = Field(
+        True,
+        description="With pytorch_kv_cache=static on a GPU: replay decode steps as CUDA graphs.",
+    )
+    fused_kernels: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Static PyTorch engine: the forward pass's element-wise chain (residual "
+        "add + RMSNorm, RoPE of q and k, SiLU x up) and the decode step's attention (each "
+        "row over its own columns) as Triton kernels "
+        "(the GPU fallback's static/fused.py). `auto`: on a CUDA GPU where Triton imports and the "
+        "kernels agree with the torch ops on the model's shapes at start, else the torch ops "
+        "(the reason in /version's details); `on`: the engine fails to start without them; "
+        "`off`: the torch ops.",
+    )
+    overlap_decode: bool = Field(
+        True,
+        description="Static PyTorch engine: while every running row is plain greedy, launch "
+        "the next decode step (fed the tokens on the device) before reading the last one's "
+        "tokens, so the host's bookkeeping and delivery overlap the GPU; a row that ended "
+        "rides one extra step, discarded. false: each step's tokens are read before the next "
+        "is launched.",
+    )
+    engine_process: Literal["off", "on"] = Field(
+        "off",
+        description="PyTorch engines: `on` runs the model and its step loop in a process of "
+        "their own (token ids to the server over a socket; the two no longer share one "
+        "GIL); a dead engine process fails its requests and stops the server so it is "
+        "restarted. Off by default: it isolates, it does not speed up (docs/performance.md). "
+        "With engine=replay (benchmarks) it runs the replay engine there.",
+    )
+    frontend_processes: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="HTTP server processes sharing the port, over one engine process (needs "
+        "`engine_process: on`, so the PyTorch engine; as vLLM's API-server count). Each "
+        "applies the admission and connection limits to its own requests; `/metrics` sums "
+        "them all. 1: one process, the engine in it unless `engine_process` is on.",
+    )
     replay_step_ms: float = Field(
         10.0,
         gt=0,
@@ -389,8 +399,8 @@ class ReplaySettings(_Concern):
 
 
 class GrammarSettings(_Concern):
-    """Structured output (response_format): bounds checked before any grammar compile
-    (grammar.py, grammar_pool.py)."""
+    """Structured output (response_format, forced tool calls): bounds checked before any
+    grammar compile (structured/)."""
 
     grammar_max_schema_bytes: int = Field(
         65536,
@@ -481,7 +491,7 @@ class Settings(
     AdmissionSettings,
     TorchEngineSettings,
     TrtllmSettings,
-    ReplaySettings,
+    GpuFallbackSettings,
     GrammarSettings,
     OpsSettings,
 ):

@@ -74,7 +74,7 @@ from mistral_serving.engines.base import (
     deliver,
     read_stream,
 )
-from mistral_serving.settings import Settings, TorchEngineSettings
+from mistral_serving.settings import GpuFallbackSettings, Settings, TorchEngineSettings
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ GUESTS_MARGIN_S = 10.0  # past the drain's grace, for guests to close their stre
 _LEAVE_S = 5.0  # a guest that leaves waits this long for the engine process to let go
 
 
-def wants_own_process(settings: TorchEngineSettings) -> bool:
+def wants_own_process(settings: GpuFallbackSettings) -> bool:
     """`engine_process: on` runs a PyTorch engine (or the replay engine, for benchmarks)
     in a process of its own. Off by default: on the H200 it served the same throughput as
     in-process and a later first token (docs/performance.md), so it is there for

@@ -85,7 +85,7 @@ from mistral_serving.engines.pytorch.dynamic import (
 )
 from mistral_serving.engines.pytorch.prefill import chunked_prompt_logprobs, is_allocation_failure
 from mistral_serving.engines.sampling import greedy_tokens, pick_of, plain_greedy
-from mistral_serving.settings import TorchEngineSettings
+from mistral_serving.settings import GpuFallbackSettings, TorchEngineSettings
 
 if TYPE_CHECKING:
     from torch.cuda import _POOL_HANDLE
@@ -235,8 +235,46 @@ def load_static_model(
     return load_model(model_dir, settings, loader=load_safetensors_direct, config=config)
 
 
+_FALLBACK = GpuFallbackSettings.model_fields
+
+
+@dataclass(frozen=True)
+class StaticOptions(TorchOptions):
+    """The PyTorch engine's options, and the static KV cache's own (defaults: Settings')."""
+
+    cuda_graphs: bool = _FALLBACK["cuda_graphs"].default
+    prefill_chunk_tokens: int = _FALLBACK["prefill_chunk_tokens"].default  # 0: off
+    fused_kernels: str = _FALLBACK["fused_kernels"].default  # auto | on | off
+    overlap_decode: bool = _FALLBACK["overlap_decode"].default
+
+    @classmethod
+    def from_settings(cls, settings: TorchEngineSettings) -> StaticOptions:
+        base = TorchOptions.from_settings(settings)
+        if not isinstance(settings, GpuFallbackSettings):  # the engine's own defaults
+            return cls(base.max_num_tokens, base.prefill_logits_bytes)
+        return cls(
+            base.max_num_tokens,
+            base.prefill_logits_bytes,
+            settings.cuda_graphs,
+            settings.prefill_chunk_tokens,
+            settings.fused_kernels,
+            settings.overlap_decode,
+        )
+
+    @classmethod
+    def of(cls, options: TorchOptions) -> StaticOptions:
+        if isinstance(options, StaticOptions):
+            return options
+        return cls(options.max_num_tokens, options.prefill_logits_bytes)
+
+
 class StaticTorchEngine(TorchEngine):
-    def _prepare(self, model: torch.nn.Module, limits: EngineLimits, options: TorchOptions) -> None:
+    @classmethod
+    def options_for(cls, settings: TorchEngineSettings) -> TorchOptions:
+        return StaticOptions.from_settings(settings)
+
+    def _prepare(self, model: torch.nn.Module, limits: EngineLimits, base: TorchOptions) -> None:
+        options = StaticOptions.of(base)
         why = supports_static_path(model)
         if why is not None:
             raise EngineError(f"pytorch_kv_cache=static cannot run this model: {why}")

@@ -188,23 +188,10 @@ class TorchOptions:
 
     max_num_tokens: int = TorchEngineSettings.model_fields["max_num_tokens"].default
     prefill_logits_bytes: int = TorchEngineSettings.model_fields["prefill_logits_bytes"].default
-    cuda_graphs: bool = TorchEngineSettings.model_fields[
-        "cuda_graphs"
-    ].default  # the static engine's
-    prefill_chunk_tokens: int = 0  # the static engine's chunked prefill (0: off)
-    fused_kernels: str = "auto"  # the static engine's Triton kernels (auto|on|off)
-    overlap_decode: bool = True  # the static engine reads a step's tokens one step late
 
     @classmethod
     def from_settings(cls, settings: TorchEngineSettings) -> TorchOptions:
-        return cls(
-            settings.max_num_tokens,
-            settings.prefill_logits_bytes,
-            settings.cuda_graphs,
-            settings.prefill_chunk_tokens,
-            settings.fused_kernels,
-            settings.overlap_decode,
-        )
+        return cls(settings.max_num_tokens, settings.prefill_logits_bytes)
 
 
 class TorchEngine:
@@ -285,7 +272,12 @@ class TorchEngine:
         cls, loaded: LoadedModel, settings: TorchEngineSettings, eos_token_id: int
     ) -> Self:
         limits = cls.limits_for(loaded, settings)
-        return cls(loaded.model, eos_token_id, limits, TorchOptions.from_settings(settings))
+        return cls(loaded.model, eos_token_id, limits, cls.options_for(settings))
+
+    @classmethod
+    def options_for(cls, settings: TorchEngineSettings) -> TorchOptions:
+        """This engine's options from the settings (a subclass adds its own)."""
+        return TorchOptions.from_settings(settings)
 
     # ---- what a subclass (the static engine) adds ----
 
