@@ -17,7 +17,7 @@ SUBCOMMAND_MODULES = [
     "mistral_build.truss_config",
     "mistral_build.k8s",
     "mistral_build.k8s_bucket",
-    "mistral_build.verify_gpu",
+    "mistral_build.verify.cli",
     "mistral_build.reference",
 ]
 

@@ -228,7 +228,8 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_build.diagrams",
             ),
         ),
-        ("commands", ("mistral_build.cli", "mistral_build.verify_gpu", "mistral_build.reference")),
+        ("verify-gpu", ("mistral_build.verify", "mistral_build.verify.*")),
+        ("commands", ("mistral_build.cli", "mistral_build.reference")),
     ),
 }
 

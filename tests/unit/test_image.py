@@ -309,7 +309,7 @@ def test_the_verify_image_is_the_serving_image_plus_the_tooling(context: Path) -
     assert f"USER {k8s.NON_ROOT_UID}" in lines
     for name in image.TOOLS:
         assert (context / image.TOOLS_DIR / name).exists(), name
-    assert (context / image.TOOLS_DIR / "mistral_build" / "verify_gpu.py").is_file()
+    assert (context / image.TOOLS_DIR / "mistral_build" / "verify" / "cli.py").is_file()
     assert not list((context / image.TOOLS_DIR).rglob("__pycache__"))
 
 

@@ -11,18 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mistral_build import verify_gpu
 from mistral_build.cli import build_parser, main
-from mistral_build.verify_gpu import (
-    CheckFailed,
-    CheckResult,
-    KindReport,
-    kinds_for,
-    parse_gpu_query,
-    parse_set,
-    render_markdown,
-    run_check,
-)
+from mistral_build.verify import artifact, cli, config, report
+from mistral_build.verify.cli import kinds_for, parse_set
+from mistral_build.verify.report import parse_gpu_query, render_markdown
+from mistral_build.verify.results import CheckFailed, CheckResult, KindReport, run_check
 
 
 def test_set_pairs_become_lowercase_settings():
@@ -146,8 +139,8 @@ def test_the_exit_code_follows_the_checks(monkeypatch, tmp_path):
     def fake_kind(kind, opts, context):
         return KindReport(kind, checks=[CheckResult("x", kind != "trtllm_pytorch", "")])
 
-    monkeypatch.setattr(verify_gpu, "verify_kind", fake_kind)
-    monkeypatch.setattr(verify_gpu, "gpu_facts", lambda: "no nvidia-smi on PATH")
+    monkeypatch.setattr(cli, "verify_kind", fake_kind)
+    monkeypatch.setattr(report, "gpu_facts", lambda: "no nvidia-smi on PATH")
     assert main(["verify-gpu", "--kind", "tensorrt_llm", "--out", str(tmp_path / "a")]) == 0
     assert main(["verify-gpu", "--kind", "all", "--out", str(tmp_path / "b")]) == 1
     data = json.loads((tmp_path / "b" / "report.json").read_text())
@@ -165,18 +158,18 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path, capsys):
 
 
 def test_engine_dir_and_the_pytorch_backend_skip_the_build(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(verify_gpu, "build_checkpoint", lambda out: out / "checkpoint")
+    monkeypatch.setattr(artifact, "build_checkpoint", lambda out: out / "checkpoint")
 
     def no_build(*args):
         raise AssertionError("the engine must not be built")
 
-    monkeypatch.setattr(verify_gpu, "build_engine", no_build)
-    opts = verify_gpu.VerifyOptions(kinds=["tensorrt_llm"], out=tmp_path, engine_dir=Path("/e"))
-    assert verify_gpu.prepare_artifact("tensorrt_llm", opts) == (
+    monkeypatch.setattr(artifact, "build_engine", no_build)
+    opts = config.VerifyOptions(kinds=["tensorrt_llm"], out=tmp_path, engine_dir=Path("/e"))
+    assert artifact.prepare_artifact("tensorrt_llm", opts) == (
         "/e",
         {"status": "skipped", "reason": "--engine-dir /e given"},
     )
-    path, record = verify_gpu.prepare_artifact("trtllm_pytorch", opts)
+    path, record = artifact.prepare_artifact("trtllm_pytorch", opts)
     assert path == str(tmp_path / "checkpoint") and record["status"] == "skipped"
     printed = capsys.readouterr().out
     assert "[tensorrt_llm] engine build skipped: --engine-dir /e given" in printed
@@ -184,9 +177,45 @@ def test_engine_dir_and_the_pytorch_backend_skip_the_build(monkeypatch, tmp_path
 
 
 def test_server_settings_per_kind():
-    s = verify_gpu.server_settings("tensorrt_llm", "/e", {"max_inflight": "4"})
+    s = artifact.server_settings("tensorrt_llm", "/e", {"max_inflight": "4"})
     assert s["engine"] == "tensorrt_llm" and s["artifact"] == "/e" and s["max_inflight"] == "4"
     assert s["kv_cache_free_gpu_memory_fraction"] == "0.2"
-    dev = verify_gpu.server_settings("pytorch", "/dev", {})
+    dev = artifact.server_settings("pytorch", "/dev", {})
     assert dev["engine"] == "pytorch" and dev["device"] == "cpu"
-    assert dev["max_waiting"] == str(verify_gpu.MAX_WAITING)
+    assert dev["max_waiting"] == str(config.MAX_WAITING)
+
+
+# -- the package's shape ----------------------------------------------------------------
+
+VERIFY_DIR = Path(__file__).resolve().parents[2] / "mistral_build" / "verify"
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(source: str) -> list[str]:
+    """Functions longer than MAX_FUNCTION_LINES whose `def` line is not preceded by a
+    `# long: <why>` comment."""
+    import ast
+
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            justified = first >= 2 and lines[first - 2].strip().startswith("# long:")
+            if length > MAX_FUNCTION_LINES and not justified:
+                found.append(f"{node.name} ({length} lines)")
+    return found
+
+
+def test_every_verify_function_is_short_or_says_why():
+    modules = sorted(VERIFY_DIR.glob("*.py"))
+    assert len(modules) >= 8  # the package by concern, not one file
+    offenders = {p.name: long_functions(p.read_text()) for p in modules}
+    assert not {k: v for k, v in offenders.items() if v}
+
+
+def test_a_planted_long_function_is_found():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def f():\n{body}\n") == [f"f ({MAX_FUNCTION_LINES + 1} lines)"]
+    assert long_functions(f"# long: one table\ndef f():\n{body}\n") == []

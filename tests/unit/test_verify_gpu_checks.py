@@ -15,18 +15,22 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mistral_build import verify_gpu as vg
-from mistral_build.verify_gpu import (
+from mistral_build.verify import checks, cli, lifecycle, report, wire
+from mistral_build.verify.checks import Context
+from mistral_build.verify.driver import driver_from_proc, judge_driver
+from mistral_build.verify.judges import (
     MIN_AGREE_TOKENS,
-    CheckFailed,
-    CheckWarned,
-    Context,
     Drain,
     agreement,
     judge_agreement,
     judge_drain,
-    judge_driver,
     judge_logprobs,
+)
+from mistral_build.verify.results import (
+    CheckFailed,
+    CheckResult,
+    CheckWarned,
+    KindReport,
     run_check,
 )
 
@@ -85,7 +89,7 @@ def instant_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     def poll(check: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
         return any(check() for _ in range(5))
 
-    monkeypatch.setattr(vg, "wait_until", poll)
+    monkeypatch.setattr(wire, "wait_until", poll)
 
 
 # -- token-prefix agreement --------------------------------------------------------------
@@ -163,11 +167,11 @@ def serve(monkeypatch: pytest.MonkeyPatch, streamed: Callable[[str], str]) -> No
         text = answer(body["messages"][0]["content"])
         return {"choices": [{"message": {"content": text}}]}
 
-    monkeypatch.setattr(vg, "predict", predict)
-    monkeypatch.setattr(vg, "post_json", post_json)
-    monkeypatch.setattr(vg, "predict_stream", lambda url, prompt, **b: streamed(prompt))
+    monkeypatch.setattr(wire, "predict", predict)
+    monkeypatch.setattr(wire, "post_json", post_json)
+    monkeypatch.setattr(wire, "predict_stream", lambda url, prompt, **b: streamed(prompt))
     monkeypatch.setattr(
-        vg, "chat_stream", lambda url, body: streamed(body["messages"][0]["content"])
+        wire, "chat_stream", lambda url, body: streamed(body["messages"][0]["content"])
     )
 
 
@@ -178,27 +182,27 @@ def near_tie_on(victim: str) -> Callable[[str], str]:
 
 def test_concurrency_passes_on_a_correct_server(monkeypatch):
     serve(monkeypatch, answer)
-    assert verdict("concurrency", lambda: vg.check_concurrency(ctx())) == "PASS"
+    assert verdict("concurrency", lambda: checks.check_concurrency(ctx())) == "PASS"
 
 
 def test_concurrency_warns_on_a_late_near_tie(monkeypatch):
     serve(monkeypatch, near_tie_on("number 3:"))
-    result = run_check("concurrency", lambda: vg.check_concurrency(ctx()))
+    result = run_check("concurrency", lambda: checks.check_concurrency(ctx()))
     assert result.verdict == "WARN" and result.passed and "near-tie" in result.detail
 
 
 def test_concurrency_fails_on_garbage(monkeypatch):
     serve(monkeypatch, garbage)
-    assert verdict("concurrency", lambda: vg.check_concurrency(ctx())) == "FAIL"
+    assert verdict("concurrency", lambda: checks.check_concurrency(ctx())) == "FAIL"
 
 
 def test_streaming_equality_warns_on_a_near_tie_and_fails_on_garbage(monkeypatch):
     serve(monkeypatch, answer)
-    assert verdict("s", lambda: vg.check_streaming_equals_non_streaming(ctx())) == "PASS"
+    assert verdict("s", lambda: checks.check_streaming_equals_non_streaming(ctx())) == "PASS"
     serve(monkeypatch, near_tie_on("sea"))
-    assert verdict("s", lambda: vg.check_streaming_equals_non_streaming(ctx())) == "WARN"
+    assert verdict("s", lambda: checks.check_streaming_equals_non_streaming(ctx())) == "WARN"
     serve(monkeypatch, garbage)
-    assert verdict("s", lambda: vg.check_streaming_equals_non_streaming(ctx())) == "FAIL"
+    assert verdict("s", lambda: checks.check_streaming_equals_non_streaming(ctx())) == "FAIL"
 
 
 # -- the long prompt ------------------------------------------------------------------------
@@ -212,18 +216,18 @@ def long_prompt_server(monkeypatch: pytest.MonkeyPatch, counted: Callable[[int],
             "usage": {"prompt_tokens": counted(n), "completion_tokens": 16},
         }
 
-    monkeypatch.setattr(vg, "post_json", post_json)
+    monkeypatch.setattr(wire, "post_json", post_json)
 
 
 def test_long_prompt_goes_past_max_num_tokens(monkeypatch):
     long_prompt_server(monkeypatch, lambda n: n)
-    result = run_check("long", lambda: vg.check_long_prompt(ctx(max_num_tokens=64)))
+    result = run_check("long", lambda: checks.check_long_prompt(ctx(max_num_tokens=64)))
     assert result.verdict == "PASS" and "(max_num_tokens 64) answered" in result.detail
 
 
 def test_long_prompt_fails_when_the_server_truncates_it(monkeypatch):
     long_prompt_server(monkeypatch, lambda n: min(n, 64))  # a silent cut at max_num_tokens
-    assert verdict("long", lambda: vg.check_long_prompt(ctx(max_num_tokens=64))) == "FAIL"
+    assert verdict("long", lambda: checks.check_long_prompt(ctx(max_num_tokens=64))) == "FAIL"
 
 
 # -- logprobs ------------------------------------------------------------------------------
@@ -281,8 +285,8 @@ def gauge_server(monkeypatch: pytest.MonkeyPatch, value: Callable[[list[Stream]]
         streams.append(Stream())
         return streams[-1], iter([b"x"])
 
-    monkeypatch.setattr(vg, "open_long_stream", open_long_stream)
-    monkeypatch.setattr(vg, "kv_usage", lambda url: value(streams))
+    monkeypatch.setattr(lifecycle, "open_long_stream", open_long_stream)
+    monkeypatch.setattr(wire, "kv_usage", lambda url: value(streams))
 
 
 def open_count(streams: list[Stream]) -> int:
@@ -291,19 +295,19 @@ def open_count(streams: list[Stream]) -> int:
 
 def test_kv_gauge_rises_under_load_and_returns_to_zero(monkeypatch):
     gauge_server(monkeypatch, lambda streams: 0.01 * open_count(streams))
-    result = run_check("kv", lambda: vg.check_kv_gauge(ctx()))
+    result = run_check("kv", lambda: lifecycle.check_kv_gauge(ctx()))
     assert result.verdict == "PASS" and "0.0400 under 4 streams" in result.detail
 
 
 def test_a_gauge_that_never_moves_fails(monkeypatch):
     gauge_server(monkeypatch, lambda streams: 0.0)
-    result = run_check("kv", lambda: vg.check_kv_gauge(ctx()))
+    result = run_check("kv", lambda: lifecycle.check_kv_gauge(ctx()))
     assert result.verdict == "FAIL" and "frozen gauge" in result.detail
 
 
 def test_a_gauge_that_never_comes_back_fails(monkeypatch):
     gauge_server(monkeypatch, lambda streams: 0.02 if streams else 0.0)
-    result = run_check("kv", lambda: vg.check_kv_gauge(ctx()))
+    result = run_check("kv", lambda: lifecycle.check_kv_gauge(ctx()))
     assert result.verdict == "FAIL" and "after the streams ended" in result.detail
 
 
@@ -418,10 +422,12 @@ class Executor:
         return Response(200)
 
 
-def abort_check(monkeypatch: pytest.MonkeyPatch, executor: Executor) -> vg.CheckResult:
-    monkeypatch.setattr(vg, "_requests", lambda: executor)
-    monkeypatch.setattr(vg, "aborted", lambda url: executor.aborts)
-    return run_check("abort_streamed_logprobs", lambda: vg.check_abort_streamed_logprobs(ctx()))
+def abort_check(monkeypatch: pytest.MonkeyPatch, executor: Executor) -> CheckResult:
+    monkeypatch.setattr(wire, "_requests", lambda: executor)
+    monkeypatch.setattr(wire, "aborted", lambda url: executor.aborts)
+    return run_check(
+        "abort_streamed_logprobs", lambda: lifecycle.check_abort_streamed_logprobs(ctx())
+    )
 
 
 def test_surviving_the_abort_passes_and_says_the_setting_may_be_turned_on(monkeypatch):
@@ -453,10 +459,10 @@ def test_driver_version_is_read_from_proc():
         "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build  "
         "(dvs-builder@U16-I3-B03-4-3)  Sun Jul 27 06:54:38 UTC 2025\nGCC version:  gcc 12\n"
     )
-    assert vg.driver_from_proc(text) == "580.65.06"
+    assert driver_from_proc(text) == "580.65.06"
     older = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.161.08  Tue Mar  5 22:42:15 UTC"
-    assert vg.driver_from_proc(older) == "535.161.08"
-    assert vg.driver_from_proc("nothing here") is None
+    assert driver_from_proc(older) == "535.161.08"
+    assert driver_from_proc("nothing here") is None
 
 
 @pytest.mark.parametrize(
@@ -486,7 +492,7 @@ def test_driver_judgement_takes_any_text(driver, cuda):
 
 @given(st.text(max_size=200))
 def test_proc_parsing_takes_any_text(text):
-    found = vg.driver_from_proc(text)
+    found = driver_from_proc(text)
     assert found is None or found[0].isdigit()
 
 
@@ -497,13 +503,13 @@ def test_a_warning_passes_the_run_and_shows_in_the_report(monkeypatch, tmp_path)
     from mistral_build.cli import main
 
     def fake_kind(kind, opts, context):
-        return vg.KindReport(
+        return KindReport(
             kind,
-            checks=[vg.CheckResult("a", True, "ok"), vg.CheckResult("b", True, "tie", warned=True)],
+            checks=[CheckResult("a", True, "ok"), CheckResult("b", True, "tie", warned=True)],
         )
 
-    monkeypatch.setattr(vg, "verify_kind", fake_kind)
-    monkeypatch.setattr(vg, "gpu_facts", lambda: "no nvidia-smi on PATH")
+    monkeypatch.setattr(cli, "verify_kind", fake_kind)
+    monkeypatch.setattr(report, "gpu_facts", lambda: "no nvidia-smi on PATH")
     assert main(["verify-gpu", "--kind", "pytorch", "--out", str(tmp_path)]) == 0
     md = (tmp_path / "report.md").read_text()
     assert md.startswith("# verify-gpu: PASSED with 1 WARN") and "| b | WARN |" in md
