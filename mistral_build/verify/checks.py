@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from mistral_build.verify import wire
 from mistral_build.verify.config import GREEDY, MAX_INFLIGHT, MAX_NUM_TOKENS, MAX_WAITING
@@ -110,17 +111,26 @@ def check_penalties(ctx: Context) -> str:
     return "presence_penalty=2.0 and frequency_penalty=2.0 each change the greedy output"
 
 
+def together(ctx: Context, prompts: list[str], body: dict[str, Any], stream: bool) -> list[str]:
+    """Greedy answers to `prompts`, all sent at once (one batch), streamed or not."""
+    send = wire.predict_stream if stream else lambda url, **b: wire.predict(url, **b)["output"]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(lambda p: send(ctx.url, prompt=p, **body), prompts))
+
+
 def check_concurrency(ctx: Context) -> str:
-    """n greedy streams at once vs the same requests one at a time (other batch sizes)."""
+    """n greedy streams at once against the same n requests non-streamed at once (the same
+    batch size), and those against the requests one at a time (early differences only)."""
     n = ctx.concurrency
     prompts = [f"Question number {i}: why is the sky blue?" for i in range(n)]
     body = {"max_new_tokens": 32, "streaming_interval": 1} | GREEDY
     sequential = [wire.predict(ctx.url, prompt=p, **body)["output"] for p in prompts]
-    with ThreadPoolExecutor(n) as pool:
-        together = list(pool.map(lambda p: wire.predict_stream(ctx.url, prompt=p, **body), prompts))
+    plain = together(ctx, prompts, body, stream=False)
+    streamed = together(ctx, prompts, body, stream=True)
+    pairs = list(zip(plain, streamed, strict=True)) + list(zip(sequential, plain, strict=True))
     return judge_agreement(
-        f"{n} concurrent greedy streams vs sequential",
-        list(zip(sequential, together, strict=True)),
+        f"{n} concurrent greedy streams vs {n} concurrent non-streamed, and those vs sequential",
+        pairs,
         ctx.tokenize,
     )
 

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from mistral_build.local_server import raw_post
@@ -202,12 +203,15 @@ def _read_to_the_end(readers: list[Iterator[bytes]], firsts: list[bytes]) -> lis
 
 def check_drain_on_sigterm(ctx: Context, process: subprocess.Popen[Any], grace: float) -> str:
     """Last: SIGTERM with streams in flight. Each stream must complete within the grace
-    period (its answer token-prefix compared with the non-streamed one), the listener close,
+    period (its answer token-prefix compared with its batch-mate and with the same two
+    requests non-streamed together, `judges.batch_pairs`), the listener close,
     and the engine shut down (llm.shutdown()) and the process exit soon after: both timed."""
     requests = wire._requests()
     body = {"prompt": "Drain me", "max_new_tokens": ctx.drain_tokens, "streaming_interval": 1}
     body |= GREEDY
-    reference = wire.predict(ctx.url, **body)["output"]
+    # The reference: the same two requests at once (one batch, as the drained streams).
+    with ThreadPoolExecutor(2) as pool:
+        references = list(pool.map(lambda _: wire.predict(ctx.url, **body)["output"], range(2)))
     streams = [
         requests.post(ctx.url + PREDICT, json=body | {"streaming": True}, stream=True, timeout=300)
         for _ in range(2)
@@ -229,7 +233,7 @@ def check_drain_on_sigterm(ctx: Context, process: subprocess.Popen[Any], grace: 
         ) from None
     took = time.monotonic() - started
     return judge_drain(
-        Drain(in_flight, outcomes, reference, drained, took - drained, grace, code, closed),
+        Drain(in_flight, outcomes, references, drained, took - drained, grace, code, closed),
         ctx.tokenize,
     )
 

@@ -22,6 +22,7 @@ from mistral_build.verify.judges import (
     MIN_AGREE_TOKENS,
     Drain,
     agreement,
+    batch_pairs,
     judge_agreement,
     judge_drain,
     judge_logprobs,
@@ -124,11 +125,34 @@ def test_garbage_fails():
         judge_agreement("x", pairs, tokenize)
 
 
-def test_many_late_differences_fail():
+def test_many_late_differences_warn_however_many():
+    # 5 of 8 flipped late (a 1-2% per-token flip rate over long answers does this): near ties.
     pairs = [(answer(str(i)), flipped(answer(str(i)), 10)) for i in range(5)]
     pairs += [(answer("same"), answer("same"))] * 3
-    with pytest.raises(CheckFailed, match="more than half differ"):
+    with pytest.raises(CheckWarned, match="5 of 8 differ"):
         judge_agreement("x", pairs, tokenize)
+    every = [(answer(str(i)), flipped(answer(str(i)), 5)) for i in range(8)]
+    with pytest.raises(CheckWarned, match="8 of 8 differ"):
+        judge_agreement("x", every, tokenize)
+
+
+def test_more_than_a_quarter_differing_early_fails():
+    pairs = [(answer(str(i)), answer(str(i))) for i in range(8)]
+    for i in (1, 4, 6):
+        pairs[i] = (pairs[i][0], flipped(pairs[i][0], 1))
+    with pytest.raises(CheckFailed, match="3 differ within their first"):
+        judge_agreement("x", pairs, tokenize)
+
+
+def test_batch_pairs_compare_mates_with_each_other_and_with_their_reference():
+    assert batch_pairs(["r0", "r1"], ["s0", "s1"]) == [
+        ("s0", "s1"),
+        ("r0", "r1"),
+        ("r0", "s0"),
+        ("r1", "s1"),
+    ]
+    with pytest.raises(ValueError):
+        batch_pairs(["r0"], ["s0", "s1"])
 
 
 def test_a_single_pair_that_differs_at_once_fails_and_late_warns():
@@ -321,7 +345,7 @@ def drain(**kw: Any) -> Drain:
     base = {
         "in_flight": 2,
         "outcomes": [("completed", REF), ("completed", REF)],
-        "reference": REF,
+        "references": [REF, REF],
         "drain_s": 3.0,
         "shutdown_s": 2.0,
         "grace": 20.0,
@@ -333,12 +357,23 @@ def drain(**kw: Any) -> Drain:
 
 def test_a_clean_drain_passes_with_its_times():
     detail = judge_drain(drain(), tokenize)
-    assert "drained in 3.0 s, shutdown + exit 2.0 s" in detail and "2 of 2 equal" in detail
+    assert "drained in 3.0 s, shutdown + exit 2.0 s" in detail and "4 of 4 equal" in detail
 
 
 def test_a_drained_stream_with_a_late_near_tie_warns():
     with pytest.raises(CheckWarned, match="drained in 3.0 s"):
         judge_drain(drain(outcomes=[("completed", REF), ("completed", flipped(REF, 30))]), tokenize)
+
+
+def test_identical_batch_mates_with_one_late_flip_warn_not_fail():
+    # The two drained streams share a batch and flip the same near tie; the reference pair
+    # (the same two requests at once, non-streamed) did not: every pair differs, late.
+    late = flipped(REF, 30)
+    both = [("completed", late), ("completed", late)]
+    with pytest.raises(CheckWarned, match="2 of 4 differ"):
+        judge_drain(drain(outcomes=both), tokenize)
+    with pytest.raises(CheckWarned, match="3 of 4 differ"):
+        judge_drain(drain(outcomes=both, references=[REF, flipped(REF, 12)]), tokenize)
 
 
 @pytest.mark.parametrize(
