@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from mistral_build.deploy_settings import DeploySettings
 from mistral_build.paths import CACHE_DIR
 
 Kind = Literal["tensorrt_llm", "trtllm_pytorch", "pytorch"]
@@ -57,8 +58,10 @@ GPU_SETTINGS = {"kv_cache_free_gpu_memory_fraction": "0.2", "trtllm_kv_block_reu
 # tensorrt_llm kind's comes from the engine it serves): the long-prompt check goes past it.
 MAX_NUM_TOKENS = {"tensorrt_llm": 2048, "trtllm_pytorch": 2048, "pytorch": 64}
 # After the drain, the engine's shutdown (llm.shutdown()) and the process exit must take
-# no longer than this: Kubernetes' terminationGracePeriodSeconds must cover grace + this.
-SHUTDOWN_BUDGET_S = 30.0
+# no longer than the Deployment leaves them: its terminationGracePeriodSeconds is preStop +
+# drain + this margin (deploy_settings), so the same number is the budget here.
+SHUTDOWN_BUDGET_S = float(DeploySettings.model_fields["shutdown_margin_seconds"].default)
+SHUTDOWN_BUDGET_NAME = "shutdown_margin_seconds"
 
 PREDICT = "/v1/models/model:predict"
 # uvicorn re-raises the SIGTERM it handled after a graceful shutdown: -15 from Popen.

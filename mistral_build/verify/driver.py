@@ -4,11 +4,11 @@ kinds, since a driver too old for the image's CUDA breaks everything after it.""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from mistral_build.verify import report
 from mistral_build.verify.results import CheckFailed, CheckWarned
+from mistral_serving import driver
 
 # CUDA toolkit (major, minor) -> the Linux x86_64 driver its release needs (CUDA Toolkit
 # release notes, "CUDA Toolkit and Corresponding Driver Versions", the GA releases).
@@ -25,8 +25,9 @@ CUDA_TOOLKIT_DRIVER: dict[tuple[int, int], str] = {
     (13, 0): "580.65.06",
 }
 # The oldest driver of each CUDA major (minor version compatibility: a toolkit of that major
-# runs, with a limited feature set, e.g. no JIT of newer PTX).
-CUDA_MAJOR_DRIVER: dict[int, str] = {12: "525.60.13", 13: "580.65.06"}
+# runs, with a limited feature set, e.g. no JIT of newer PTX): the server's own table, so
+# the launcher's refusal and this check cannot disagree.
+CUDA_MAJOR_DRIVER: dict[int, str] = driver.MIN_DRIVER
 COMPAT_LIBS = Path("/usr/local/cuda/compat")
 
 
@@ -36,9 +37,9 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 def driver_from_proc(text: str) -> str | None:
     """The kernel module's version from /proc/driver/nvidia/version ("NVRM version: NVIDIA
-    UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ..."); None if absent."""
-    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", text)
-    return match.group(1) if match else None
+    UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ..."); None if absent. The server's
+    parser (mistral_serving.driver), so both read the same version."""
+    return driver.parse_proc_version(text)
 
 
 def judge_driver(driver: str | None, cuda: str | None, forward_compat: bool) -> str:

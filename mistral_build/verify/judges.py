@@ -21,7 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mistral_build.verify.config import EXITED_ON_SIGTERM, SHUTDOWN_BUDGET_S
+from mistral_build.verify.config import (
+    EXITED_ON_SIGTERM,
+    SHUTDOWN_BUDGET_NAME,
+    SHUTDOWN_BUDGET_S,
+)
 from mistral_build.verify.results import CheckFailed, CheckWarned
 
 # The near-tie tolerance: a flip is rare per token (random weights: the top two logits of
@@ -142,8 +146,9 @@ def judge_drain(d: Drain, tokenize: Tokenize) -> str:
         raise CheckFailed(summary + ("" if d.closed else "; still accepting connections"))
     if d.shutdown_s > SHUTDOWN_BUDGET_S:
         raise CheckFailed(
-            f"{summary}: the exit came {d.shutdown_s:.1f} s after the drain, more than "
-            f"{SHUTDOWN_BUDGET_S:.0f} s (llm.shutdown() hangs?)"
+            f"{summary}: the exit came {d.shutdown_s:.1f} s after the drain, more than the "
+            f"{SHUTDOWN_BUDGET_S:.0f} s the Deployment leaves after it ({SHUTDOWN_BUDGET_NAME}; "
+            "llm.shutdown() hangs?)"
         )
     pairs = batch_pairs(d.references, [text for _, text in d.outcomes])
     try:

@@ -556,3 +556,30 @@ def test_a_refusal_inside_the_stream_is_a_refusal_not_a_missing_abort(monkeypatc
     assert result.verdict == "PASS" and "not applicable" in result.detail
     result = abort_check(monkeypatch, Executor(refuse_in_stream=True))
     assert result.verdict == "WARN" and "no logprobs here" in result.detail
+
+
+# -- one budget, one driver table ---------------------------------------------------------
+
+
+def test_the_shutdown_budget_is_what_the_deployment_leaves_after_the_drain():
+    from mistral_build.deploy_settings import DeploySettings
+    from mistral_build.verify import config
+
+    margin = DeploySettings().shutdown_margin_seconds
+    assert margin == config.SHUTDOWN_BUDGET_S
+    # An exit that fits a looser budget but not the Deployment's margin fails.
+    with pytest.raises(CheckFailed, match="shutdown_margin_seconds"):
+        judge_drain(drain(shutdown_s=margin + 5.0), tokenize)
+    judge_drain(drain(shutdown_s=margin - 1.0), tokenize)
+
+
+def test_the_minimum_driver_is_the_servers_own(monkeypatch):
+    from mistral_build.verify import driver as verify_driver
+    from mistral_serving import driver
+
+    assert verify_driver.CUDA_MAJOR_DRIVER is driver.MIN_DRIVER
+    # A change to the server's table is what the check judges by.
+    monkeypatch.setitem(driver.MIN_DRIVER, 13, "575.00")
+    assert verdict("driver", lambda: judge_driver("576.10", "13.0", False)) == "WARN"
+    monkeypatch.setitem(driver.MIN_DRIVER, 13, "580.65.06")
+    assert verdict("driver", lambda: judge_driver("576.10", "13.0", False)) == "FAIL"
