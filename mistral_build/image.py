@@ -268,6 +268,12 @@ SMOKE_IMPORTS = ("tensorrt_llm", "truss_server", SERVER_MODULE, "torch.cuda")
 # Files and folders under APP_HOME the Truss server writes at run time (model_wrapper.py
 # creates `data` in its working directory); everything else stays root's.
 APP_WRITABLE = ("data",)
+# Caches under HOME (FlashInfer's JIT kernels, the Hugging Face Hub's files) go to
+# $HOME/.cache. The Deployment and the verify Job mount an emptyDir at a folder inside it
+# (.cache/mistral-trt-truss); where the image has no $HOME/.cache the kubelet creates it,
+# root-owned, and uid 60000 can then write nothing else there. So the image makes it, and
+# hands it over with HOME.
+HOME_WRITABLE = (".cache",)
 
 
 def server_entrypoint(python: str) -> list[str]:
@@ -329,10 +335,12 @@ def patch_dockerfile(dockerfile: str, python: str) -> str:
             line.replace(" --no-cache-dir", f" -c {BASE_CONSTRAINTS} --no-cache-dir"),
         )
     writable = " ".join(f"${{APP_HOME}}/{d}" for d in APP_WRITABLE)
+    in_home = " ".join(f"${{HOME}}/{d}" for d in HOME_WRITABLE)
     dockerfile = _replace_once(
         dockerfile,
         f"RUN chown -R {NON_ROOT_UID}:{NON_ROOT_UID} ${{HOME}} ${{APP_HOME}} {PACKAGES_DIR} /workspace \n",
-        f"RUN mkdir -p {writable} && chown -R {NON_ROOT_UID}:{NON_ROOT_UID} ${{HOME}} /workspace {writable}\n",
+        f"RUN mkdir -p {in_home} {writable} "
+        f"&& chown -R {NON_ROOT_UID}:{NON_ROOT_UID} ${{HOME}} /workspace {writable}\n",
     )
     truss_cmd = json.dumps([python, "/app/main.py"], separators=(", ", ": "))
     ours = json.dumps(server_entrypoint(python), separators=(", ", ": "))
@@ -391,16 +399,20 @@ def verify_dockerfile(python: str = BASE_IMAGE_PYTHON) -> str:
     )
 
 
-def add_verify_image(build_dir: Path, repo_root: Path = REPO_ROOT) -> None:
-    tools = build_dir / TOOLS_DIR
+def copy_tools(dest: Path, repo_root: Path = REPO_ROOT) -> None:
+    """What Dockerfile.verify copies into TOOLS_HOME (the tests lay the Job out from it)."""
     ignore = shutil.ignore_patterns("__pycache__", ".cache", "*.pyc")
-    tools.mkdir()
+    dest.mkdir(parents=True)
     for name in TOOLS:
         src = repo_root / name
         if src.is_dir():
-            shutil.copytree(src, tools / name, ignore=ignore)
+            shutil.copytree(src, dest / name, ignore=ignore)
         else:
-            shutil.copyfile(src, tools / name)
+            shutil.copyfile(src, dest / name)
+
+
+def add_verify_image(build_dir: Path, repo_root: Path = REPO_ROOT) -> None:
+    copy_tools(build_dir / TOOLS_DIR, repo_root)
     (build_dir / VERIFY_DOCKERFILE).write_text(verify_dockerfile())
 
 

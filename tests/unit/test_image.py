@@ -231,6 +231,15 @@ def test_image_runs_as_the_non_root_user_the_manifests_expect(dockerfile: str) -
     assert f"ENV HOME=${{HOME:-{APP_HOME_DIR}}}" in lines
 
 
+def test_home_cache_exists_before_the_chown(dockerfile: str) -> None:
+    # The emptyDir at $HOME/.cache/mistral-trt-truss would otherwise make the kubelet create
+    # $HOME/.cache root-owned, and FlashInfer's JIT cache or the Hub's could not go there.
+    (chown,) = [i for i in instructions(dockerfile) if "chown -R" in i]
+    made, handed = chown.split(" && chown -R ", 1)
+    assert "${HOME}/.cache" in made.removeprefix("RUN mkdir -p ").split()
+    assert "${HOME}" in handed.split()
+
+
 def test_rendering_without_the_flag_would_run_as_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
