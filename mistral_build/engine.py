@@ -20,6 +20,7 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
+import os
 import shlex
 import shutil
 import subprocess
@@ -368,6 +369,11 @@ class BuildPaths(BaseModel):
     trtllm_checkpoint_dir: Path
     output_dir: Path  # the artifact: engine + tokenizer + manifest
     logs_dir: Path
+    # TensorRT's timing cache, read if there and written after the build. Absolute: by
+    # default trtllm-build writes `model.cache` into its working directory and asserts the
+    # write worked (BuildConfig.output_timing_cache, builder.py `build`), which fails where
+    # that directory is read-only (the verify Job's, root-owned, as uid 60000).
+    timing_cache: Path
 
 
 def build_paths(opts: EngineOptions) -> BuildPaths:
@@ -377,6 +383,7 @@ def build_paths(opts: EngineOptions) -> BuildPaths:
         trtllm_checkpoint_dir=work / "trtllm-checkpoint",
         output_dir=opts.resolved_output_dir(),
         logs_dir=work / "logs",
+        timing_cache=Path(os.path.abspath(work / "timing.cache")),
     )
 
 
@@ -458,6 +465,9 @@ def build_command(opts: EngineOptions, paths: BuildPaths) -> list[str]:
         # and large prefills each get kernels tuned for their shape; a longer build.
         "--multiple_profiles", "enable",
         "--workers", str(opts.tp_size),
+        # A rebuild in the same workdir reuses the tactics timed last time.
+        "--input_timing_cache", str(paths.timing_cache),
+        "--output_timing_cache", str(paths.timing_cache),
         "--log_level", "info",
     ]  # fmt: skip
 

@@ -3,9 +3,12 @@
 - `--kind pytorch`: the dev model on our PyTorch engine, on the real Truss server: every
   check and the report must pass;
 - `--kind all` through the TensorRT-LLM test double (tests/doubles/fake_tensorrt_llm) on
-  the server's PYTHONPATH: the engine build runs `build.py engine`'s real commands against
+  the server's PYTHONPATH, run the way the verify Job runs it (tests/job_layout.py: its
+  uid 60000, the read-only root-owned working directory, HOME and the emptyDirs as
+  k8s/verify/job.yaml and the Dockerfiles lay them out, the Job's env and command): the engine build runs `build.py engine`'s real commands against
   stand-in `convert_checkpoint.py` and `trtllm-build` scripts (they check our flags with
-  argparse, as the real ones do, and write an engine directory), a stand-in `nvidia-smi`
+  argparse, as the real ones do, and write an engine directory; trtllm-build writes its
+  timing cache where upstream does, `./model.cache` unless told), a stand-in `nvidia-smi`
   reports an H100, and a `sitecustomize` shows the server process the same GPU through
   torch.cuda and slows the double's steps so streams stay in flight while checks hold
   them. The double records penalties without applying them, so the penalties check must
@@ -18,10 +21,14 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.job_layout import JobLayout, job_root, lay_out_job, remove, render_dockerfiles
 
 pytestmark = pytest.mark.e2e
 
@@ -77,17 +84,25 @@ config = {"architecture": "LlamaForCausalLM", "dtype": a.dtype, "vocab_size": hf
 print("converted")
 """
 FAKE_TRTLLM_BUILD = """\
-import argparse, json, pathlib
+import argparse, json, os, pathlib
 import tensorrt_llm  # the double: the engine records the version that built it
 p = argparse.ArgumentParser()
 for flag in ("--checkpoint_dir", "--output_dir", "--gemm_plugin", "--gpt_attention_plugin",
              "--kv_cache_type", "--remove_input_padding", "--context_fmha",
-             "--use_paged_context_fmha", "--multiple_profiles", "--log_level"):
+             "--use_paged_context_fmha", "--multiple_profiles", "--log_level",
+             "--input_timing_cache"):
     p.add_argument(flag)
+# Upstream's default: `model.cache` in the working directory (BuildConfig.output_timing_cache).
+p.add_argument("--output_timing_cache", default="model.cache")
 for flag in ("--max_batch_size", "--max_input_len", "--max_seq_len", "--max_num_tokens",
              "--max_beam_width", "--workers"):
     p.add_argument(flag, type=int)
 a = p.parse_args()
+if a.input_timing_cache and os.path.exists(a.input_timing_cache):
+    pathlib.Path(a.input_timing_cache).read_bytes()
+# builder.py `build`: save_timing_cache opens the path for writing, then `assert ok`.
+with open(a.output_timing_cache, "wb") as f:
+    f.write(b"timing cache")
 pretrained = json.loads((pathlib.Path(a.checkpoint_dir) / "config.json").read_text())
 build = {k: getattr(a, k) for k in ("max_batch_size", "max_input_len", "max_seq_len",
                                     "max_num_tokens", "max_beam_width")}
@@ -117,9 +132,9 @@ if os.environ.get("INFERENCE_SERVER_PORT"):
 """
 
 
-def script(path: Path, body: str) -> Path:
+def script(path: Path, body: str, python: str = sys.executable) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body))
+    path.write_text(f"#!{python}\n" + textwrap.dedent(body))
     path.chmod(0o755)
     return path
 
@@ -171,30 +186,79 @@ def test_pytorch_kind_passes_every_check_and_writes_the_report(dev_model, tmp_pa
     assert md in output  # the summary is printed too
 
 
-def test_tensorrt_llm_kinds_through_the_double(dev_model, tmp_path):
-    bin_dir, examples = tmp_path / "bin", tmp_path / "examples"
-    script(bin_dir / "nvidia-smi", FAKE_NVIDIA_SMI)
-    script(bin_dir / "trtllm-build", FAKE_TRTLLM_BUILD)
-    script(examples / "models" / "core" / "llama" / "convert_checkpoint.py", FAKE_CONVERT)
-    script(tmp_path / "site" / "sitecustomize.py", SITECUSTOMIZE)
-    env = dict(os.environ)
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
-    env["PYTHONPATH"] = os.pathsep.join([str(FAKE_TRTLLM), str(tmp_path / "site")])
-    env["CUDA_VERSION"] = "12.4.1"  # the stand-in nvidia-smi's driver 570.00 runs it
-    out = tmp_path / "out"
+@pytest.fixture
+def job() -> Iterator[JobLayout]:
+    """The verify Job's user, read-only working directory, HOME, emptyDirs and env."""
+    root = job_root()
+    try:
+        with tempfile.TemporaryDirectory() as staging:
+            dockerfiles = render_dockerfiles(Path(staging))
+        yield lay_out_job(root, dockerfiles)
+    finally:
+        remove(root)
 
-    code, output, report = verify(["--kind", "all", "--examples-dir", str(examples)], env, out)
 
-    assert code == 1, output[-4000:]  # the penalties check fails on the double
+def test_the_job_layout_is_the_images_and_the_jobs(job: JobLayout):
+    """What the run below relies on, so a layout that went soft fails here first."""
+    assert job.env["HOME"] == str(job.home) and job.home == job.path("/home/app")
+    if os.geteuid() == 0:
+        assert (job.workdir.stat().st_uid, job.home.stat().st_uid) == (0, job.uid)
+    probe = (
+        "import os, pathlib; home = pathlib.Path.home(); "
+        "print(os.access('.', os.W_OK), (home / '.cache').stat().st_uid == os.getuid()); "
+        "(home / '.cache' / 'flashinfer').mkdir(); "  # FlashInfer's JIT cache, the Hub's
+        "(home / '.cache' / 'huggingface').mkdir()"
+    )
+    proc = subprocess.run(
+        [job.python, "-c", probe],
+        cwd=job.workdir,
+        env=job.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **job.as_user(),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True"]  # read-only cwd, a HOME cache of its own
+
+
+def test_tensorrt_llm_kinds_through_the_double(dev_model, job: JobLayout):
+    root = job.root
+    bin_dir, examples = root / "test-bin", root / "examples"
+    script(bin_dir / "nvidia-smi", FAKE_NVIDIA_SMI, job.python)
+    script(bin_dir / "trtllm-build", FAKE_TRTLLM_BUILD, job.python)
+    script(
+        examples / "models" / "core" / "llama" / "convert_checkpoint.py", FAKE_CONVERT, job.python
+    )
+    script(root / "site" / "sitecustomize.py", SITECUSTOMIZE, job.python)
+    for path in (bin_dir, examples, root / "site"):
+        for dirpath, _dirs, _files in os.walk(path):
+            Path(dirpath).chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join([str(FAKE_TRTLLM), str(root / "site")]),
+        "CUDA_VERSION": "12.4.1",  # the stand-in nvidia-smi's driver 570.00 runs it
+    }
+    out = job.path("/tmp/verify-gpu")
+
+    proc = job.run([*CHEAP, "--examples-dir", str(examples)], env=env)
+    output = proc.stdout + proc.stderr
+    assert (out / "report.json").is_file(), output[-4000:]
+    report = json.loads((out / "report.json").read_text())
+
+    assert proc.returncode == 1, output[-4000:]  # the penalties check fails on the double
     assert report["passed"] is False
     assert [k["kind"] for k in report["kinds"]] == ["tensorrt_llm", "trtllm_pytorch"]
     engine_kind, pytorch_kind = report["kinds"]
+    assert not list(job.workdir.glob("model.cache"))
 
     # The engine was built by build.py engine's own commands, from the tiny checkpoint.
     build = engine_kind["build"]
-    assert build["status"] == "built" and build["gpu_target"] == "h100"
+    assert build["status"] == "built", build
+    assert build["gpu_target"] == "h100"
     assert "convert_checkpoint.py" in build["commands"][0]
     assert build["commands"][1].startswith("trtllm-build ")
+    assert (out / "engine.work" / "timing.cache").read_bytes() == b"timing cache"
     engine_config = json.loads((out / "engine" / "config.json").read_text())
     assert engine_config["version"] == "1.2.1"
     assert engine_config["build_config"]["max_seq_len"] == 32768

@@ -73,6 +73,9 @@ TRTLLM_BUILD_FLAGS = {
     "multiple_profiles",
     "use_fp8_context_fmha",
     "nccl_plugin",
+    # parse_arguments: the timing cache (BuildConfig.input_timing_cache / output_timing_cache).
+    "input_timing_cache",
+    "output_timing_cache",
 }
 # examples/models/core/llama/convert_checkpoint.py (parse_arguments):
 CONVERT_FLAGS = {
@@ -200,3 +203,15 @@ def test_dry_run_prints_the_golden_commands() -> None:
     assert out.returncode == 0, out.stderr
     plan = "".join(ln for ln in out.stdout.splitlines(True) if not ln.startswith("# note:"))
     assert plan == (GOLDEN / "default_bf16_a100.sh").read_text()
+
+
+def test_the_timing_cache_is_an_absolute_path_in_the_workdir_not_the_working_directory() -> None:
+    # trtllm-build's default is `model.cache` in its working directory, then `assert ok`:
+    # a read-only working directory (the verify Job's) fails the build.
+    opts = EngineOptions(**FIXED, **CASES["default_bf16_a100"]).model_copy(
+        update={"workdir": Path("relative/work")}
+    )
+    build = plan_steps(opts, build_paths(opts))[1].argv
+    out = Path(build[build.index("--output_timing_cache") + 1])
+    assert out.is_absolute() and out.parent == Path.cwd() / "relative" / "work"
+    assert build[build.index("--input_timing_cache") + 1] == str(out)

@@ -25,5 +25,7 @@ trtllm-build \
     --max_beam_width 1 \
     --multiple_profiles enable \
     --workers 2 \
+    --input_timing_cache /scratch/engine-build/timing.cache \
+    --output_timing_cache /scratch/engine-build/timing.cache \
     --log_level info
 # finish: tokenizer files + build_manifest.json -> /artifacts/engine

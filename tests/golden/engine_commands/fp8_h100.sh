@@ -29,5 +29,7 @@ trtllm-build \
     --max_beam_width 1 \
     --multiple_profiles enable \
     --workers 1 \
+    --input_timing_cache /scratch/engine-build/timing.cache \
+    --output_timing_cache /scratch/engine-build/timing.cache \
     --log_level info
 # finish: tokenizer files + build_manifest.json -> /artifacts/engine
