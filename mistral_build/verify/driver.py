@@ -8,7 +8,7 @@ from pathlib import Path
 
 from mistral_build.verify import report
 from mistral_build.verify.results import CheckFailed, CheckWarned
-from mistral_serving import driver
+from mistral_serving.ops import driver
 
 # CUDA toolkit (major, minor) -> the Linux x86_64 driver its release needs (CUDA Toolkit
 # release notes, "CUDA Toolkit and Corresponding Driver Versions", the GA releases).
@@ -38,7 +38,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 def driver_from_proc(text: str) -> str | None:
     """The kernel module's version from /proc/driver/nvidia/version ("NVRM version: NVIDIA
     UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 ..."); None if absent. The server's
-    parser (mistral_serving.driver), so both read the same version."""
+    parser (mistral_serving.ops.driver), so both read the same version."""
     return driver.parse_proc_version(text)
 
 

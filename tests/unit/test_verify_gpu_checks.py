@@ -575,7 +575,7 @@ def test_the_shutdown_budget_is_what_the_deployment_leaves_after_the_drain():
 
 def test_the_minimum_driver_is_the_servers_own(monkeypatch):
     from mistral_build.verify import driver as verify_driver
-    from mistral_serving import driver
+    from mistral_serving.ops import driver
 
     assert verify_driver.CUDA_MAJOR_DRIVER is driver.MIN_DRIVER
     # A change to the server's table is what the check judges by.
