@@ -262,9 +262,17 @@ BASE_FREEZE = f"{BUILD_DIR}/base-freeze.txt"
 BASE_PIP_CHECK = f"{BUILD_DIR}/base-pip-check.txt"
 BASE_CONSTRAINTS = f"{BUILD_DIR}/base-constraints.txt"
 CUDA_COMPAT_LIB = "/usr/local/cuda/compat/lib.real"  # NGC images: libcuda.so.1 for forward compat
-# What the server must import, checked in the image at build time (no GPU there: CUDA is
-# checked as built, not as available).
-SMOKE_IMPORTS = ("tensorrt_llm", "truss_server", SERVER_MODULE, "torch.cuda")
+# What the server must import, checked in the image at build time. No GPU and no driver
+# there: tensorrt_llm is not imported (its import loads its CUDA bindings and may initialise
+# CUDA, which fails without a driver); its installed version is read from its metadata
+# instead, and the verify Job imports it on a GPU (verify-gpu's tensorrt_llm_import check).
+SMOKE_IMPORTS = (
+    "importlib.metadata",
+    "importlib.util",
+    "truss_server",
+    SERVER_MODULE,
+    "torch.cuda",
+)
 # Files and folders under APP_HOME the Truss server writes at run time (model_wrapper.py
 # creates `data` in its working directory); everything else stays root's.
 APP_WRITABLE = ("data",)
@@ -283,21 +291,28 @@ def server_entrypoint(python: str) -> list[str]:
     return [TINI, "--", "/bin/sh", "-c", shell, SERVER_MODULE]
 
 
-def smoke_test_command(python: str) -> str:
+def smoke_test_code() -> str:
+    """Python that fails the build unless the server's modules import, tensorrt_llm is
+    installed at TRTLLM_VERSION and torch is built for the image's CUDA major."""
     imports = ", ".join(SMOKE_IMPORTS)
-    code = (
+    return (
         f"import {imports}; "
-        f"v = tensorrt_llm.__version__; "
+        f"assert importlib.util.find_spec('tensorrt_llm'), 'tensorrt_llm is not installed'; "
+        f"v = importlib.metadata.version('tensorrt_llm'); "
         f"assert v == {TRTLLM_VERSION!r}, f'tensorrt_llm {{v}}, expected {TRTLLM_VERSION}'; "
         f"c = torch.version.cuda or ''; "
         f"assert c.split('.')[0] == {BASE_IMAGE_CUDA.split('.')[0]!r}, "
         f"f'torch built for CUDA {{c!r}}, the image is CUDA {BASE_IMAGE_CUDA}'; "
-        f"print('imports ok: tensorrt_llm', v, 'torch', torch.__version__, 'CUDA', c)"
+        f"print('imports ok: tensorrt_llm', v, '(not imported: no GPU here)', 'torch', "
+        f"torch.__version__, 'CUDA', c)"
     )
+
+
+def smoke_test_command(python: str) -> str:
     # No GPU and no driver during `docker build`: should a library need libcuda.so.1 just
     # to load, the CUDA forward-compatibility copy the NGC image ships stands in (after
     # any real one on the path; this RUN only, the server never sees it).
-    return f'RUN LD_LIBRARY_PATH="${{LD_LIBRARY_PATH}}:{CUDA_COMPAT_LIB}" {python} -c "{code}"'
+    return f'RUN LD_LIBRARY_PATH="${{LD_LIBRARY_PATH}}:{CUDA_COMPAT_LIB}" {python} -c "{smoke_test_code()}"'
 
 
 def patch_dockerfile(dockerfile: str, python: str) -> str:

@@ -29,7 +29,7 @@ from mistral_build.verify.config import (
     Kind,
     VerifyOptions,
 )
-from mistral_build.verify.driver import check_driver_vs_cuda
+from mistral_build.verify.driver import check_driver_vs_cuda, check_trtllm_import
 from mistral_build.verify.judges import make_tokenize
 from mistral_build.verify.lifecycle import LIFECYCLE_CHECKS, check_drain_on_sigterm
 from mistral_build.verify.results import CheckFailed, CheckResult, KindReport, run_check
@@ -67,6 +67,7 @@ def verify_kind(kind: Kind, opts: VerifyOptions, context: Callable[[], Path]) ->
     report_ = KindReport(kind)
     if kind in GPU_KINDS:  # first: a driver too old for the image's CUDA breaks all else
         report_.checks.append(run_check("driver_vs_cuda", check_driver_vs_cuda))
+        report_.checks.append(run_check("tensorrt_llm_import", check_trtllm_import))
     path = _prepare(kind, opts, report_)
     if path is None:
         return report_

@@ -1,11 +1,15 @@
-"""The NVIDIA driver against the image's CUDA (no server needed): the first check of the GPU
-kinds, since a driver too old for the image's CUDA breaks everything after it."""
+"""The GPU environment, before any server: the NVIDIA driver against the image's CUDA (a
+driver too old for it breaks everything after), then `import tensorrt_llm` on this GPU
+(the image build cannot import it: no driver there, so it only reads its metadata)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+from mistral_build.release import TRTLLM_VERSION
 from mistral_build.verify import report
 from mistral_build.verify.results import CheckFailed, CheckWarned
 from mistral_serving.ops import driver
@@ -107,3 +111,27 @@ def node_driver_version() -> str | None:
 def check_driver_vs_cuda() -> str:
     forward = COMPAT_LIBS.is_dir() and any(COMPAT_LIBS.glob("libcuda.so*"))
     return judge_driver(node_driver_version(), image_cuda_version(), forward)
+
+
+def check_trtllm_import() -> str:
+    """`import tensorrt_llm` in a fresh interpreter: it loads the CUDA bindings, which only a
+    machine with the driver can; WARN where the version is not the image's pinned release."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tensorrt_llm; print(tensorrt_llm.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if probe.returncode != 0:
+        lines = (probe.stderr or probe.stdout).strip().splitlines()
+        raise CheckFailed(
+            f"import tensorrt_llm failed here: {lines[-1] if lines else probe.returncode}"
+        )
+    lines = probe.stdout.strip().splitlines()
+    version = lines[-1].strip() if lines else "unknown"
+    if version != TRTLLM_VERSION:
+        raise CheckWarned(
+            f"tensorrt_llm {version} imports; the image and the engines are built for "
+            f"{TRTLLM_VERSION}"
+        )
+    return f"tensorrt_llm {version} imports on this GPU (the image build only read its metadata)"

@@ -271,9 +271,11 @@ def test_tensorrt_llm_kinds_through_the_double(dev_model, job: JobLayout):
 
     for kind, name in ((engine_kind, "tensorrt_llm"), (pytorch_kind, "trtllm_pytorch")):
         checks = checks_of(kind)
-        first = ["driver_vs_cuda"] + (["build"] if name == "tensorrt_llm" else [])
+        first = ["driver_vs_cuda", "tensorrt_llm_import"]
+        first += ["build"] if name == "tensorrt_llm" else []
         assert list(checks) == first + CHECKS
         assert checks["driver_vs_cuda"]["verdict"] == "PASS"
+        assert checks["tensorrt_llm_import"]["verdict"] == "PASS"
         assert "driver 570.00, image CUDA 12.4.1" in checks["driver_vs_cuda"]["detail"]
         assert kind["server"]["settings"]["trtllm_kv_block_reuse"] == "false"
         failed = {n for n, c in checks.items() if not c["passed"]}

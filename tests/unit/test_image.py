@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import filecmp
 import json
+import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,12 +86,13 @@ def test_the_build_freezes_the_base_then_installs_then_checks_in_that_order(
     last_copy = max(i for i, line in enumerate(lines) if line.startswith("COPY "))
     pip_check = first(f"RUN {py} -m pip check | {py} ")
     assert f"base_constraints.py check {image.BASE_PIP_CHECK}" in lines[pip_check]
-    smoke = first(f'{py} -c "import tensorrt_llm, truss_server, mistral_serving.http.server')
+    smoke = first(f'{py} -c "import importlib.metadata, importlib.util, truss_server, ')
     compat = f'RUN LD_LIBRARY_PATH="${{LD_LIBRARY_PATH}}:{image.CUDA_COMPAT_LIB}" '
     assert lines[smoke].startswith(compat)
     entry = first("ENTRYPOINT")
     assert freeze < installs[0] < installs[1] < last_copy < pip_check < smoke < entry
     assert "torch.cuda" in lines[smoke] and "'1.2.1'" in lines[smoke]
+    assert "import tensorrt_llm" not in lines[smoke]  # no GPU at build time: verify-gpu imports it
     # The smoke test runs where the server's modules and packages are importable.
     assert lines.index('ENV PYTHONPATH="/packages${PYTHONPATH:+:${PYTHONPATH}}"') < smoke
     assert [ln for ln in lines[:smoke] if ln.startswith("WORKDIR")][-1] == "WORKDIR $APP_HOME"
@@ -112,23 +115,62 @@ def test_only_the_servers_exact_pins_outside_tensorrt_llm_may_move() -> None:
     assert "transformers" not in may_move and "torch" not in may_move
 
 
-def test_the_smoke_test_compiles_and_fails_on_a_wrong_version() -> None:
+def smoke_site(tmp_path: Path, trtllm: str | None, cuda: str) -> Path:
+    """A Python path laid out as the image's at build time, no GPU: tensorrt_llm installed
+    at `trtllm` (its dist-info) with an import that fails as CUDA's initialisation does
+    without a driver; torch built for CUDA `cuda`; the server's modules as stand-ins."""
+    site = tmp_path / "site"
+    site.mkdir(parents=True)
+    if trtllm is not None:
+        (site / "tensorrt_llm").mkdir()
+        (site / "tensorrt_llm" / "__init__.py").write_text(
+            "raise RuntimeError('CUDA initialization failed: no CUDA-capable device')\n"
+        )
+        dist = site / f"tensorrt_llm-{trtllm}.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: tensorrt_llm\nVersion: {trtllm}\n"
+        )
+    (site / "torch" / "cuda").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text(
+        "from . import cuda, version\n__version__ = '2.10.0a0'\n"
+    )
+    (site / "torch" / "version.py").write_text(f"cuda = {cuda!r}\n")
+    (site / "torch" / "cuda" / "__init__.py").write_text("")
+    (site / "truss_server.py").write_text("")
+    *packages, module = image.SERVER_MODULE.split(".")
+    folder = site.joinpath(*packages)
+    folder.mkdir(parents=True)
+    for i in range(len(packages)):
+        (site.joinpath(*packages[: i + 1]) / "__init__.py").write_text("")
+    (folder / f"{module}.py").write_text("")
+    return site
+
+
+def run_smoke(site: Path) -> subprocess.CompletedProcess[str]:
     cmd = image.smoke_test_command("python3")
     code = cmd.split(' python3 -c "', 1)[1].removesuffix('"')
-    compile(code, "<smoke>", "exec")
-    fake = {
-        "tensorrt_llm": type("M", (), {"__version__": "1.1.0"}),
-        "torch": type("T", (), {"version": type("V", (), {"cuda": "13.0"}), "__version__": "x"}),
-    }
-    body = code.split("; ", 1)[1]  # past the imports: the assertions on the versions
-    with pytest.raises(AssertionError, match="tensorrt_llm 1.1.0, expected 1.2.1"):
-        exec(body, dict(fake))
-    fake["tensorrt_llm"].__version__ = image.TRTLLM_VERSION
-    fake["torch"].version.cuda = "12.8"
-    with pytest.raises(AssertionError, match="CUDA '12.8'"):
-        exec(body, dict(fake))
-    fake["torch"].version.cuda = "13.0"
-    exec(body, dict(fake))
+    assert code == image.smoke_test_code()
+    return subprocess.run(
+        [sys.executable, "-S", "-c", code],  # -S: only the stand-ins are importable
+        env={"PYTHONPATH": str(site), "PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_smoke_test_passes_without_a_gpu_and_fails_on_wrong_versions(tmp_path: Path) -> None:
+    # Importing tensorrt_llm fails without a driver; the build must not depend on it.
+    ok = run_smoke(smoke_site(tmp_path / "ok", image.TRTLLM_VERSION, "13.0"))
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith(f"imports ok: tensorrt_llm {image.TRTLLM_VERSION} (not imported")
+    old = run_smoke(smoke_site(tmp_path / "old", "1.1.0", "13.0"))
+    assert old.returncode != 0 and "tensorrt_llm 1.1.0, expected 1.2.1" in old.stderr
+    cuda = run_smoke(smoke_site(tmp_path / "cuda", image.TRTLLM_VERSION, "12.8"))
+    assert cuda.returncode != 0 and "torch built for CUDA '12.8'" in cuda.stderr
+    none = run_smoke(smoke_site(tmp_path / "none", None, "13.0"))
+    assert none.returncode != 0 and "tensorrt_llm is not installed" in none.stderr
 
 
 def test_the_container_runs_our_launcher_of_the_truss_server(

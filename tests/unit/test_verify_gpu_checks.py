@@ -583,3 +583,30 @@ def test_the_minimum_driver_is_the_servers_own(monkeypatch):
     assert verdict("driver", lambda: judge_driver("576.10", "13.0", False)) == "WARN"
     monkeypatch.setitem(driver.MIN_DRIVER, 13, "580.65.06")
     assert verdict("driver", lambda: judge_driver("576.10", "13.0", False)) == "FAIL"
+
+
+# -- tensorrt_llm on this GPU (the image build only reads its metadata) -------------------
+
+
+def fake_trtllm(tmp_path, monkeypatch, init: str) -> None:
+    package = tmp_path / "tensorrt_llm"
+    package.mkdir()
+    (package / "__init__.py").write_text(init)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+
+
+def test_tensorrt_llm_must_import_here(tmp_path, monkeypatch):
+    from mistral_build.verify.driver import check_trtllm_import
+
+    fake_trtllm(tmp_path, monkeypatch, "raise RuntimeError('CUDA driver version is insufficient')")
+    result = run_check("tensorrt_llm_import", check_trtllm_import)
+    assert result.verdict == "FAIL" and "CUDA driver version is insufficient" in result.detail
+
+
+@pytest.mark.parametrize(("version", "expected"), [("1.2.1", "PASS"), ("1.3.0rc14", "WARN")])
+def test_tensorrt_llm_import_names_its_version(tmp_path, monkeypatch, version, expected):
+    from mistral_build.verify.driver import check_trtllm_import
+
+    fake_trtllm(tmp_path, monkeypatch, f"print('[TensorRT-LLM] banner')\n__version__ = {version!r}")
+    result = run_check("tensorrt_llm_import", check_trtllm_import)
+    assert result.verdict == expected and f"tensorrt_llm {version} imports" in result.detail
