@@ -5,11 +5,14 @@ Run inside the image build by the rendered Dockerfile (copied into the build con
 before anything is installed), and imported by `mistral_build.image` and the tests, so
 the rule the build applies is the rule the tests check:
 
-- `freeze FREEZE MAY_MOVE`: the base image's `pip list --format=freeze` output becomes
-  pip/uv constraints (`name==version`), except the packages named in MAY_MOVE (the Truss
-  server's exact pins that TensorRT-LLM does not require). A server requirement that
-  would move a package TensorRT-LLM was built against then fails the resolution, loudly,
-  instead of replacing it.
+- `freeze FREEZE MAY_MOVE HOLD`: the base image's `pip list --format=freeze` output becomes
+  pip/uv constraints. Packages named in HOLD (what TensorRT-LLM's requirements pin or cap,
+  and the torch / TensorRT / Triton / CUDA family, `name` or `prefix*` lines) are held at
+  `==` their version: a server requirement that would move one then fails the resolution,
+  loudly, instead of replacing it. Every other package is held at `>=` its version (never
+  downgraded, free to rise where the server needs newer, as Truss's certifi floor does).
+  Packages named in MAY_MOVE (the Truss server's exact pins that TensorRT-LLM does not
+  require) are not held at all.
 - `check BASELINE`: reads `pip check` output on stdin and fails on any problem that the
   base image did not already have (BASELINE: its own `pip check` output before the
   install), so a broken dependency the install introduces stops the build.
@@ -43,10 +46,26 @@ def is_version(text: str) -> bool:
     return _PEP440.match(text) is not None
 
 
+def held_exactly(name: str, hold: Iterable[str]) -> bool:
+    """`name` (canonical) is one of `hold`: a name, or a `prefix*` pattern."""
+    for entry in hold:
+        entry = canonical(entry.strip())
+        if entry.endswith("*") and name.startswith(entry[:-1]):
+            return True
+        if name == entry:
+            return True
+    return False
+
+
 def constraints_from_freeze(
-    freeze: Iterable[str], may_move: Iterable[str] = (), unheld: list[str] | None = None
+    freeze: Iterable[str],
+    may_move: Iterable[str] = (),
+    unheld: list[str] | None = None,
+    hold: Iterable[str] = (),
 ) -> list[str]:
-    """`name==version` constraints for every frozen package not in `may_move`.
+    """A constraint per frozen package not in `may_move`: `name==version` for the packages
+    `hold` names, `name>=version` (its public part: a local label cannot be a lower bound)
+    for the rest.
 
     Lines that are not `name==version` (comments, `-e` editable installs, `name @ url`
     from a plain `pip freeze`) are refused: `pip list --format=freeze` never writes them,
@@ -54,6 +73,7 @@ def constraints_from_freeze(
     PEP 440 (a constraint file cannot hold it) is left out and its line added to `unheld`.
     """
     skip = {canonical(n) for n in may_move}
+    hold = [h for h in hold if h.strip()]
     out: list[str] = []
     for raw in freeze:
         line = raw.strip()
@@ -62,13 +82,17 @@ def constraints_from_freeze(
         match = _FREEZE_LINE.match(line)
         if match is None:
             raise ValueError(f"not a `name==version` freeze line: {line!r}")
-        if canonical(match.group(1)) in skip:
+        name, version = match.group(1), match.group(2)
+        if canonical(name) in skip:
             continue
-        if not is_version(match.group(2)):
+        if not is_version(version):
             if unheld is not None:
                 unheld.append(line)
             continue
-        out.append(f"{match.group(1)}=={match.group(2)}")
+        if held_exactly(canonical(name), hold):
+            out.append(f"{name}=={version}")
+        else:
+            out.append(f"{name}>={version.split('+', 1)[0]}")
     return out
 
 
@@ -82,12 +106,16 @@ def _not_a_problem(line: str) -> bool:
     return line.startswith("No broken requirements")
 
 
+def _names(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [n for n in (ln.split("#", 1)[0].strip() for ln in f) if n]
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) == 3 and argv[0] == "freeze":
-        with open(argv[1], encoding="utf-8") as f, open(argv[2], encoding="utf-8") as m:
-            names = [ln.split("#", 1)[0].strip() for ln in m]
-            unheld: list[str] = []
-            print("\n".join(constraints_from_freeze(f, [n for n in names if n], unheld)))
+    if len(argv) == 4 and argv[0] == "freeze":
+        unheld: list[str] = []
+        with open(argv[1], encoding="utf-8") as f:
+            print("\n".join(constraints_from_freeze(f, _names(argv[2]), unheld, _names(argv[3]))))
         for line in unheld:
             print(f"warning: not held (not a PEP 440 version): {line}", file=sys.stderr)
         return 0
@@ -98,7 +126,9 @@ def main(argv: list[str]) -> int:
         for line in problems:
             print(f"error: the install broke a requirement: {line}", file=sys.stderr)
         return 1 if problems else 0
-    print("usage: base_constraints.py freeze FREEZE MAY_MOVE | check BASELINE", file=sys.stderr)
+    print(
+        "usage: base_constraints.py freeze FREEZE MAY_MOVE HOLD | check BASELINE", file=sys.stderr
+    )
     return 2
 
 

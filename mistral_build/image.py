@@ -87,6 +87,32 @@ TRTLLM_PINS: tuple[str, ...] = (
     "safetensors>=0.4.3",
 )
 
+# What else TensorRT-LLM's requirements.txt pins or caps (the stored 1.2-line version nearest
+# the v1.2.1 tag, NVIDIA/TensorRT-LLM commit 000867d9; the tag's own changes are in
+# TRTLLM_PINS above). With those and the families below, the image build holds these at
+# the base image's version (base_constraints.py); every other base package may only rise.
+TRTLLM_OTHER_CAPS: tuple[str, ...] = (
+    "flashinfer-python==0.6.0",
+    "xgrammar==0.1.25",
+    "llguidance==0.7.29",
+    "onnx>=1.18.0,<1.20.0",
+    "wheel<=0.45.1",
+    "numexpr<2.14.0",
+    "apache-tvm-ffi==0.1.6",
+    "openai-harmony==0.0.4",
+)
+# The torch / TensorRT / Triton / CUDA family: built and tested together in the base image
+# (NGC's own builds, CUDA 13); never replaced by an install, whoever asks.
+HOLD_FAMILIES: tuple[str, ...] = (
+    "torch*",
+    "triton*",
+    "pytorch-triton*",
+    "tensorrt*",
+    "nvidia-*",
+    "cuda-*",
+    "cupy-cuda*",
+)
+
 # Where `make test-compat` cannot run what the image runs, and why. Every other pin above
 # is a constraint of that venv (`compat_constraints`).
 COMPAT_DEVIATIONS: dict[str, str] = {
@@ -258,6 +284,7 @@ def _replace_once(dockerfile: str, old: str, new: str) -> str:
 BUILD_DIR = "/opt/mtt-build"
 CONSTRAINTS_SCRIPT = "base_constraints.py"  # mistral_build/base_constraints.py
 MAY_MOVE_FILE = "server_may_move.txt"
+HOLD_FILE = "base_hold_exact.txt"
 BASE_FREEZE = f"{BUILD_DIR}/base-freeze.txt"
 BASE_PIP_CHECK = f"{BUILD_DIR}/base-pip-check.txt"
 BASE_CONSTRAINTS = f"{BUILD_DIR}/base-constraints.txt"
@@ -331,11 +358,11 @@ def patch_dockerfile(dockerfile: str, python: str) -> str:
     freeze = (
         f"RUN apt-get update && apt-get install -y --no-install-recommends tini "
         f"&& rm -rf /var/lib/apt/lists/*\n"
-        f"COPY --chown=root:root ./{CONSTRAINTS_SCRIPT} ./{MAY_MOVE_FILE} {b}/\n"
+        f"COPY --chown=root:root ./{CONSTRAINTS_SCRIPT} ./{MAY_MOVE_FILE} ./{HOLD_FILE} {b}/\n"
         f"RUN {python} -m pip list --format=freeze > {BASE_FREEZE} \\\n"
         f"    && ({python} -m pip check > {BASE_PIP_CHECK} || true) \\\n"
         f"    && {python} {b}/{CONSTRAINTS_SCRIPT} freeze {BASE_FREEZE} {b}/{MAY_MOVE_FILE} "
-        f"> {BASE_CONSTRAINTS}\n"
+        f"{b}/{HOLD_FILE} > {BASE_CONSTRAINTS}\n"
     )
     dockerfile = _replace_once(dockerfile, first_install, freeze + first_install)
     installs = [ln for ln in dockerfile.splitlines() if "uv pip install" in ln]
@@ -445,6 +472,18 @@ def server_may_move() -> list[str]:
     return sorted(exact - trtllm)
 
 
+def held_exactly() -> list[str]:
+    """What the build holds at the base image's version (`==`): every package TensorRT-LLM's
+    requirements pin or cap (==, ~=, <, <=), and the torch / TensorRT / Triton / CUDA
+    families. Every other base package is held at `>=` its version."""
+    capped = {
+        canonicalize_name(r.name)
+        for r in parse_requirements(TRTLLM_PINS + TRTLLM_OTHER_CAPS)
+        if any(s.operator in ("==", "===", "~=", "<", "<=") for s in r.specifier)
+    }
+    return sorted(capped) + list(HOLD_FAMILIES)
+
+
 def render_image_context(
     build_dir: Path, settings: DeploySettings | None = None, truss_dir: Path = TRUSS_DIR
 ) -> Path:
@@ -467,6 +506,10 @@ def render_image_context(
     (build_dir / MAY_MOVE_FILE).write_text(
         "# Truss server pins the base image's versions do not hold (image.server_may_move)\n"
         + "".join(f"{name}\n" for name in server_may_move())
+    )
+    (build_dir / HOLD_FILE).write_text(
+        "# Held at the base image's version (image.held_exactly); the rest only rises\n"
+        + "".join(f"{name}\n" for name in held_exactly())
     )
     add_verify_image(build_dir)
     return build_dir

@@ -435,11 +435,14 @@ def test_the_freeze_and_pip_check_steps_run_as_written(
         )
 
     # What the COPY before them puts in place.
-    for name in (image.CONSTRAINTS_SCRIPT, image.MAY_MOVE_FILE):
+    copied = next(ln for ln in lines if ln.startswith("COPY") and image.BUILD_DIR in ln)
+    for name in (image.CONSTRAINTS_SCRIPT, image.MAY_MOVE_FILE, image.HOLD_FILE):
+        assert f"./{name}" in copied.split()
         shutil.copyfile(context / name, tmp_path / name)
     subprocess.run(["/bin/sh", "-c", here(freeze)], check=True, timeout=300)
     held = (tmp_path / "base-constraints.txt").read_text().splitlines()
-    assert f"pydantic=={importlib.metadata.version('pydantic')}" in held
+    assert f"pydantic>={importlib.metadata.version('pydantic')}" in held
+    assert f"transformers=={importlib.metadata.version('transformers')}" in held
     assert (tmp_path / "base-pip-check.txt").is_file()
     proc = subprocess.run(
         ["/bin/sh", "-c", here(check)], capture_output=True, text=True, timeout=300

@@ -2,11 +2,14 @@
 
 The Dockerfile freezes the TensorRT-LLM release image's packages, turns the freeze into
 constraints with `base_constraints.py` (the file copied into the build context) and
-passes them to each install. Here the same script runs on a fake base freeze, and pip's
+passes them to each install. Here the same script runs on a small base freeze, and pip's
 own resolver (offline, against a local folder of tiny wheels) shows the effect: a server
-requirement that would move a package TensorRT-LLM was built against fails the
-resolution; one the base already satisfies keeps the base's version; a Truss server
-exact pin outside TensorRT-LLM's requirements may move.
+requirement that would move a package TensorRT-LLM pins or caps fails the resolution;
+one the base already satisfies keeps the base's version; a package TensorRT-LLM does not
+pin may rise (never fall) where the server needs newer (Truss's certifi floor against the
+base's older certifi); a Truss server exact pin outside TensorRT-LLM's requirements may
+move. The whole base image against the real index: tests/unit/test_image_installs.py and
+`make check-image-installs`.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ transformers==4.57.3
 tokenizers==0.22.1
 torch==2.9.0a0+50eac811a6.nv25.12
 Cython==3.1.2
+certifi==2025.11.12
 """
 # What the local index offers: newer versions of each, so a free resolver would move them.
 INDEX = {
     "transformers": ["4.57.3", "4.58.0"],
     "tokenizers": ["0.22.1", "0.23.0"],
     "cython": ["3.0.5", "3.1.2"],
+    "certifi": ["2024.8.30", "2025.11.12", "2026.10.19"],
 }
 
 
@@ -72,7 +77,8 @@ def constraints(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (work / "base-freeze.txt").write_text(FAKE_BASE_FREEZE)
     out = subprocess.run(
         [sys.executable, str(context / image.CONSTRAINTS_SCRIPT), "freeze",
-         str(work / "base-freeze.txt"), str(context / image.MAY_MOVE_FILE)],
+         str(work / "base-freeze.txt"), str(context / image.MAY_MOVE_FILE),
+         str(context / image.HOLD_FILE)],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     path = work / "base-constraints.txt"
@@ -100,9 +106,23 @@ def resolve(index: Path, constraints: Path, requirements: list[str], tmp: Path):
 
 def test_the_freeze_becomes_constraints_except_what_may_move(constraints: Path) -> None:
     lines = constraints.read_text().splitlines()
-    assert "transformers==4.57.3" in lines
-    assert "torch==2.9.0a0+50eac811a6.nv25.12" in lines
+    assert "transformers==4.57.3" in lines  # TensorRT-LLM pins it
+    assert "tokenizers==0.22.1" in lines  # capped (<=0.23.0)
+    assert "torch==2.9.0a0+50eac811a6.nv25.12" in lines  # the torch family
+    assert "certifi>=2025.11.12" in lines  # not TensorRT-LLM's: may rise, never fall
     assert not any(ln.lower().startswith("cython") for ln in lines)  # the server pins it
+
+
+def test_the_truss_servers_certifi_floor_resolves_above_the_bases(
+    index: Path, constraints: Path, tmp_path: Path
+) -> None:
+    # truss 0.18.36's server asks certifi>=2026.10.19; NGC PyTorch 25.12 has an older one.
+    floor = next(r for r in image.truss_server_requirements() if r.lower().startswith("certifi"))
+    proc, chosen = resolve(index, constraints, [floor], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert chosen["certifi"] == "2026.10.19"
+    proc, _ = resolve(index, constraints, ["certifi<2025"], tmp_path)
+    assert proc.returncode != 0  # never below the base's version
 
 
 def test_a_server_requirement_that_moves_a_tensorrt_llm_dependency_fails_the_resolution(
@@ -151,16 +171,18 @@ def test_unreadable_freeze_lines_are_refused() -> None:
     with pytest.raises(ValueError):
         base_constraints.constraints_from_freeze(["-e git+https://example/x#egg=x"])
     assert base_constraints.constraints_from_freeze(["a_b==1", "", "c.d==2"], may_move=["A-B"]) == [
-        "c.d==2"
+        "c.d>=2"
     ]
 
 
 def test_a_version_no_constraint_can_hold_is_named_not_dropped_silently() -> None:
     unheld: list[str] = []
     out = base_constraints.constraints_from_freeze(
-        ["good==1.0", "odd==2020-weird", "nv==2.9.0a0+50eac811a6.nv25.12"], unheld=unheld
+        ["good==1.0", "odd==2020-weird", "nv==2.9.0a0+50eac811a6.nv25.12"],
+        unheld=unheld,
+        hold=["nv"],
     )
-    assert out == ["good==1.0", "nv==2.9.0a0+50eac811a6.nv25.12"]
+    assert out == ["good>=1.0", "nv==2.9.0a0+50eac811a6.nv25.12"]
     assert unheld == ["odd==2020-weird"]
 
 
@@ -194,5 +216,33 @@ def test_any_freeze_text_gives_constraints_or_one_clear_refusal(lines: list[str]
     )
 )
 def test_well_formed_versions_are_held(text: str) -> None:
+    from packaging.specifiers import SpecifierSet
+
     assert base_constraints.is_version(text), text
-    assert base_constraints.constraints_from_freeze([f"pkg=={text}"]) == [f"pkg=={text}"]
+    assert base_constraints.constraints_from_freeze([f"pkg=={text}"], hold=["pkg"]) == [
+        f"pkg=={text}"
+    ]
+    (floor,) = base_constraints.constraints_from_freeze([f"pkg=={text}"], hold=["other*"])
+    assert floor == f"pkg>={text.split('+')[0]}"
+    assert SpecifierSet(floor.removeprefix("pkg")).contains(text.split("+")[0], prereleases=True)
+
+
+@given(st.text(min_size=1, max_size=20), st.lists(st.text(max_size=12), max_size=5))
+def test_hold_entries_match_names_and_prefixes_only(name: str, hold: list[str]) -> None:
+    name = base_constraints.canonical(name)
+    found = base_constraints.held_exactly(name, hold)
+    expected = any(
+        (c := base_constraints.canonical(h.strip())) == name
+        or (c.endswith("*") and name.startswith(c[:-1]))
+        for h in hold
+    )
+    assert found == expected
+
+
+def test_the_hold_list_is_tensorrt_llms_pins_and_caps_and_the_cuda_family() -> None:
+    held = image.held_exactly()
+    for name in ("transformers", "numpy", "fastapi", "tokenizers", "xgrammar", "mistral-common"):
+        assert name in held
+    assert {"torch*", "tensorrt*", "triton*", "nvidia-*", "cuda-*"} <= set(held)
+    for name in ("certifi", "pydantic", "uvicorn", "starlette", "requests", "rich"):
+        assert not base_constraints.held_exactly(name, held)
