@@ -87,20 +87,18 @@ TRTLLM_PINS: tuple[str, ...] = (
     "safetensors>=0.4.3",
 )
 
-# What else TensorRT-LLM's requirements.txt pins or caps (the stored 1.2-line version nearest
-# the v1.2.1 tag, NVIDIA/TensorRT-LLM commit 000867d9; the tag's own changes are in
-# TRTLLM_PINS above). With those and the families below, the image build holds these at
-# the base image's version (base_constraints.py); every other base package may only rise.
-TRTLLM_OTHER_CAPS: tuple[str, ...] = (
-    "flashinfer-python==0.6.0",
-    "xgrammar==0.1.25",
-    "llguidance==0.7.29",
-    "onnx>=1.18.0,<1.20.0",
-    "wheel<=0.45.1",
-    "numexpr<2.14.0",
-    "apache-tvm-ffi==0.1.6",
-    "openai-harmony==0.0.4",
+# TensorRT-LLM's whole requirements.txt (what its wheel installed into the release image;
+# the file names its sources). With the families below, the image build holds what it pins
+# or caps at the base image's version (base_constraints.py); every other package may rise.
+TRTLLM_REQUIREMENTS_FILE = (
+    Path(__file__).parent / "data" / f"trtllm-{TRTLLM_VERSION}-requirements.txt"
 )
+
+
+def trtllm_requirements() -> list[str]:
+    return TRTLLM_REQUIREMENTS_FILE.read_text().splitlines()
+
+
 # The torch / TensorRT / Triton / CUDA family: built and tested together in the base image
 # (NGC's own builds, CUDA 13); never replaced by an install, whoever asks.
 HOLD_FAMILIES: tuple[str, ...] = (
@@ -407,14 +405,12 @@ TOOLS_HOME = "/opt/mistral-trt-truss"
 TOOLS = ("build.py", "pyproject.toml", "mistral_build", "client", TRUSS_DIR.name)
 
 
-def truss_requirement(repo_root: Path = REPO_ROOT) -> str:
-    """The truss package, pinned as the dev environment pins it (verify-gpu renders the
-    server's build context with it)."""
-    data = tomllib.loads((repo_root / "pyproject.toml").read_text())
-    for line in data["project"]["optional-dependencies"]["dev"]:
-        if canonicalize_name(Requirement(line).name) == "truss":
-            return line
-    raise RuntimeError("pyproject.toml's dev extras do not pin truss")
+# verify-gpu serves from the image's own server folders (not from a build context rendered
+# by truss): what the Deployment runs, and no truss to install (its caps, rich<14 among
+# them, cannot be met on the release image's packages without moving them down).
+VERIFY_APP_ENV = "VERIFY_GPU_APP_DIR"
+VERIFY_PACKAGES_ENV = "VERIFY_GPU_PACKAGES_DIR"
+APP_DIR = "/app"
 
 
 def verify_dockerfile(python: str = BASE_IMAGE_PYTHON) -> str:
@@ -426,12 +422,8 @@ def verify_dockerfile(python: str = BASE_IMAGE_PYTHON) -> str:
         "FROM ${SERVING_IMAGE}\n"
         "USER root\n"
         f"COPY --chown=root:root ./{TOOLS_DIR} {TOOLS_HOME}\n"
-        # Held to the base image's packages like every other install, then checked.
-        f"RUN uv pip install --system --break-system-packages --python {python} "
-        f"-c {BASE_CONSTRAINTS} '{truss_requirement()}' --no-cache-dir \\\n"
-        f"    && {python} -m pip check | {python} {BUILD_DIR}/{CONSTRAINTS_SCRIPT} check "
-        f"{BASE_PIP_CHECK}\n"
         f"RUN mkdir -p {TOOLS_HOME}/.cache && chown -R {uid}:{uid} {TOOLS_HOME}/.cache\n"
+        f"ENV {VERIFY_APP_ENV}={APP_DIR} {VERIFY_PACKAGES_ENV}={PACKAGES_DIR}\n"
         f"USER {uid}\n"
         f"WORKDIR {TOOLS_HOME}\n"
         f"RUN {python} build.py verify-gpu --help > /dev/null\n"
@@ -478,7 +470,7 @@ def held_exactly() -> list[str]:
     families. Every other base package is held at `>=` its version."""
     capped = {
         canonicalize_name(r.name)
-        for r in parse_requirements(TRTLLM_PINS + TRTLLM_OTHER_CAPS)
+        for r in parse_requirements([*TRTLLM_PINS, *trtllm_requirements()])
         if any(s.operator in ("==", "===", "~=", "<", "<=") for s in r.specifier)
     }
     return sorted(capped) + list(HOLD_FAMILIES)

@@ -2,9 +2,11 @@
 its emptyDirs and its variables, laid out under one directory from what the rendered
 Dockerfiles and `k8s/verify/job.yaml` say (not from a hand-written copy of them).
 
-- The images: `Dockerfile.verify` copies the tooling into its WORKDIR, root-owned; every
-  `RUN mkdir -p ... && chown -R UID:GID ...` of the serving Dockerfile and of
-  `Dockerfile.verify` is replayed (HOME, /workspace, the tooling's `.cache`).
+- The images: every `COPY` to an absolute path of the serving Dockerfile and of
+  `Dockerfile.verify` is replayed from the rendered build context (the server in /app,
+  /packages, the tooling in the verify image's WORKDIR), root-owned; so is every
+  `RUN mkdir -p ... && chown -R UID:GID ...` (HOME and its .cache, /workspace, /app/data,
+  the tooling's `.cache`), and the verify image's `ENV` of folders.
 - The Job: each volumeMount becomes a directory owned by the pod's user and fsGroup (an
   emptyDir with fsGroup); like the kubelet, missing parents of a mount path are created
   root-owned. Its env is taken as is (a secret becomes a placeholder), HOME and the paths
@@ -143,6 +145,11 @@ def _chown_tree(tree: Path, uid: int, gid: int) -> None:
             os.chown(Path(dirpath) / name, uid, gid, follow_symlinks=False)
 
 
+def _chown_file(path: Path, uid: int, gid: int) -> None:
+    if os.geteuid() == 0:
+        os.chown(path, uid, gid, follow_symlinks=False)
+
+
 def _read_only(tree: Path, keep: set[Path]) -> None:
     """As Docker's `COPY --chown=root:root` leaves the tooling: root-owned, modes as copied
     (files 644 or 755, folders 755), so only root may write; copies the Job makes of it are
@@ -156,13 +163,56 @@ def _read_only(tree: Path, keep: set[Path]) -> None:
         here.chmod(mode)
 
 
-def render_dockerfiles(staging: Path) -> tuple[str, str]:
-    """The serving Dockerfile and Dockerfile.verify, rendered as `build.py image` does."""
-    context = image.render_image_context(staging / "context")
-    return (context / "Dockerfile").read_text(), (context / image.VERIFY_DOCKERFILE).read_text()
+def render_context(staging: Path) -> Path:
+    """The image's build context (both Dockerfiles), rendered as `build.py image` does."""
+    return image.render_image_context(staging / "context")
 
 
-def lay_out_job(root: Path, dockerfiles: tuple[str, str], job_file: Path = JOB_FILE) -> JobLayout:
+def _expand(text: str, variables: dict[str, str]) -> str:
+    for name, value in variables.items():
+        text = text.replace("${" + name + "}", value).replace("$" + name, value)
+    return text
+
+
+def _replay_copies(dockerfile: str, context: Path, root: Path, variables: dict[str, str]) -> None:
+    """Each `COPY [--chown=...] ./SRC DEST` with an absolute DEST, into `root`."""
+    for line in dockerfile.splitlines():
+        if not line.startswith("COPY "):
+            continue
+        parts = [p for p in line.split()[1:] if not p.startswith("--")]
+        owner = next((p.split("=", 1)[1] for p in line.split() if p.startswith("--chown=")), "0:0")
+        *sources, dest = (_expand(p, variables) for p in parts)
+        if not dest.startswith("/"):
+            continue  # build inputs copied to the working directory
+        target = root / dest.lstrip("/")
+        for source in sources:
+            src = context / source
+            into = target / src.name if dest.endswith("/") or len(sources) > 1 else target
+            into.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, into, dirs_exist_ok=True)
+            else:
+                shutil.copyfile(src, into)
+            uid, _, gid = owner.partition(":")
+            if uid.isdigit() and gid.isdigit() and int(uid) != 0:
+                if into.is_dir():
+                    _chown_tree(into, int(uid), int(gid))
+                else:
+                    _chown_file(into, int(uid), int(gid))
+
+
+def _image_env(dockerfile: str, root: Path) -> dict[str, str]:
+    """The verify image's `ENV` of folders (VERIFY_GPU_*), moved under `root`."""
+    env: dict[str, str] = {}
+    for line in dockerfile.splitlines():
+        if line.startswith("ENV VERIFY_GPU_"):
+            for pair in line.split()[1:]:
+                name, _, value = pair.partition("=")
+                env[name] = str(root / value.strip('"').lstrip("/"))
+    return env
+
+
+def lay_out_job(root: Path, context: Path, job_file: Path = JOB_FILE) -> JobLayout:
     pod, container = job_container(job_file)
     security = container["securityContext"]
     uid, gid = int(security["runAsUser"]), int(security["runAsGroup"])
@@ -171,10 +221,13 @@ def lay_out_job(root: Path, dockerfiles: tuple[str, str], job_file: Path = JOB_F
     root.chmod(0o755)
     env = _job_env(container, root)
     home = root / env["HOME"].removeprefix(str(root)).lstrip("/")
-    serving, verify = dockerfiles
+    serving = (context / "Dockerfile").read_text()
+    verify = (context / image.VERIFY_DOCKERFILE).read_text()
     workdir = root / image.TOOLS_HOME.lstrip("/")
-    image.copy_tools(workdir)
-    variables = {"HOME": env["HOME"].removeprefix(str(root)) or "/", "APP_HOME": "/app"}
+    variables = {"HOME": env["HOME"].removeprefix(str(root)) or "/", "APP_HOME": image.APP_DIR}
+    for dockerfile in (serving, verify):
+        _replay_copies(dockerfile, context, root, variables)
+    env |= _image_env(verify, root)
     handed: set[Path] = set()
     for container_path, owner, group in _owned_dirs(serving, variables) + _owned_dirs(
         verify, variables
@@ -184,7 +237,8 @@ def lay_out_job(root: Path, dockerfiles: tuple[str, str], job_file: Path = JOB_F
         if owner >= 0:
             _chown_tree(target, owner, group)
             handed.add(target)
-    _read_only(workdir, handed)
+    for tree in (workdir, root / image.APP_DIR.lstrip("/"), root / image.PACKAGES_DIR.lstrip("/")):
+        _read_only(tree, handed)
     mounts = _mount_volumes(container, root, uid, fs_group)
     python = job_python(root)
     command = _job_command(container, root, python)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from mistral_build.image import VERIFY_APP_ENV, VERIFY_PACKAGES_ENV
 from mistral_build.local_server import (
     LocalServer,
     prepare_app_dir,
@@ -37,9 +40,18 @@ from mistral_build.verify.results import CheckFailed, CheckResult, KindReport, r
 CHECKS = ANSWER_CHECKS + LIFECYCLE_CHECKS
 
 
-def context_dir(out: Path) -> Path:
-    """The Truss build context rendered by truss's own code, laid out as the image does."""
-    context = render_build_context(out / "truss-context")
+def context_dir(opts: VerifyOptions) -> Path:
+    """What the server runs from (`app/` and `packages/`): in the verify image, the image's
+    own folders (links to them); in a checkout, the Truss build context rendered by truss's
+    own code, laid out as the image does."""
+    if opts.app_dir is not None and opts.packages_dir is not None:
+        context = opts.out / "image-server"
+        shutil.rmtree(context, ignore_errors=True)
+        context.mkdir(parents=True)
+        (context / "app").symlink_to(opts.app_dir.resolve())
+        (context / "packages").symlink_to(opts.packages_dir.resolve())
+        return context
+    context = render_build_context(opts.out / "truss-context")
     prepare_app_dir(context)
     return context
 
@@ -156,7 +168,7 @@ def run(opts: VerifyOptions, stdout: IO[str] = sys.stdout) -> int:
 
     def context() -> Path:
         if not rendered:
-            rendered.append(context_dir(opts.out))
+            rendered.append(context_dir(opts))
         return rendered[0]
 
     reports = [verify_kind(kind, opts, context) for kind in opts.kinds]
@@ -192,7 +204,12 @@ def main(args: argparse.Namespace) -> int:
         bench_prompts=args.bench_prompts,
         long_tokens=args.long_tokens,
         drain_tokens=args.drain_tokens,
+        app_dir=args.app_dir,
+        packages_dir=args.packages_dir,
     )
+    if (opts.app_dir is None) != (opts.packages_dir is None):
+        print("refused: --app-dir and --packages-dir go together", file=sys.stderr)
+        return 2
     return run(opts)
 
 
@@ -242,11 +259,29 @@ def _add_what_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Report, logs, artifacts.")
     p.add_argument(
+        "--app-dir",
+        type=Path,
+        default=_env_path(VERIFY_APP_ENV),
+        help=f"Serve from this server folder as it is (the verify image sets {VERIFY_APP_ENV}: "
+        "its own /app); default: render the Truss build context with truss.",
+    )
+    p.add_argument(
+        "--packages-dir",
+        type=Path,
+        default=_env_path(VERIFY_PACKAGES_ENV),
+        help=f"With --app-dir: the packages folder ({VERIFY_PACKAGES_ENV}; the image's /packages).",
+    )
+    p.add_argument(
         "--set",
         action="append",
         metavar="KEY=VALUE",
         help="Override a server setting, e.g. --set kv_cache_free_gpu_memory_fraction=0.5.",
     )
+
+
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:

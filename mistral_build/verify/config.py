@@ -81,3 +81,7 @@ class VerifyOptions:
     bench_prompts: int = 32
     long_tokens: int = 4000
     drain_tokens: int = 512
+    # The image's own server folders (/app, /packages: the verify image names them), served
+    # from as they are; None: a build context rendered by truss (a checkout).
+    app_dir: Path | None = None
+    packages_dir: Path | None = None

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.job_layout import JobLayout, job_root, lay_out_job, remove, render_dockerfiles
+from tests.job_layout import JobLayout, job_root, lay_out_job, remove, render_context
 
 pytestmark = pytest.mark.e2e
 
@@ -192,8 +192,8 @@ def job() -> Iterator[JobLayout]:
     root = job_root()
     try:
         with tempfile.TemporaryDirectory() as staging:
-            dockerfiles = render_dockerfiles(Path(staging))
-        yield lay_out_job(root, dockerfiles)
+            layout = lay_out_job(root, render_context(Path(staging)))
+        yield layout
     finally:
         remove(root)
 
@@ -251,6 +251,9 @@ def test_tensorrt_llm_kinds_through_the_double(dev_model, job: JobLayout):
     assert [k["kind"] for k in report["kinds"]] == ["tensorrt_llm", "trtllm_pytorch"]
     engine_kind, pytorch_kind = report["kinds"]
     assert not list(job.workdir.glob("model.cache"))
+    # Served from the image's own server folders (the verify image's VERIFY_GPU_* ENV).
+    assert (out / "image-server" / "app").resolve() == job.path("/app")
+    assert not (out / "truss-context").exists()
 
     # The engine was built by build.py engine's own commands, from the tiny checkpoint.
     build = engine_kind["build"]
