@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 DEV_MODEL := .cache/dev-model/build_manifest.json
 
-.PHONY: venv dev-model serve test test-unit test-e2e test-compat test-tools test-agents lint typecheck bench soak test-stress verify-gpu clean
+.PHONY: venv dev-model serve test test-unit test-e2e test-compat test-tools test-agents lint typecheck bench soak test-stress verify-gpu check-image-installs clean
 
 venv: $(STAMP)
 
@@ -124,6 +124,14 @@ test-compat: $(COMPAT_STAMP) $(COMPAT_DEV_MODEL)
 	$(COMPAT_PY) -c "from importlib.metadata import version as v; \
 	  print(*(f'{p} {v(p)}' for p in ('transformers', 'mistral-common', 'fastapi', 'starlette', 'numpy', 'xgrammar')), sep=', ')"
 	MISTRAL_DEV_MODEL_DIR=$(COMPAT_DEV_MODEL_DIR) $(COMPAT_PY) -m pytest -q -p no:cacheprovider $(COMPAT_TESTS)
+
+# The image's installs, resolved by pip against the package index for the image's Python
+# (CPython 3.12, manylinux x86_64) on top of the TensorRT-LLM release image's packages
+# (mistral_build/data/trtllm-*-release.freeze, reconstructed from published sources): each
+# `uv pip install` of the rendered Dockerfiles must resolve, and a moved TensorRT-LLM pin
+# must not (mistral_build/image_installs.py). Network: the package index only; ~1 minute.
+check-image-installs: $(STAMP)
+	MTT_IMAGE_INSTALLS=1 $(PY) -m pytest -p no:cacheprovider -q tests/network
 
 # Third-party tools whose dependencies clash with the dev venv (guidellm needs numpy>=2;
 # the Truss server's constraints keep numpy<2) get a venv of their own, every package

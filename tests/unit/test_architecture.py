@@ -228,6 +228,7 @@ LAYERS: dict[str, Sequence[tuple[str, Sequence[str]]]] = {
                 "mistral_build.diagrams",
             ),
         ),
+        ("image checks", ("mistral_build.image_installs",)),
         ("verify-gpu", ("mistral_build.verify", "mistral_build.verify.*")),
         ("commands", ("mistral_build.cli", "mistral_build.reference")),
     ),
