@@ -84,15 +84,16 @@ def _refused_streamed_logprobs(ctx: Context, probe: dict[str, Any], refusal: str
     plain = wire._requests().post(
         ctx.url + "/v1/completions", json=probe | {"logprobs": 0}, timeout=300
     )
-    # engine=tensorrt_llm refuses logprobs unless trtllm_logprobs_abort_safe is on (and
-    # the engine gathers generation logits): this check is what may turn it on.
-    rerun = f"rerun with --set {ABORT_SAFE_SETTING}=true to test the abort"
+    why = wire.error_text(plain) if 400 <= plain.status_code < 500 else refusal
+    # Only an engine that gathers generation logits (not one from build.py engine) can
+    # serve logprobs on engine=tensorrt_llm, behind the setting this check may turn on.
+    if ABORT_SAFE_SETTING in why:
+        how = f"rerun with --set {ABORT_SAFE_SETTING}=true to test the abort"
+    else:
+        how = "logprobs are served by engine=trtllm_pytorch, where this check tests the abort"
     if 400 <= plain.status_code < 500:
-        return (
-            f"not applicable: this server returns no logprobs ({wire.error_text(plain)}); "
-            f"for an engine built with gather_generation_logits, {rerun}"
-        )
-    raise CheckWarned(f"streamed logprobs refused on this kind ({refusal}): not tested; {rerun}")
+        return f"not applicable: this server returns no logprobs ({why}); {how}"
+    raise CheckWarned(f"streamed logprobs refused on this kind ({refusal}): not tested; {how}")
 
 
 def _still_serving_after_abort(ctx: Context, probe: dict[str, Any]) -> None:

@@ -61,9 +61,14 @@ def test_min_tokens_is_unset_when_zero(fake_trtllm):
 
 
 def test_logprobs_need_an_engine_that_gathers_generation_logits(fake_trtllm, tmp_path):
+    # build.py engine's engines do not gather them: the refusal names the kind that serves
+    # logprobs, and no setting (there is none that would help).
     engine = load(tmp_path)
-    with pytest.raises(EngineRequestError, match="gather_generation_logits"):
+    with pytest.raises(
+        EngineRequestError, match=r"^logprobs need engine=trtllm_pytorch"
+    ) as refused:
         run(engine, SamplingOptions(max_new_tokens=3, logprobs=2))
+    assert "trtllm_logprobs_abort_safe" not in str(refused.value)
     assert engine.llm.requests == [] and engine.is_healthy()
     assert "gather_generation_logits" not in vars(engine.llm.args)
 

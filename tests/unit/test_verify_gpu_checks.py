@@ -421,9 +421,15 @@ class Executor:
     crash with gather_generation_logits)."""
 
     def __init__(
-        self, dies_on_abort=False, refuse_streamed=False, no_logprobs=False, refuse_in_stream=False
+        self,
+        dies_on_abort=False,
+        refuse_streamed=False,
+        no_logprobs=False,
+        refuse_in_stream=False,
+        message="logprobs are refused here",
     ) -> None:
         self.refuse_in_stream = refuse_in_stream
+        self.message = message
         self.dies_on_abort, self.refuse_streamed, self.no_logprobs = (
             dies_on_abort,
             refuse_streamed,
@@ -440,7 +446,7 @@ class Executor:
         if json.get("logprobs") is not None and (
             self.no_logprobs or (stream and self.refuse_streamed)
         ):
-            return Response(400, {"error": {"message": "logprobs are refused here"}})
+            return Response(400, {"error": {"message": self.message}})
         if stream:
             self.aborts += 1  # the check drops it after the first chunk
             self.dead = self.dies_on_abort
@@ -478,12 +484,22 @@ def test_a_crash_after_the_abort_fails(monkeypatch):
 
 def test_refused_streamed_logprobs_warn_with_how_to_test(monkeypatch):
     result = abort_check(monkeypatch, Executor(refuse_streamed=True))
+    assert result.verdict == "WARN" and "served by engine=trtllm_pytorch" in result.detail
+    setting = "logprobs need engine=trtllm_pytorch ...; trtllm_logprobs_abort_safe=true serves them"
+    result = abort_check(monkeypatch, Executor(refuse_streamed=True, message=setting))
     assert result.verdict == "WARN" and "--set trtllm_logprobs_abort_safe=true" in result.detail
 
 
 def test_a_kind_without_logprobs_has_nothing_to_abort(monkeypatch):
-    result = abort_check(monkeypatch, Executor(no_logprobs=True))
+    # engine=tensorrt_llm on an engine from build.py engine: no setting can help there, so
+    # the detail names the kind that serves logprobs, not the setting.
+    refusal = (
+        "logprobs need engine=trtllm_pytorch (serve the checkpoint): engines from build.py "
+        "engine do not gather generation logits"
+    )
+    result = abort_check(monkeypatch, Executor(no_logprobs=True, message=refusal))
     assert result.verdict == "PASS" and "not applicable" in result.detail
+    assert "served by engine=trtllm_pytorch" in result.detail and "--set" not in result.detail
 
 
 # -- the driver against the image's CUDA --------------------------------------------------

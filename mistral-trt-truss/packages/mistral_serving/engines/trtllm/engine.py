@@ -715,15 +715,14 @@ class TrtLlmEngine(LlmApiEngine):
             logprobs_unavailable=None
             if serves_logprobs
             else (
-                "logprobs are not served from this TensorRT engine: TensorRT-LLM 1.1.0 and "
-                "1.2.0rc7 crash when a request with logprobs is aborted (any client "
-                "disconnect); set trtllm_logprobs_abort_safe=true once verify-gpu's abort "
-                "check passes on this release (or serve the checkpoint with "
-                "engine=trtllm_pytorch)"
+                "logprobs need engine=trtllm_pytorch (serve the checkpoint): this engine "
+                "gathers generation logits, but TensorRT-LLM 1.1.0 and 1.2.0rc7 crash when a "
+                "request with logprobs is aborted (any client disconnect); "
+                "trtllm_logprobs_abort_safe=true serves them once verify-gpu's abort check "
+                "passed with it on this release"
                 if gathers_logits
-                else "logprobs are not available from this TensorRT engine: it was built "
-                "without gather_generation_logits (serve the checkpoint with "
-                "engine=trtllm_pytorch)"
+                else "logprobs need engine=trtllm_pytorch (serve the checkpoint): engines from "
+                "build.py engine do not gather generation logits"
             ),
             prompt_logprobs_unavailable=None
             if gathers_context
