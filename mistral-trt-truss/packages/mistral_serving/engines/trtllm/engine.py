@@ -59,11 +59,12 @@ What is called, and the source file (NVIDIA/TensorRT-LLM) each fact was read fro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,7 +90,7 @@ from mistral_serving.engines.trtllm.checks import (
     world_size,
 )
 from mistral_serving.ops.metrics import CacheStats
-from mistral_serving.settings import TrtllmSettings
+from mistral_serving.settings import TorchEngineSettings, TrtllmSettings
 
 if TYPE_CHECKING:  # the image's tensorrt_llm; absent here (the type is then Any)
     from tensorrt_llm.sampling_params import SamplingParams
@@ -325,6 +326,56 @@ def kv_cache_config(settings: TrtllmSettings) -> Any:
     )
 
 
+def prompt_logits_limit(settings: TrtllmSettings) -> int:
+    """prefill_logits_bytes, the bound the PyTorch engines put on a prefill's logits, as the
+    bound on the prompt logits echo requests hold here. A TorchEngineSettings knob: the
+    engines get the whole Settings, so it is read by name (its default where absent)."""
+    default = TorchEngineSettings.model_fields["prefill_logits_bytes"].default
+    return int(getattr(settings, "prefill_logits_bytes", default))
+
+
+class PromptLogitsBudget:
+    """The prompt logits the requests that echo with logprobs hold at once. The runtime hands
+    each such request its whole `context_logits`, [prompt length, vocab] float32 (4 GB for
+    a 32k-token prompt of a 32k vocabulary), in one piece: a request whose logits alone
+    exceed the budget is refused; others wait until the running ones leave room. One event
+    loop: no lock needed."""
+
+    def __init__(self, limit_bytes: int, vocab_size: int) -> None:
+        self.limit = limit_bytes
+        self.vocab_size = vocab_size
+        self.held = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def bytes_for(self, prompt_len: int) -> int:
+        need = prompt_len * self.vocab_size * 4
+        if need > self.limit:
+            raise EngineRequestError(
+                f"echo with logprobs on a {prompt_len}-token prompt needs {need / 2**20:.0f} MiB "
+                f"of prompt logits ({prompt_len} x {self.vocab_size} float32), more than "
+                f"prefill_logits_bytes ({self.limit / 2**20:.0f} MiB): shorten the prompt"
+            )
+        return need
+
+    async def acquire(self, need: int) -> None:
+        while self.held + need > self.limit:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+        self.held += need
+
+    def release(self, need: int) -> None:
+        self.held -= need
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
 class LlmApiEngine:
     """One TensorRT-LLM LLM-API instance; concurrent `generate` calls are batched in flight
     by the executor. Must be used from one asyncio event loop: `generate_async` binds each
@@ -343,8 +394,10 @@ class LlmApiEngine:
         prompt_logprobs_unavailable: str | None = None,
         top_logprobs_unavailable: str | None = None,
         penalties_unavailable: str | None = None,
+        prompt_logits: PromptLogitsBudget | None = None,
     ) -> None:
         self.llm = llm
+        self._prompt_logits = prompt_logits  # None: prompt logits unbounded
         self.limits = limits
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
@@ -370,9 +423,31 @@ class LlmApiEngine:
         self._submissions = 0  # generate_async calls (each makes the stats iterable undone)
         self._progress_at = time.monotonic()  # the last response or stat (the heartbeat)
 
-    async def generate(
+    def generate(
         self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
     ) -> AsyncIterator[TokenDelta]:
+        bounded = self._prompt_logits is not None and not self.prompt_logprobs_unavailable
+        if sampling.prompt_logprobs is not None and bounded:
+            return self._generate_echo(request_id, prompt_ids, sampling)
+        return self._generate(request_id, prompt_ids, sampling)
+
+    async def _generate_echo(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
+    ) -> AsyncIterator[TokenDelta]:
+        """`_generate` holding its prompt logits in the budget until it ends."""
+        assert self._prompt_logits is not None
+        need = self._prompt_logits.bytes_for(len(prompt_ids))
+        await self._prompt_logits.acquire(need)
+        try:
+            async with contextlib.aclosing(self._generate(request_id, prompt_ids, sampling)) as it:
+                async for delta in it:
+                    yield delta
+        finally:
+            self._prompt_logits.release(need)
+
+    async def _generate(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions
+    ) -> AsyncGenerator[TokenDelta, None]:
         if request_id in self._results:
             raise EngineRequestError(f"request id {request_id!r} is already generating")
         echo = sampling.prompt_logprobs is not None
@@ -724,6 +799,11 @@ class TrtLlmEngine(LlmApiEngine):
                 else "logprobs need engine=trtllm_pytorch (serve the checkpoint): engines from "
                 "build.py engine do not gather generation logits"
             ),
+            prompt_logits=PromptLogitsBudget(
+                prompt_logits_limit(settings), int(pretrained.get("vocab_size") or 0)
+            )
+            if gathers_context
+            else None,
             prompt_logprobs_unavailable=None
             if gathers_context
             else (

@@ -38,7 +38,9 @@ from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
 from mistral_serving.engines.trtllm.checks import EngineCheckError
 from mistral_serving.engines.trtllm.engine import (
     LlmApiEngine,
+    PromptLogitsBudget,
     kv_cache_config,
+    prompt_logits_limit,
     scheduler_config,
 )
 from mistral_serving.settings import TrtllmSettings
@@ -151,4 +153,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
             penalties_unavailable=TORCH_SAMPLER_PENALTIES
             if settings.trtllm_sampler == "torch"
             else None,
+            prompt_logits=PromptLogitsBudget(
+                prompt_logits_limit(settings), int(config.get("vocab_size") or 0)
+            ),
         )
