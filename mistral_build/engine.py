@@ -48,6 +48,7 @@ from mistral_build.publish import (
 )
 from mistral_build.release import BASE_IMAGE
 from mistral_serving.artifacts.manifest import BuildManifest, GpuRecord
+from mistral_serving.engines.trtllm.checks import LAST_ENGINE_LINE, release_line
 from mistral_serving.ops import driver
 
 DEFAULT_MODEL = "mistralai/Mistral-7B-Instruct-v0.2"
@@ -320,9 +321,18 @@ def check_environment(
                 f"-w /workspace -e HF_TOKEN {TRTLLM_IMAGE} python3 build.py engine ..."
             )
         elif not facts.trtllm_version.startswith(TRTLLM_SERIES):
+            # 1.3 and later have no TensorRT-engine backend at all (no trtllm-build).
+            line = release_line(facts.trtllm_version)
+            newer = line is not None and line > LAST_ENGINE_LINE
             problems.append(
                 f"tensorrt_llm {facts.trtllm_version} is installed; this pipeline targets "
                 f"{TRTLLM_SERIES}x (engine flags and layout differ between lines): use {TRTLLM_IMAGE}"
+                + (
+                    ", or build no engine: --backend pytorch and serve it with "
+                    "engine=trtllm_pytorch"
+                    if newer
+                    else ""
+                )
             )
         if facts.driver_report().too_old:
             problems.append(facts.driver_report().refusal())

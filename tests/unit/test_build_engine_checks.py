@@ -136,6 +136,7 @@ def test_revision_with_checkpoint_dir_and_missing_config(tmp_path: Path) -> None
             "nvcr.io/nvidia/tensorrt-llm/release:1.2",
         ),
         (EngineOptions(), good_facts(trtllm_version="1.3.0"), "targets 1.2.x"),
+        (EngineOptions(), good_facts(trtllm_version="1.3.0rc14"), "engine=trtllm_pytorch"),
         (EngineOptions(), good_facts(gpus=[]), "no NVIDIA GPU found"),
         (EngineOptions(tp_size=2), good_facts(), "needs 2 GPUs; this machine has 1"),
         (EngineOptions(), good_facts(gpus=[H100]), "runs only on the GPU kind it was built on"),

@@ -210,6 +210,32 @@ def check_version(config: dict[str, Any], installed: str | None) -> None:
         )
 
 
+# The last TensorRT-LLM line that builds or runs TensorRT engines: upstream removed the
+# TensorRT-engine backend (trtllm-build, BuildConfig, `_tensorrt_engine.LLM`) in June-July
+# 2026; the 1.3 (rc) lines and later are PyTorch-backend only.
+LAST_ENGINE_LINE = (1, 2)
+
+
+def release_line(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a version string ("1.3.0rc14" -> (1, 3)); None if unreadable."""
+    parts = version.strip().lstrip("v").split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or "x")
+    except (IndexError, ValueError):
+        return None
+
+
+def check_engine_runtime(installed: str) -> None:
+    """An engine directory cannot be served by a TensorRT-LLM without the TensorRT backend."""
+    line = release_line(installed)
+    if line is not None and line > LAST_ENGINE_LINE:
+        raise EngineCheckError(
+            f"TensorRT-LLM {shown(installed, 40)} serves no TensorRT engines (the engine backend "
+            "ends with 1.2.x): serve the Hugging Face checkpoint with engine=trtllm_pytorch, "
+            "or this engine from the TensorRT-LLM 1.2.1 release image"
+        )
+
+
 def check_gpu_arch(built_capability: str | None, gpu: GpuInfo | None) -> None:
     """An engine runs only on the GPU architecture (compute capability) it was built on.
     `built_capability` comes from the build manifest; None (no manifest) skips the check."""

@@ -85,6 +85,7 @@ from mistral_serving.engines.trtllm.checks import (
     EngineCheckError,
     GpuInfo,
     check_engine,
+    check_engine_runtime,
     detect_gpu,
     read_engine_config,
     world_size,
@@ -709,6 +710,8 @@ class TrtLlmEngine(LlmApiEngine):
         # Imported here so the package imports (and its tests run) without tensorrt_llm.
         try:
             import tensorrt_llm
+
+            check_engine_runtime(tensorrt_llm.__version__)  # 1.3+: no _tensorrt_engine
             from tensorrt_llm._tensorrt_engine import LLM
             from tensorrt_llm.llmapi import RequestError
         except ImportError as exc:

@@ -35,7 +35,7 @@ from typing import Any
 
 from mistral_serving.artifacts.artifact import read_config
 from mistral_serving.engines.base import EngineError, EngineInfo, EngineLimits
-from mistral_serving.engines.trtllm.checks import EngineCheckError
+from mistral_serving.engines.trtllm.checks import EngineCheckError, release_line
 from mistral_serving.engines.trtllm.engine import (
     LlmApiEngine,
     PromptLogitsBudget,
@@ -51,6 +51,22 @@ TRTLLM_SAMPLER_TOP_LOGPROBS = (
     "top_logprobs above 0 are not available here: TensorRT-LLM's TRTLLMSampler returns only "
     "the sampled token's logprob; serve with trtllm_sampler=torch for top-k logprobs"
 )
+# TRTLLMSampler (trtllm_sampler=trtllm) is gone from TensorRT-LLM 1.3.0rc26 on.
+SAMPLER_GONE_FROM = (1, 3, 26)
+
+
+def trtllm_sampler_exists(version: str) -> bool:
+    """Whether this TensorRT-LLM still has TRTLLMSampler ("1.2.1", "1.3.0rc25": yes)."""
+    line = release_line(version)
+    if line is None or line < (1, 3):
+        return True
+    if line > (1, 3):
+        return False
+    rc = version.partition("rc")[2]
+    digits = "".join(c for c in rc.split(".")[0] if c.isdigit())
+    return bool(rc) and bool(digits) and (1, 3, int(digits)) < SAMPLER_GONE_FROM
+
+
 TORCH_SAMPLER_PENALTIES = (
     "repetition, presence and frequency penalties are not applied by TensorRT-LLM's "
     "TorchSampler (1.2); serve with trtllm_sampler=trtllm for penalties"
@@ -96,6 +112,14 @@ class TrtLlmPytorchEngine(LlmApiEngine):
                 f"engine=trtllm_pytorch but tensorrt_llm cannot be imported ({exc}); serve "
                 "from the TensorRT-LLM release image, or set engine=pytorch"
             ) from exc
+        if settings.trtllm_sampler == "trtllm" and not trtllm_sampler_exists(
+            tensorrt_llm.__version__
+        ):
+            raise EngineCheckError(
+                f"trtllm_sampler=trtllm: TensorRT-LLM {tensorrt_llm.__version__} has no "
+                "TRTLLMSampler (gone from 1.3.0rc26); set trtllm_sampler=torch, or serve from "
+                "the 1.2.1 release image"
+            )
         checkpoint_dir = Path(checkpoint_dir)
         if config is None:  # a bare directory; a load hands over the Artifact's
             config = read_config(checkpoint_dir)

@@ -84,6 +84,15 @@ _TORCH_ONLY_KWARGS = {"enable_iter_perf_stats", "sampler_type", "attn_backend", 
 _SAMPLER_TYPES = {"auto", "TorchSampler", "TRTLLMSampler"}
 
 
+def _sampler_types(version: str) -> set[str]:
+    """TRTLLMSampler is gone from 1.3.0rc26 on (`_torch/pyexecutor/sampler.py`)."""
+    from tensorrt_llm._lines import at_least
+
+    return (
+        _SAMPLER_TYPES - {"TRTLLMSampler"} if at_least(version, (1, 3, 0), 26) else _SAMPLER_TYPES
+    )
+
+
 class _FakeExecutor:
     """The GenerationExecutor surface the LLM API and the adapter touch."""
 
@@ -435,7 +444,9 @@ class _TorchLLM(BaseLLM):
 
     def _read_model(self, model, config: dict, kwargs: dict) -> None:
         sampler = kwargs.get("sampler_type", "auto")
-        if sampler not in _SAMPLER_TYPES:
+        import tensorrt_llm
+
+        if sampler not in _sampler_types(tensorrt_llm.__version__):
             raise ValueError(
                 f"Input should be 'TRTLLMSampler', 'TorchSampler' or 'auto': {sampler}"
             )
