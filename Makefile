@@ -184,9 +184,11 @@ soak: $(DEV_MODEL)
 test-stress: $(DEV_MODEL)
 	$(PY) bench/stress.py --runs 3
 
-# The whole serving path on this machine's GPU, inside the TensorRT-LLM release image (not
-# the venv: TensorRT-LLM lives in the image's python3): a tiny engine, the real server,
-# the end-to-end checks, a short benchmark and one report (docs/verify-on-gpu.md).
+# The whole serving path on this machine's GPU, inside the verify image (its python3 has
+# TensorRT-LLM and the server's packages; `docker run --gpus all IMAGE:TAG-verify` runs
+# the same command): a tiny engine, the real server, the end-to-end checks, a short
+# benchmark and one report (docs/verify-on-gpu.md). Where the server's packages are
+# missing (a bare release container) it stops with one line saying so.
 # VERIFY_ARGS: e.g. --kind trtllm_pytorch, --engine-dir DIR.
 VERIFY_PY ?= python3
 verify-gpu:

@@ -12,7 +12,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path[:0] = [str(ROOT), str(ROOT / "mistral-trt-truss" / "packages")]
 
-from mistral_build.cli import main  # noqa: E402
+MISSING = (
+    "error: {name} is not installed here. build.py runs where the project's packages are: "
+    "`make venv` (its .venv), or, for verify-gpu on a GPU, the verify image "
+    "(docker run --rm --gpus all --ipc=host IMAGE:TAG-verify; docs/verify-on-gpu.md)"
+)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        from mistral_build.cli import main
+
+        code = main()
+    except ModuleNotFoundError as exc:  # e.g. a bare TensorRT-LLM release container
+        print(MISSING.format(name=exc.name), file=sys.stderr)
+        code = 2
+    sys.exit(code)

@@ -19,6 +19,7 @@ Dockerfiles and `k8s/verify/job.yaml` say (not from a hand-written copy of them)
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
@@ -27,6 +28,8 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +57,7 @@ class JobLayout:
     command: list[str]  # the container's command with its args
     python: str  # the image's python3 here
     mounts: dict[str, Path] = field(default_factory=dict)
+    dockerfiles: tuple[str, str] = ("", "")  # the serving image's and the verify image's
 
     def path(self, container_path: str) -> Path:
         return self.root / container_path.lstrip("/")
@@ -304,6 +308,33 @@ def _job_command(container: dict[str, Any], root: Path, python: str) -> list[str
         str(root / a.lstrip("/")) if a.startswith("/tmp/") else a for a in container.get("args", [])
     ]
     return command + args
+
+
+def image_entrypoint(dockerfile: str, python: str) -> list[str]:
+    """A Dockerfile's ENTRYPOINT (exec form), tini left out, this interpreter for the
+    image's python3."""
+    line = next(ln for ln in dockerfile.splitlines() if ln.startswith("ENTRYPOINT "))
+    argv = [str(a) for a in json.loads(line.removeprefix("ENTRYPOINT "))]
+    if argv[0].endswith("/tini"):
+        argv = argv[2:]
+    return [a.replace(IMAGE_PYTHON, python) for a in argv]
+
+
+@contextmanager
+def laid_out_job() -> Iterator[JobLayout]:
+    """The verify Job's environment in a directory of its own, removed after."""
+    root = job_root()
+    try:
+        with tempfile.TemporaryDirectory() as staging:
+            context = render_context(Path(staging))
+            layout = lay_out_job(root, context)
+            layout.dockerfiles = (
+                (context / "Dockerfile").read_text(),
+                (context / image.VERIFY_DOCKERFILE).read_text(),
+            )
+        yield layout
+    finally:
+        remove(root)
 
 
 def job_root() -> Path:

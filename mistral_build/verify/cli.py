@@ -210,7 +210,26 @@ def main(args: argparse.Namespace) -> int:
     if (opts.app_dir is None) != (opts.packages_dir is None):
         print("refused: --app-dir and --packages-dir go together", file=sys.stderr)
         return 2
+    if missing := missing_server_packages(opts):
+        print(
+            f"refused: the server's packages are not installed here ({', '.join(missing)}): "
+            "run verify-gpu in the verify image (docker run --rm --gpus all --ipc=host "
+            "IMAGE:TAG-verify; `python build.py image` builds it), or after `make venv` "
+            "for --kind pytorch",
+            file=sys.stderr,
+        )
+        return 2
     return run(opts)
+
+
+def missing_server_packages(opts: VerifyOptions) -> list[str]:
+    """What the server (and, without the image's own /app, truss's renderer) imports and
+    this Python lacks: a bare release container has TensorRT-LLM but not these."""
+    import importlib.util
+
+    needed = ["fastapi", "uvicorn", "prometheus_client", "msgspec"]
+    needed += [] if opts.app_dir is not None else ["truss"]
+    return [name for name in needed if importlib.util.find_spec(name) is None]
 
 
 def _positive(text: str) -> int:

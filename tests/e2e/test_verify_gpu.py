@@ -21,14 +21,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.job_layout import JobLayout, job_root, lay_out_job, remove, render_context
+from tests.job_layout import JobLayout, laid_out_job
 
 pytestmark = pytest.mark.e2e
 
@@ -189,13 +188,8 @@ def test_pytorch_kind_passes_every_check_and_writes_the_report(dev_model, tmp_pa
 @pytest.fixture
 def job() -> Iterator[JobLayout]:
     """The verify Job's user, read-only working directory, HOME, emptyDirs and env."""
-    root = job_root()
-    try:
-        with tempfile.TemporaryDirectory() as staging:
-            layout = lay_out_job(root, render_context(Path(staging)))
+    with laid_out_job() as layout:
         yield layout
-    finally:
-        remove(root)
 
 
 def test_the_job_layout_is_the_images_and_the_jobs(job: JobLayout):

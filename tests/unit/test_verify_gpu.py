@@ -219,3 +219,37 @@ def test_a_planted_long_function_is_found():
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     assert long_functions(f"def f():\n{body}\n") == [f"f ({MAX_FUNCTION_LINES + 1} lines)"]
     assert long_functions(f"# long: one table\ndef f():\n{body}\n") == []
+
+
+# -- where the server's packages are missing (a bare release container) -----------------
+
+
+def test_build_py_names_a_missing_package_in_one_line():
+    import subprocess
+    import sys
+
+    repo = VERIFY_DIR.parents[1]
+    # -S: no site-packages, as bare as a Python gets (a release container lacks ours).
+    proc = subprocess.run(
+        [sys.executable, "-S", str(repo / "build.py"), "verify-gpu", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and "is not installed here" in line
+    assert "IMAGE:TAG-verify" in line
+
+
+def test_verify_gpu_refuses_without_the_servers_packages(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else real(name, *a)
+    )
+    assert main(["verify-gpu", "--kind", "pytorch", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "refused: the server's packages are not installed here (fastapi)" in err
+    assert "verify image" in err and not (tmp_path / "report.json").exists()
