@@ -52,7 +52,7 @@ class NotHere:
     reason: str
 
 
-GPU = NotHere("needs an NVIDIA GPU with TensorRT-LLM (docs/verify-on-gpu.md: `make verify-gpu`)")
+GPU = NotHere("needs an NVIDIA GPU with TensorRT-LLM (docs/verify-on-gpu.md: the verify image)")
 CLUSTER = NotHere("needs a Kubernetes cluster; the manifests are strict-validated offline")
 DOCKER = NotHere("needs a Docker engine (none here); the build context is rendered by tests")
 WEIGHTS = NotHere("needs a real 7B checkpoint or engine; no weights can be downloaded here")
@@ -143,6 +143,8 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     (r"^source \.venv/bin/activate$", Covered("tests/e2e/test_doc_commands.py")),
     (r"^python3? -c \"import (tensorrt_llm|truss|json)", GPU),
     (r"^python /app/tensorrt_llm/", GPU),
+    # docs/verify-on-gpu.md shows build.py engine's golden commands (generated into it).
+    (r"^python3 /app/tensorrt_llm/examples/", Covered("tests/unit/test_build_engine_commands.py")),
     (r"^cp /models/", GPU),
     (
         r"^python -m pytest tests/unit/test_trtllm_engine\.py",
