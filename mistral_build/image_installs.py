@@ -183,6 +183,8 @@ def parse_install(line: str, context: Path, where: str) -> InstallStep:
     i = 0
     while i < len(args):
         arg = args[i]
+        if arg in ("-r", "-c", *flags_with_value) and i + 1 == len(args):
+            raise ValueError(f"{where}: uv option {arg!r} needs a value")
         if arg in ("-r", "-c"):
             path = args[i + 1]
             if arg == "-c" and path == image.BASE_CONSTRAINTS:

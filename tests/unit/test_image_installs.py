@@ -107,3 +107,16 @@ def test_the_check_is_a_make_target_ci_runs():
     makefile = (root / "Makefile").read_text()
     assert "check-image-installs:" in makefile and "tests/network" in makefile
     assert "make check-image-installs" in (root / ".ci" / "run").read_text()
+
+
+@given(st.lists(st.from_regex(r"-{0,2}[a-z=.<>0-9_-]{1,12}", fullmatch=True), max_size=6))
+def test_any_install_line_is_read_or_refused_by_name(tokens: list[str]):
+    context = Path(__file__).parent  # no -r/-c files are read: those tokens are filtered
+    tokens = [t for t in tokens if t not in ("-r", "-c")]
+    line = "RUN uv pip install " + " ".join(tokens)
+    try:
+        step = parse_install(line, context, "Dockerfile:1")
+    except ValueError as exc:
+        assert "is not understood here" in str(exc) or "needs a value" in str(exc)
+        return
+    assert all(not r.startswith("-") for r in step.requirements)
