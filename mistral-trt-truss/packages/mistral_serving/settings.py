@@ -230,6 +230,16 @@ class LimitsSettings(_Concern):
         description="Share of free GPU memory for the KV cache (TensorRT-LLM, "
         "and the static PyTorch cache when max_seq_len is unset).",
     )
+    prefill_logits_bytes: int = Field(
+        256 * 2**20,
+        ge=1,
+        le=2**36,
+        description="The most prompt logits (bytes) held at once for echo's prompt "
+        "logprobs. PyTorch engines: computed for the rows that ask, this many bytes at a "
+        "time, and the rows prefilled together limited so their last-position logits fit "
+        "too. TensorRT-LLM kinds: a request whose [prompt, vocab] float32 context logits "
+        "exceed it is refused (400); others wait for room.",
+    )
 
     @model_validator(mode="after")
     def _check_limits(self) -> LimitsSettings:
@@ -250,15 +260,6 @@ class TorchEngineSettings(LimitsSettings):
         "auto",
         description="The PyTorch engine's weights: `auto` is bf16 on a GPU that has it, else "
         "fp16; fp32 on a CPU.",
-    )
-    prefill_logits_bytes: int = Field(
-        256 * 2**20,
-        ge=1,
-        le=2**36,
-        description="PyTorch engines: the most logits one prefill projection may hold "
-        "(bytes). Prompt logprobs (echo) are computed for the rows that ask, this many "
-        "bytes of logits at a time, and the rows prefilled together are limited so their "
-        "last-position logits fit too.",
     )
     pytorch_kv_cache: Literal["auto", "dynamic", "static"] = Field(
         "auto",
@@ -315,10 +316,10 @@ class TrtllmSettings(LimitsSettings):
     trtllm_logprobs_abort_safe: bool = Field(
         False,
         description="engine=tensorrt_llm: serve logprobs from an engine built with "
-        "gather_generation_logits. Off: logprobs are refused, because aborting a request "
-        "with logprobs (any client disconnect) crashes the executor on TensorRT-LLM 1.1.0 and "
-        "1.2.0rc7. Turn on only after verify-gpu's abort-with-logprobs check passed on the "
-        "release you serve.",
+        "gather_generation_logits (`build.py engine` builds none: for logprobs, use "
+        "engine=trtllm_pytorch). Off: logprobs are refused, because aborting a request with "
+        "logprobs crashes the executor on TensorRT-LLM 1.1.0 and 1.2.0rc7. Turn on only "
+        "after verify-gpu's abort-with-logprobs check passed on the release you serve.",
     )
     trtllm_cuda_graph_padding: bool = Field(
         True,

@@ -91,7 +91,7 @@ from mistral_serving.engines.trtllm.checks import (
     world_size,
 )
 from mistral_serving.ops.metrics import CacheStats
-from mistral_serving.settings import TorchEngineSettings, TrtllmSettings
+from mistral_serving.settings import TrtllmSettings
 
 if TYPE_CHECKING:  # the image's tensorrt_llm; absent here (the type is then Any)
     from tensorrt_llm.sampling_params import SamplingParams
@@ -328,11 +328,8 @@ def kv_cache_config(settings: TrtllmSettings) -> Any:
 
 
 def prompt_logits_limit(settings: TrtllmSettings) -> int:
-    """prefill_logits_bytes, the bound the PyTorch engines put on a prefill's logits, as the
-    bound on the prompt logits echo requests hold here. A TorchEngineSettings knob: the
-    engines get the whole Settings, so it is read by name (its default where absent)."""
-    default = TorchEngineSettings.model_fields["prefill_logits_bytes"].default
-    return int(getattr(settings, "prefill_logits_bytes", default))
+    """The bound on the prompt logits echo requests hold at once (every engine's limit)."""
+    return settings.prefill_logits_bytes
 
 
 class PromptLogitsBudget:
