@@ -208,6 +208,13 @@ class DeploySettings(BaseModel):
         "passed as MTT_<KEY> and written into config.yaml's model_metadata.",
     )
 
+    gpu_fallback: bool = Field(
+        False,
+        description="Put the GPU fallback package (the PyTorch engine's static KV cache, the "
+        "engine process, several front-end processes) in the image. Off: a TensorRT-LLM "
+        "image, without code it never runs.",
+    )
+
     # GPUs.
     gpu_type: GpuType = "a100"
     gpu_count: int = Field(

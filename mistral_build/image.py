@@ -57,6 +57,7 @@ from mistral_build.release import (
     TRTLLM_VERSION,
 )
 from mistral_build.truss_config import truss_config, write_config
+from mistral_serving.engines import fallback
 
 # What the base image has installed that our code and the Truss server also touch:
 # TensorRT-LLM v1.2.1's requirements.txt (tag commit 376f7e1b), plus the bounds that
@@ -121,6 +122,8 @@ COMPAT_DEVIATIONS: dict[str, str] = {
 # The container's command: the real Truss server with our routes (mistral_serving.http.server),
 # from /app (the Truss server's modules) with the bundled packages importable at start.
 PACKAGES_DIR = "/packages"
+# The serving core names the optional package in one place (engines/fallback.py).
+FALLBACK_PACKAGE = fallback.PACKAGE
 
 DOCKER_PLATFORM = "linux/amd64"
 
@@ -481,11 +484,15 @@ def render_image_context(
 ) -> Path:
     """The Docker build context by truss's own code, from a copy of the Truss whose
     config.yaml carries `settings` (defaults: DeploySettings()), running as the non-root
-    `app` user, with our launcher as the entry point."""
+    `app` user, with our launcher as the entry point. The GPU fallback package is left
+    out unless `settings.gpu_fallback` asks for it: a TensorRT-LLM deployment never runs
+    it, and the server refuses the settings that need it in one line."""
     settings = settings or DeploySettings()
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / truss_dir.name
         shutil.copytree(truss_dir, staged, ignore=shutil.ignore_patterns("__pycache__"))
+        if not settings.gpu_fallback:
+            shutil.rmtree(staged / "packages" / FALLBACK_PACKAGE)
         write_config(settings, staged)
         with _env("BT_USE_NON_ROOT_USER", "1"):
             render_build_context(build_dir, staged)

@@ -478,3 +478,15 @@ def test_the_entry_point_raises_the_open_file_limit_and_passes_its_args() -> Non
     low = min(hard, 4096)
     lowered = f"ulimit -S -n 256; ulimit -H -n {low}; {RAISE_NOFILE}; ulimit -S -n"
     assert shell(lowered) == [str(low)]
+
+
+def test_the_image_leaves_the_gpu_fallback_out_unless_asked(
+    context: Path, tmp_path: Path
+) -> None:
+    """A TensorRT-LLM image carries the serving core only; `gpu_fallback: true` adds the
+    package (the server refuses the settings that need it otherwise: test_fallback_absent)."""
+    packages = context / "packages"
+    assert (packages / "mistral_serving" / "engines" / "fallback.py").is_file()
+    assert not (packages / image.FALLBACK_PACKAGE).exists()
+    with_it = image.render_image_context(tmp_path / "ctx", DeploySettings(gpu_fallback=True))
+    assert (with_it / "packages" / image.FALLBACK_PACKAGE / "plugin.py").is_file()
