@@ -480,9 +480,7 @@ def test_the_entry_point_raises_the_open_file_limit_and_passes_its_args() -> Non
     assert shell(lowered) == [str(low)]
 
 
-def test_the_image_leaves_the_gpu_fallback_out_unless_asked(
-    context: Path, tmp_path: Path
-) -> None:
+def test_the_image_leaves_the_gpu_fallback_out_unless_asked(context: Path, tmp_path: Path) -> None:
     """A TensorRT-LLM image carries the serving core only; `gpu_fallback: true` adds the
     package (the server refuses the settings that need it otherwise: test_fallback_absent)."""
     packages = context / "packages"
