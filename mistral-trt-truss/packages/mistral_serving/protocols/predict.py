@@ -1,6 +1,6 @@
-"""`POST /v1/models/model:predict`: the seed article's body, defaults and answers.
+"""`POST /v1/models/model:predict`: the original Baseten article's body, defaults and answers.
 
-Defaults are the article's exactly: max_new_tokens 2048 (clamped to what the engine
+Defaults are the original Baseten article's exactly: max_new_tokens 2048 (clamped to what the engine
 allows), temperature 0.9, top_k 1 (greedy), top_p 0 (off), streaming false,
 streaming_interval 3. `max_tokens` and `stream` are accepted as aliases (Baseten's
 names); giving both names of one field is a 400. The non-streaming answer is

@@ -3,7 +3,7 @@
 `TextStream` chains the incremental detokenizer, stop strings and throttling:
 - stop strings end the output before the stop string (never included, never half-sent:
   text that could still become a stop string is held back until it cannot);
-- `interval` tokens make one chunk (the article's `streaming_interval`);
+- `interval` tokens make one chunk (the original Baseten article's `streaming_interval`);
 - the chunks joined equal `text` (the non-streaming output) exactly.
 """
 
