@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from mistral_serving.settings import ENV_PREFIX, Settings
+from mistral_serving.settings import ENV_PREFIX, Settings, unknown_settings
 
 GpuType = Literal["a100", "h100", "l4"]
 
@@ -310,9 +310,9 @@ class DeploySettings(BaseModel):
     def _known_serving_keys(cls, value: Any) -> Any:
         if not isinstance(value, dict):
             return value  # pydantic reports the type error
+        if problem := unknown_settings(str(k) for k in value):
+            raise ValueError(problem)
         for key in value:
-            if key not in Settings.model_fields:
-                raise ValueError(f"{key!r} is not a field of mistral_serving Settings")
             if key in _DEPLOY_OWNED:
                 raise ValueError(f"set {key!r} as a deploy setting, not under serving")
         return {

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlparse
 
+import yaml
+
 from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR, TRUSS_DIR
 
 
@@ -244,20 +246,42 @@ def environment_conflicts(settings: dict[str, str]) -> str | None:
     )
 
 
+def settings_problem(sets: list[str], settings: dict[str, str], port: int) -> str | None:
+    """Why the server would refuse these settings, found before anything is built: `--set`
+    keys that are no setting, then what the server's own start checks (`Settings.load`:
+    unknown `MTT_*` variables, invalid values) on the environment it would get."""
+    from mistral_serving.settings import Settings, SettingsError, unknown_settings
+
+    malformed = [item for item in sets if "=" not in item]
+    if malformed:
+        return f"--set expects KEY=VALUE, got {malformed[0]!r}"
+    keys = [item.partition("=")[0] for item in sets]
+    if problem := unknown_settings(keys):
+        return f"--set {problem}"
+    config = yaml.safe_load((TRUSS_DIR / "config.yaml").read_text(encoding="utf-8"))
+    try:
+        Settings.load(config.get("model_metadata"), server_env(TRUSS_DIR, port, settings))
+    except SettingsError as exc:
+        return str(exc)
+    return None
+
+
 def serve(args: argparse.Namespace) -> int:
     artifact = args.artifact or os.environ.get("MTT_ARTIFACT") or None
-    if artifact is None:
-        from mistral_build.dev_model import build_dev_model
-
-        build_dev_model()
     settings = serve_settings(artifact, args.host)
     for item in args.set or []:
         key, _, value = item.partition("=")
         settings[key] = value
-    problem = environment_conflicts({k: v for k, v in settings.items() if k != "host"})
+    problem = settings_problem(args.set or [], settings, args.port) or environment_conflicts(
+        {k: v for k, v in settings.items() if k != "host"}
+    )
     if problem:
         print(f"cannot serve: {problem}", file=sys.stderr)
         return 2
+    if artifact is None:
+        from mistral_build.dev_model import build_dev_model
+
+        build_dev_model()
     context = render_build_context(CACHE_DIR / "serve-context")
     app = prepare_app_dir(context)
     shown = "127.0.0.1" if settings["host"] in ("127.0.0.1", "0.0.0.0") else settings["host"]

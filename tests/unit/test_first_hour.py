@@ -5,6 +5,7 @@ loopback."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -94,3 +95,70 @@ def test_make_serve_takes_the_artifact_from_the_environment() -> None:
 def test_the_dev_server_binds_loopback_by_default() -> None:
     assert local_server.serve_settings(None, host=None)["host"] == "127.0.0.1"
     assert local_server.serve_settings(None, host="0.0.0.0")["host"] == "0.0.0.0"
+
+
+def run_build_py(args: list[str], env: dict[str, str], timeout: float = 300) -> tuple[int, str]:
+    """`python build.py ARGS` in its own process group (all of it is killed past `timeout`:
+    a command that should have refused at once may be serving instead)."""
+    proc = subprocess.Popen(
+        [sys.executable, "build.py", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"build.py {' '.join(args)} still running after {timeout} s:\n{out[-2000:]}")
+    return proc.returncode, out
+
+
+def environ_without_settings() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("MTT_")}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "line"),
+    [
+        (
+            ["--set", "bogus_key=1"],
+            {},
+            "cannot serve: --set bogus_key is not a setting (every setting: docs/settings.md)",
+        ),
+        (
+            ["--set", "max_inflite=3"],
+            {},
+            "cannot serve: --set max_inflite is not a setting (did you mean max_inflight?)",
+        ),
+        (
+            [],
+            {"MTT_MAX_INFLITE": "3"},
+            "cannot serve: MTT_MAX_INFLITE is not a setting (did you mean MTT_MAX_INFLIGHT?)",
+        ),
+        (
+            ["--set", "max_inflight=zero"],
+            {},
+            "cannot serve: invalid settings: max_inflight: Input should be a valid integer, "
+            "unable to parse string as an integer",
+        ),
+        (
+            ["--set", "max_inflight"],
+            {},
+            "cannot serve: --set expects KEY=VALUE, got 'max_inflight'",
+        ),
+    ],
+)
+def test_build_py_serve_refuses_what_the_server_would_not_take_before_building(
+    args: list[str], env: dict[str, str], line: str
+) -> None:
+    """A typo in a setting's name was served without a word: `build.py serve` (and so
+    `make serve`) refuses it, as the server itself does, in one line and at once."""
+    port = local_server.free_port()
+    rc, out = run_build_py(["serve", "--port", str(port), *args], environ_without_settings() | env)
+    assert rc == 2, out
+    assert out.strip() == line

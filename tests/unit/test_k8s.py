@@ -555,6 +555,13 @@ def test_invalid_settings_are_refused_with_a_message(values: dict[str, Any]) -> 
         load_deploy_settings(None, values)
 
 
+def test_a_serving_key_typo_names_the_setting_meant() -> None:
+    """The same check (and words) as the server's and `build.py serve --set`'s."""
+    with pytest.raises(k8s.DeploySettingsError) as err:
+        load_deploy_settings(None, {"serving": {"max_inflite": "8"}})
+    assert "serving: max_inflite is not a setting (did you mean max_inflight?)" in str(err.value)
+
+
 @pytest.mark.parametrize(
     "text", ["- a list\n", "image: [unclosed\n", "\udcff", "gpu_count: '2'\nname: 7\n"]
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from pydantic import ValidationError
 
 from mistral_serving.settings import (
     ENV_PREFIX,
+    FIELDS,
     AdmissionSettings,
     ArtifactSettings,
     GpuFallbackSettings,
@@ -22,6 +24,7 @@ from mistral_serving.settings import (
     SettingsError,
     TorchEngineSettings,
     TrtllmSettings,
+    unknown_settings,
 )
 
 
@@ -66,9 +69,100 @@ def test_unknown_metadata_keys_ignored() -> None:
     assert not hasattr(s, "pretty_name")
 
 
-def test_unknown_env_vars_ignored() -> None:
-    s = Settings.load({}, env={"MTT_NOT_A_SETTING": "x", "PATH": "/bin", "ARTIFACT": "no"})
+def test_other_env_vars_are_ignored() -> None:
+    s = Settings.load({}, env={"PATH": "/bin", "ARTIFACT": "no", "mtt_max_inflight": "3"})
     assert s == Settings()
+
+
+@pytest.mark.parametrize(
+    ("variable", "line"),
+    [
+        ("MTT_MAX_INFLITE", "MTT_MAX_INFLITE is not a setting (did you mean MTT_MAX_INFLIGHT?)"),
+        ("MTT_max_inflight", "MTT_max_inflight is not a setting (did you mean MTT_MAX_INFLIGHT?)"),
+        (
+            "MTT_NOT_A_SETTING",
+            "MTT_NOT_A_SETTING is not a setting (every setting: docs/settings.md)",
+        ),
+    ],
+)
+def test_an_unknown_mtt_variable_is_refused_with_the_nearest_name(variable: str, line: str) -> None:
+    with pytest.raises(SettingsError) as err:
+        Settings.load({}, env={variable: "3", "MTT_MAX_WAITING": "4"})
+    assert str(err.value) == line
+
+
+# Names as a typo makes them: a setting's name with one character changed, added or dropped.
+EDIT_ALPHABET = "abcdefghijklmnopqrstuvwxyz_0123456789"
+
+
+@st.composite
+def one_edit_from_a_setting(draw: st.DrawFn) -> tuple[str, str]:
+    name = draw(st.sampled_from(FIELDS))
+    at = draw(st.integers(0, len(name)))
+    char = draw(st.sampled_from(EDIT_ALPHABET))
+    kind = draw(st.sampled_from(["insert", "replace", "delete"]))
+    if kind == "insert":
+        typo = name[:at] + char + name[at:]
+    elif kind == "replace":
+        typo = name[:at] + char + name[at + 1 :]
+    else:
+        typo = name[:at] + name[at + 1 :]
+    return name, typo
+
+
+@settings(max_examples=300, deadline=None)
+@given(edit=one_edit_from_a_setting(), as_variable=st.booleans())
+def test_a_one_character_typo_is_refused_with_a_setting_to_try(
+    edit: tuple[str, str], as_variable: bool
+) -> None:
+    _, typo = edit
+    if typo in FIELDS:  # the edit made another real name
+        return
+    name = ENV_PREFIX + typo.upper() if as_variable else typo
+    problem = unknown_settings([name], variables=as_variable)
+    assert problem is not None and "\n" not in problem
+    suggested = re.fullmatch(r".* is not a setting \(did you mean (\S+)\?\)", problem)
+    assert suggested, problem
+    if as_variable:
+        assert suggested[1].startswith(ENV_PREFIX) and suggested[1] == suggested[1].upper()
+        assert suggested[1].removeprefix(ENV_PREFIX).lower() in FIELDS
+    else:
+        assert suggested[1] in FIELDS
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    names=st.lists(
+        st.sampled_from(FIELDS) | st.text(st.characters(codec=None, exclude_categories=())),
+        max_size=5,
+    ),
+    as_variables=st.booleans(),
+)
+def test_any_names_are_accepted_exactly_when_each_is_a_setting(
+    names: list[str], as_variables: bool
+) -> None:
+    """Fuzzed: the check of `--set` keys and of `MTT_*` variables refuses a list of names
+    exactly when one is no setting, in one printable line naming each such name."""
+    if as_variables:
+        names = [ENV_PREFIX + (n.upper() if n in FIELDS else n) for n in names]
+        known = [n.removeprefix(ENV_PREFIX).lower() in FIELDS and n == n.upper() for n in names]
+    else:
+        known = [n in FIELDS for n in names]
+    problem = unknown_settings(names, variables=as_variables)
+    if all(known):
+        assert problem is None
+        if as_variables:  # the server takes the names (a value may still be refused)
+            try:
+                Settings.load({}, env=dict.fromkeys(names, ""))
+            except SettingsError as err:
+                assert str(err).startswith("invalid settings: ")
+        return
+    assert problem is not None
+    assert len(problem.splitlines()) == 1 and problem.isprintable()
+    assert problem.count("is not a setting") == known.count(False)
+    if as_variables:
+        with pytest.raises(SettingsError, match="is not a setting"):
+            Settings.load({}, env=dict.fromkeys(names, ""))
 
 
 def test_env_overrides_metadata_with_coercion() -> None:
@@ -322,10 +416,10 @@ def test_each_concern_checks_its_own_rules_alone() -> None:
 
 
 def test_env_names_are_matched_exactly_in_upper_case() -> None:
-    s = Settings.load(
-        {}, env={"mtt_max_inflight": "3", "Mtt_Max_Waiting": "4", "MTT_max_inflight": "5"}
-    )
+    s = Settings.load({}, env={"mtt_max_inflight": "3", "Mtt_Max_Waiting": "4"})
     assert (s.max_inflight, s.max_waiting) == (256, 512)
+    with pytest.raises(SettingsError, match="did you mean MTT_MAX_INFLIGHT"):
+        Settings.load({}, env={"MTT_max_inflight": "5"})
     assert Settings.load({}, env={"MTT_MAX_INFLIGHT": "3"}).max_inflight == 3
 
 

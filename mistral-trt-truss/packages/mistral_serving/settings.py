@@ -14,8 +14,9 @@ them down.
 
 from __future__ import annotations
 
+import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -545,16 +546,53 @@ class Settings(
     def load(
         cls, model_metadata: Mapping[str, Any] | None, env: Mapping[str, str] | None = None
     ) -> Settings:
-        """Settings from `model_metadata` (keys that are no setting are ignored),
-        overridden by the `MTT_*` environment variables of `env` (default: the process's),
-        read by pydantic-settings' own environment source; an empty variable clears its
-        setting (to its unset value)."""
+        """Settings from `model_metadata` (keys that are no setting are ignored: Truss's
+        own keys live there too), overridden by the `MTT_*` environment variables of `env`
+        (default: the process's), read by pydantic-settings' own environment source; an
+        empty variable clears its setting (to its unset value). An `MTT_*` variable that
+        names no setting is refused: a typo would otherwise be served without a word."""
+        environ = os.environ if env is None else env
+        variables = (k for k in environ if k.startswith(ENV_PREFIX))
+        if problem := unknown_settings(variables, variables=True):
+            raise SettingsError(problem)
         given = {k: v for k, v in (model_metadata or {}).items() if k in cls.model_fields}
-        source = _Environment(cls, os.environ if env is None else env)
+        source = _Environment(cls, environ)
         try:
             return cls(**(given | source()))
         except ValidationError as exc:
             raise SettingsError(f"invalid settings: {_one_line(exc)}") from None
+
+
+FIELDS = sorted(Settings.model_fields)
+SETTINGS_DOC = "docs/settings.md"  # the reference of every setting
+
+
+def unknown_settings(names: Iterable[str], variables: bool = False) -> str | None:
+    """One line naming each of `names` that is no setting, each with the nearest setting
+    ("did you mean ..."), or None when all are settings. `names` are keys as `--set` and
+    `serving:` spell them (`max_inflight`), or with `variables` environment variables
+    (`MTT_MAX_INFLIGHT`); exactly so, and the suggestion is spelled the same way."""
+    problems = []
+    for name in names:
+        key = name.removeprefix(ENV_PREFIX) if variables else name
+        spelled = key.isascii() and (key.upper() if variables else key.lower()) == key
+        if spelled and (not variables or name.startswith(ENV_PREFIX)) and key.lower() in FIELDS:
+            continue
+        # Compared in lower case: `MTT_max_inflight` is the setting under a wrong spelling.
+        near = difflib.get_close_matches(key.lower(), FIELDS, n=1, cutoff=0.6)
+        if near:
+            hint = f"did you mean {ENV_PREFIX + near[0].upper() if variables else near[0]}?"
+        else:
+            hint = f"every setting: {SETTINGS_DOC}"
+        problems.append(f"{_shown(name)} is not a setting ({hint})")
+    return "; ".join(problems) or None
+
+
+def _shown(name: str, limit: int = 80) -> str:
+    """A name as it can be printed on one line (an environment name may hold anything)."""
+    if len(name) <= limit and name.isprintable() and name.isascii():
+        return name
+    return ascii(name[:limit])
 
 
 class _Environment(EnvSettingsSource):
