@@ -287,8 +287,8 @@ def serve(args: argparse.Namespace) -> int:
     shown = "127.0.0.1" if settings["host"] in ("127.0.0.1", "0.0.0.0") else settings["host"]
     where = "all interfaces" if settings["host"] == "0.0.0.0" else settings["host"]
     print(
-        f"Truss server on http://{shown}:{args.port} (listening on {where}; ready when "
-        f"GET /v1/models/model answers 200); Ctrl-C stops it.",
+        f"Truss server on http://{shown}:{args.port} (listening on {where}; it logs a "
+        '"ready on" line once loaded); Ctrl-C stops it.',
         flush=True,
     )
     # Become the server (exec, no child process): Ctrl-C and SIGTERM reach it directly.

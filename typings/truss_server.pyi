@@ -19,6 +19,8 @@ log_config: _LogConfig
 class _ModelWrapper:
     @property
     def load_failed(self) -> bool: ...
+    @property
+    def ready(self) -> bool: ...
 
 class TrussServer:
     _config: dict[str, Any]

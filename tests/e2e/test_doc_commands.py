@@ -292,3 +292,5 @@ def test_make_serve_starts_as_the_readme_says(doc: str, command: str) -> None:
             out, _ = proc.communicate()
     assert re.search(rule.expect, out), out[-3000:]
     assert "listening on 127.0.0.1" in out
+    assert f'"message": "ready on http://127.0.0.1:{port}"' in out  # JSON lines: no terminal
+    assert "Traceback" not in out and "nanobind" not in out, out[-3000:]  # Ctrl-C is quiet

@@ -84,6 +84,12 @@ def test_same_uvicorn_settings_as_truss_but_the_parser_and_a_real_uvloop(
     assert mine.pop("timeout_keep_alive") == Settings().keepalive_timeout_seconds
     assert truss.pop("running_loop") == "asyncio.unix_events"  # asked for uvloop, got this
     assert mine.pop("running_loop") == "uvloop"
+    # Our log lines' filter on every handler ("ready on" replaces uvicorn's line).
+    assert mine["log_config"]["filters"].pop("mtt_lines")
+    for handler in mine["log_config"]["handlers"].values():
+        assert handler["filters"].pop() == "mtt_lines"
+        if not handler["filters"]:
+            del handler["filters"]
     assert mine == truss  # app, host, port, workers, timeouts, log config, ws settings
 
 
@@ -104,7 +110,7 @@ Settings.load = classmethod(counted)
 Frontend.load = lambda self, hf_token: None  # no engine: only who made what matters here
 seen = {}
 
-def serve(server, settings):
+def serve(server, settings, *listening):
     server._model.load()  # what Truss's load thread does: model.py's Model is made here
     model = server._model._model
     app = server.create_application()
@@ -131,6 +137,7 @@ def test_the_launcher_owns_the_one_frontend_and_loads_settings_once(app_context:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "mistral-trt-truss/packages"), str(app)])
     env.pop("MTT_ARTIFACT", None)
+    env["INFERENCE_SERVER_PORT"] = "0"  # main binds it: any free one
     out = subprocess.run(
         [sys.executable, "-c", ONE_OWNER],
         cwd=app,

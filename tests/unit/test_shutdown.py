@@ -213,3 +213,47 @@ def test_exit_now_writes_the_reason_last_while_other_threads_log() -> None:
         lines = done.stdout.strip().splitlines()
         assert lines[-1] == "the reason", lines[-3:]
         assert lines.count("the reason") == 1
+
+
+LOAD_SCRIPT = r"""
+import logging, sys, types
+from mistral_serving.ops.shutdown import exit_if_load_fails
+
+class Refusal(ValueError):
+    pass
+
+logging.basicConfig(stream=sys.stdout, format="%(message)s")
+raised = {"refusal": Refusal("no artifact there"), "bug": KeyError("oops")}[sys.argv[1]]
+
+def load():
+    try:
+        raise raised
+    except KeyError as exc:  # as a retry wraps it
+        raise RuntimeError("retries exhausted") from exc
+
+wrapper = types.SimpleNamespace(_load_impl=load)
+exit_if_load_fails(wrapper, lambda exc: str(exc), expected=(Refusal,))
+wrapper._load_impl()
+"""
+
+
+def test_a_failed_load_logs_a_traceback_only_when_unexpected() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def run(kind: str) -> list[str]:
+        done = subprocess.run(
+            [sys.executable, "-c", LOAD_SCRIPT, kind],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
+        assert done.returncode == 1, done.stderr
+        return done.stdout.strip().splitlines()
+
+    refused = run("refusal")
+    assert refused == ["load failed: no artifact there"]  # the reason says it all
+    crashed = run("bug")
+    assert "Traceback (most recent call last):" in crashed
+    assert "KeyError: 'oops'" in crashed  # the cause too
+    assert crashed[-1] == "load failed: retries exhausted"

@@ -472,6 +472,12 @@ class OpsSettings(_Concern):
         "compatibility set up by hand).",
     )
     log_prompts: bool = Field(False, description="Log prompt and output text (off: privacy).")
+    log_format: Literal["auto", "text", "json"] = Field(
+        "auto",
+        description="`text`: a line of time, level and message per record; `json`: one JSON "
+        "object a line (for a log collector); `auto`: text when the server's stderr is a "
+        "terminal, else JSON.",
+    )
 
     @model_validator(mode="after")
     def _check_stall_limits(self) -> OpsSettings:

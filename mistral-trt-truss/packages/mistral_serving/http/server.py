@@ -24,8 +24,13 @@ settings, and adds, before it starts:
 - The settings are loaded once, here, and the process's one `Frontend` is made here: our
   routes and guards are handed it, and so is the Truss model (through the config dict
   Truss passes to its constructor as it is; `frontend.frontend_for`).
-- A failed `load()` ends the process with status 1 and the reason as its last log line
-  (Truss alone exits 0), and the engine is shut down when the server stops.
+- The port is bound before the model loads (one in use ends the start at once, naming
+  it). A failed `load()` ends the process with status 1 and the reason as its last log
+  line (Truss alone exits 0; a traceback only for an unexpected failure), and the engine
+  is shut down when the server stops.
+- Logs are plain lines on a terminal and JSON elsewhere (`log_format`), with one "ready on
+  http://HOST:PORT" line once loaded; Ctrl-C ends with status 0 and no teardown noise
+  (`ops/console.py`).
 - With `frontend_processes` above 1 this process is only the launcher of that many
   servers as above, sharing the port and one engine process (the GPU fallback package's
   `frontends.py`).
@@ -35,10 +40,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import os
 import re
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -47,13 +54,14 @@ from typing import TYPE_CHECKING, Any
 from fastapi import Request
 
 from mistral_serving import __version__
+from mistral_serving.artifacts.manifest import ArtifactError
 from mistral_serving.engines import fallback
 from mistral_serving.errors import RequestError
 from mistral_serving.http import listen_socket
 from mistral_serving.http.auth import ApiKeyGuard, configured_keys
 from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.http.scope_keys import HANDLED
-from mistral_serving.ops import driver
+from mistral_serving.ops import console, driver
 from mistral_serving.ops.record import request_id_from
 from mistral_serving.ops.shutdown import exit_if_load_fails
 from mistral_serving.protocols.openai.types import ModelCard, ModelList, openai_error_body
@@ -375,11 +383,17 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
     return app
 
 
-def serve(server: TrussServer, settings: Settings) -> None:
+def serve(
+    server: TrussServer,
+    settings: Settings,
+    sockets: list[socket.socket] | None = None,
+    loaded: Callable[[], bool] = lambda: True,
+) -> None:
     """`TrussServer.start` (truss 0.18.36) with two differences: uvicorn's HTTP parser is
     httptools (Truss pins h11), and the event loop really is uvloop (Truss asks uvicorn
     for uvloop, then runs `asyncio.run`, which makes a stdlib loop): less server CPU per
-    streamed token (docs/performance.md)."""
+    streamed token (docs/performance.md). It listens on `sockets` (bound by `main`) and
+    says "ready on URL" once they listen and `loaded()` holds."""
     import truss_server
     import uvicorn
     import uvloop
@@ -403,14 +417,26 @@ def serve(server: TrussServer, settings: Settings) -> None:
         port=server._http_port,
         workers=1,
         timeout_graceful_shutdown=truss_server.TIMEOUT_GRACEFUL_SHUTDOWN,
-        log_config=dict(truss_server.log_config.make_log_config(level)),
+        log_config=console.with_line_filter(dict(truss_server.log_config.make_log_config(level))),
         ws_max_size=truss_server.WS_MAX_MSG_SZ_BYTES,
         loop="uvloop",
         **{k: v for k, v in pings.items() if v},  # as Truss: unset keeps uvicorn's default
     )
-    server._server = uvicorn.Server(config=config)
+    uvicorn_server = server._server = uvicorn.Server(config=config)
     sock = listen_socket.listen_socket()  # several front-end processes: the launcher's bound port
-    uvloop.run(server._server.serve(sockets=[sock] if sock is not None else None))
+    if sock is not None:
+        sockets = [sock]
+
+    async def run() -> None:
+        port = sockets[0].getsockname()[1] if sockets else server._http_port
+        url = console.url_of(settings.host, port)
+        ready = asyncio.create_task(console.announce_ready(uvicorn_server, loaded, url))
+        try:
+            await uvicorn_server.serve(sockets=sockets)
+        finally:
+            ready.cancel()
+
+    uvloop.run(run())
 
 
 def load_failure(frontend: Frontend, exc: BaseException) -> str:
@@ -418,6 +444,22 @@ def load_failure(frontend: Frontend, exc: BaseException) -> str:
     if frontend.load_error:
         return frontend.load_error
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+
+
+# Load failures that are refusals with their reason (no artifact there, a manifest that
+# does not match, a setting the engine cannot serve): one line, no traceback.
+EXPECTED_LOAD_FAILURES = (ArtifactError, SettingsError)
+
+
+def port_problem(host: str, port: int, exc: OSError) -> str:
+    """Why the port cannot be bound, in one line naming it."""
+    if exc.errno == errno.EADDRINUSE:
+        # `LocalServer.start` retries on another port when it reads "address already in use".
+        return (
+            f"port {port} on {host} is taken (address already in use): stop what listens "
+            "there or choose another port"
+        )
+    return f"cannot listen on {host} port {port}: {exc.strerror or exc}"
 
 
 def main(config_path: str = "config.yaml") -> int:
@@ -433,6 +475,7 @@ def main(config_path: str = "config.yaml") -> int:
     if (refusal := driver.startup_refusal(settings.driver_check)) is not None:
         print(f"cannot start: {refusal}", file=sys.stderr)
         return 2
+    console.use_log_format(settings.log_format)
     port = int(os.environ.get("INFERENCE_SERVER_PORT", "8080"))
     if settings.frontend_processes > 1 and not listen_socket.shares_port():
         try:  # the launcher of several front-end processes
@@ -441,6 +484,13 @@ def main(config_path: str = "config.yaml") -> int:
             print(f"cannot start: {exc}", file=sys.stderr)
             return 2
         return plugin.run_frontends(settings, port)
+    sockets = None
+    if not listen_socket.shares_port():
+        try:  # before the model loads: a taken port ends the start now, naming it
+            sockets = listen_socket.bind(settings.host, port)
+        except OSError as exc:
+            print(f"cannot start: {port_problem(settings.host, port, exc)}", file=sys.stderr)
+            return 2
     # The process's one frontend: Truss hands `config` to the model's constructor as it
     # is, so the model serves this object (model.py, `frontend_for`) and so do our routes.
     frontend = Frontend(settings)
@@ -452,12 +502,18 @@ def main(config_path: str = "config.yaml") -> int:
             return extend(super().create_application(), frontend)
 
         def start(self) -> None:
-            serve(self, settings)
+            serve(self, settings, sockets, lambda: self._model.ready)
 
     server = Server(port, config)
     # Before a probe can SIGKILL us.
-    exit_if_load_fails(server._model, lambda exc: load_failure(frontend, exc))
-    server.start()
+    exit_if_load_fails(
+        server._model, lambda exc: load_failure(frontend, exc), expected=EXPECTED_LOAD_FAILURES
+    )
+    try:
+        server.start()
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn stopped cleanly, then re-raised it
+        log.info("stopped")
+        console.quiet_exit(0)
     if server._model.load_failed:
         reason = frontend.load_error or "model.load() raised (see above)"
         log.error("load failed: %s", reason)

@@ -124,21 +124,40 @@ def _all_handlers() -> list[logging.Handler]:
     return list(seen.values())
 
 
-def exit_if_load_fails(model_wrapper: Any, reason: Callable[[BaseException], str]) -> None:
+def exit_if_load_fails(
+    model_wrapper: Any,
+    reason: Callable[[BaseException], str],
+    expected: tuple[type[BaseException], ...] = (),
+) -> None:
     """Truss 0.18.36's `ModelWrapper.load` marks a failed load FAILED, and any readiness or
     liveness probe that lands then (`BasetenEndpoints.check_healthy`, for
     `/v1/models/{name}`, `/loaded` and `/ping`) SIGKILLs the process (exit 137, the
     traceback last) before Truss's own `_shutdown_if_load_fails` poll (every 0.5 s) stops
     the server. So the load thread exits first: `_load_impl` (Truss's retries included)
-    is wrapped, and on failure the process logs the traceback, then "load failed: <why>",
-    and exits with status 1 while the status still says LOADING (probes get 503)."""
+    is wrapped, and on failure the process logs the traceback (unless the failure is one
+    of the `expected` refusals, whose reason says it all), then "load failed: <why>", and
+    exits with status 1 while the status still says LOADING (probes get 503)."""
     load_impl = model_wrapper._load_impl
 
     def load_or_exit() -> None:
         try:
             load_impl()
         except Exception as exc:  # noqa: BLE001 - every failure ends the process the same way
-            log.exception("Exception while loading model")
+            if not _raised_from(exc, expected):
+                log.exception("Exception while loading model")
             exit_now(LOAD_FAILED_STATUS, f"load failed: {reason(exc)}")
 
     model_wrapper._load_impl = load_or_exit
+
+
+def _raised_from(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> bool:
+    """Whether `exc`, or an exception it was raised from (a retry wraps the cause), is
+    one of `kinds`."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, kinds):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
