@@ -247,7 +247,7 @@ class DeploySettings(BaseModel):
     service_port: int = Field(8080, ge=1, le=65535)
     gateway: bool = Field(
         False,
-        description="Also render k8s/gateway/: GKE Inference Gateway (InferencePool, "
+        description="Also render gateway/ beside the manifests: GKE Inference Gateway (InferencePool, "
         "endpoint picker, Gateway, HTTPRoute).",
     )
     gateway_class: str = Field(
@@ -505,7 +505,7 @@ def add_settings_arguments(parser: Any) -> None:
         "--gateway",
         action="store_true",
         default=None,
-        help="Also render k8s/gateway/ (GKE Inference Gateway; docs/deploy.md).",
+        help="Also render gateway/ beside the manifests (GKE Inference Gateway; docs/deploy.md).",
     )
     g.add_argument(
         "--set",

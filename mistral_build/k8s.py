@@ -1,6 +1,8 @@
-"""`python build.py manifests`: render `k8s/` from `DeploySettings`.
+"""`python build.py manifests`: render the Kubernetes manifests from `DeploySettings`, into
+`build/k8s/` (untracked) unless `--out` names another folder; `k8s/` in the repository is
+what the example values render (`--values k8s/values.yaml.example --out k8s`).
 
-`kubectl apply -f k8s/` then creates a Deployment (one pod per `gpu_count` GPUs on a GKE
+`kubectl apply -f build/k8s/` then creates a Deployment (one pod per `gpu_count` GPUs on a GKE
 node with that accelerator), a ClusterIP Service, a PodDisruptionBudget and a
 HorizontalPodAutoscaler. The HF token Secret is a template (`*.yaml.example`, which
 `kubectl apply -f k8s/` skips) so that applying the folder never overwrites a real token.
@@ -58,7 +60,7 @@ from mistral_build.k8s_weights import (
     render_weights,
     service_account,
 )
-from mistral_build.paths import K8S_DIR, REPO_ROOT
+from mistral_build.paths import K8S_DIR, RENDERED_K8S_DIR, REPO_ROOT
 from mistral_build.release import BASE_IMAGE_PYTHON, RAISE_NOFILE, TINI
 from mistral_serving.settings import ENV_PREFIX
 
@@ -465,7 +467,7 @@ def render_texts(s: DeploySettings, values_file: Path | None = None) -> dict[str
 
 
 def write_manifests(
-    s: DeploySettings, out_dir: Path = K8S_DIR, values_file: Path | None = None
+    s: DeploySettings, out_dir: Path = RENDERED_K8S_DIR, values_file: Path | None = None
 ) -> list[Path]:
     texts = render_texts(s, values_file)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -504,20 +506,27 @@ def drift(s: DeploySettings, out_dir: Path = K8S_DIR, values_file: Path | None =
 
 
 def run_manifests(
-    s: DeploySettings, out_dir: Path = K8S_DIR, values_file: Path | None = None
+    s: DeploySettings, out_dir: Path = RENDERED_K8S_DIR, values_file: Path | None = None
 ) -> int:
     try:
         paths = write_manifests(s, out_dir, values_file)
     except DeploySettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if (found := placeholders(s)) and not examples_rendered(values_file):
+        print(
+            f"warning: still the example's placeholders: {'; '.join(found)}; a cluster "
+            f"cannot pull, download or mount them: set yours in {values_file or 'the flags'}",
+            file=sys.stderr,
+        )
     print(
-        f"Rendered {len(paths)} files into {out_dir}: "
+        f"Rendered {len(paths)} files into {shown_path(out_dir)}: "
         f"{', '.join(p.relative_to(out_dir).as_posix() for p in paths)}"
     )
+    out_dir = shown_path(out_dir)
     print(
-        f"  image {s.image_ref}, artifact {s.artifact}@{s.artifact_revision}, "
-        f"{s.gpu_count}x {s.gke_accelerator}, replicas {s.replicas}..{s.max_replicas}"
+        f"  image {s.image_ref}, {s.gpu_count}x {s.gke_accelerator}, "
+        f"replicas {s.replicas}..{s.max_replicas}"
     )
     if s.artifact_source == "gcsfuse":
         g = s.gcsfuse
@@ -525,7 +534,10 @@ def run_manifests(
         print(f"  artifact: gs://{g.bucket}/{g.path} mounted read-only (GCS FUSE), no Hub")
         print(f"  next: kubectl apply -f {out_dir}/")
     elif s.artifact_source == "volume":
-        print(f"  artifact: ReadOnlyMany claim {s.volume_claim}, folder {s.volume_path}, no Hub")
+        print(
+            f"  artifact: {s.artifact}@{s.artifact_revision} filled once into ReadOnlyMany "
+            f"claim {s.volume_claim}, folder {s.volume_path}; no Hub for the pods"
+        )
         print(f"  next: {create_secret_command(s)}   (the fill Job reads the Hub once)")
         print(
             f"        kubectl apply -f {out_dir}/{WEIGHTS_DIR}/ (in the order docs/deploy.md "
@@ -533,6 +545,7 @@ def run_manifests(
         )
         print(f"        kubectl apply -f {out_dir}/")
     else:
+        print(f"  artifact: {s.artifact}@{s.artifact_revision}, downloaded by each pod")
         print(f"  next: {create_secret_command(s)}")
         print(f"        kubectl apply -f {out_dir}/")
     print(
@@ -560,7 +573,7 @@ def manifests_command(args: argparse.Namespace) -> int:
         for p in problems:
             print(p, file=sys.stderr)
         if problems:
-            print(f"{out_dir} differs from what `build.py manifests` renders.", file=sys.stderr)
+            print(drift_advice(out_dir), file=sys.stderr)
         return 1 if problems else 0
     if out_dir.exists() and not out_dir.is_dir():
         print(f"error: {out_dir} is not a directory", file=sys.stderr)
@@ -568,13 +581,76 @@ def manifests_command(args: argparse.Namespace) -> int:
     return run_manifests(settings, out_dir, args.values)
 
 
+def drift_advice(out_dir: Path) -> str:
+    """What to do about a folder that differs from its rendering (the line after the diff)."""
+    line = f"{shown_path(out_dir)} differs from what `build.py manifests` renders."
+    if out_dir.resolve() == K8S_DIR.resolve():
+        line += (
+            " k8s/ holds what k8s/values.yaml.example renders: if a rendering of your values "
+            "went there, `git checkout -- k8s/` restores it (yours go to build/k8s/ unless "
+            "--out says otherwise); after a change to the rendering code, `python build.py "
+            "manifests --values k8s/values.yaml.example --out k8s` renders it again."
+        )
+    return line
+
+
+# Deploy settings the example values files fill with names that exist nowhere.
+PLACEHOLDER_FIELDS = (
+    "image",
+    "artifact",
+    "artifact_revision",
+    "artifact_manifest_sha256",
+    "gcsfuse.bucket",
+    "gcsfuse.service_account",
+)
+
+
+def example_values_files() -> list[Path]:
+    return sorted(K8S_DIR.glob("values*.yaml.example"))
+
+
+def examples_rendered(values_file: Path | None) -> bool:
+    """The values file is one of the repository's examples (k8s/ is rendered from them)."""
+    if values_file is None:
+        return False
+    return any(values_file.resolve() == p.resolve() for p in example_values_files())
+
+
+def placeholders(s: DeploySettings) -> list[str]:
+    """`FIELD VALUE` for each setting still at an example's placeholder."""
+    examples = [yaml.safe_load(p.read_text()) or {} for p in example_values_files()]
+    mine = s.model_dump(mode="json")
+
+    def get(values: dict[str, Any], dotted: str) -> Any:
+        for part in dotted.split("."):
+            values = values.get(part) if isinstance(values, dict) else None  # type: ignore[assignment]
+        return values
+
+    return [
+        f"{field} {value}"
+        for field in PLACEHOLDER_FIELDS
+        if (value := get(mine, field)) is not None and any(get(e, field) == value for e in examples)
+    ]
+
+
+def shown_path(path: Path) -> Path:
+    """`path` relative to the working directory when inside it (what a reader types)."""
+    path = path.resolve()
+    return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "manifests",
-        help="Render the Kubernetes manifests into k8s/ (needs --values or flags).",
+        help="Render the Kubernetes manifests into build/k8s/ (needs --values or flags).",
     )
     add_settings_arguments(p)
-    p.add_argument("--out", default=str(K8S_DIR), help="Output folder (default: k8s/).")
+    p.add_argument(
+        "--out",
+        default=str(RENDERED_K8S_DIR),
+        help="Output folder (default: build/k8s/, untracked; k8s/ in the repository is what "
+        "k8s/values.yaml.example renders).",
+    )
     p.add_argument(
         "--check",
         action="store_true",

@@ -126,7 +126,10 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
         Covered("tests/unit/test_k8s_bucket.py"),
     ),
     (r"^python build\.py (--values|image|manifests)", Covered("tests/unit/test_k8s.py")),
-    (r"^kubernetes-validate --strict k8s/\*\.yaml$", Run(300, r"")),
+    (
+        r"^kubernetes-validate --strict build/k8s/\*\.yaml build/k8s/\*/\*\.yaml$",
+        Covered("tests/unit/test_first_hour.py"),  # after the README's steps, in a copy
+    ),
     (r"^kubectl ", CLUSTER),
     (r"^gcloud ", NotHere("needs a Google Cloud project and credentials; never run here")),
     (r"^docs/(deploy|verify-on-gpu)\.md: curl ", CLUSTER),  # against the deployed Service

@@ -5,6 +5,7 @@ loopback."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from mistral_build import local_server
+from tests.doc_commands import shell_commands
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,3 +164,59 @@ def test_build_py_serve_refuses_what_the_server_would_not_take_before_building(
     rc, out = run_build_py(["serve", "--port", str(port), *args], environ_without_settings() | env)
     assert rc == 2, out
     assert out.strip() == line
+
+
+# The README's deploy steps that run offline, in its order.
+DEPLOY_STEPS = ("cp k8s/values.yaml.example ", "python build.py manifests ", "kubernetes-validate ")
+
+
+def test_the_readmes_deploy_steps_leave_the_repositorys_k8s_folder_as_it_is(
+    tmp_path: Path,
+) -> None:
+    """Run as the README writes them, in a copy of the checkout: rendering your values
+    (here still the example's) used to rewrite the tracked k8s/, and `make test`'s drift
+    check then failed. They go to build/k8s/, with a warning while they are placeholders,
+    and the validation command covers every rendered file (subfolders too)."""
+    lines = [
+        line
+        for step in DEPLOY_STEPS
+        for line in shell_commands(ROOT / "README.md")
+        if line.startswith(step)
+    ]
+    assert [line.split()[0] for line in lines] == ["cp", "python", "kubernetes-validate"], lines
+    repo = tmp_path / "clone"
+    repo.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", ".cache")
+    for part in ("build.py", "mistral_build", "mistral-trt-truss", "k8s"):
+        source = ROOT / part
+        if source.is_dir():
+            shutil.copytree(source, repo / part, ignore=ignore)
+        else:
+            shutil.copy2(source, repo / part)
+    env = environ_without_settings() | {
+        "PATH": os.pathsep.join([str(ROOT / ".venv" / "bin"), os.environ.get("PATH", "")])
+    }
+    outputs = []
+    for line in lines:
+        run = subprocess.run(
+            ["bash", "-c", line], cwd=repo, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert run.returncode == 0, (line, run.stdout[-2000:], run.stderr[-2000:])
+        outputs.append(run.stdout + run.stderr)
+    tracked = {
+        p.relative_to(ROOT): p.read_bytes() for p in (ROOT / "k8s").rglob("*") if p.is_file()
+    }
+    after = {p.relative_to(repo): p.read_bytes() for p in (repo / "k8s").rglob("*") if p.is_file()}
+    assert after == tracked  # the repository's example, untouched
+    rendered = repo / "build" / "k8s"
+    assert (rendered / "deployment.yaml").is_file() and (rendered / "verify" / "job.yaml").is_file()
+    warning = next(ln for ln in outputs[1].splitlines() if ln.startswith("warning:"))
+    assert "still the example's placeholders: image us-docker.pkg.dev/example-project" in warning
+    assert "artifact_revision 0123456789abcdef" in warning and "my.yaml" in warning
+    validated = {
+        Path(ln.split()[1]).relative_to("build/k8s").as_posix()
+        for ln in outputs[2].splitlines()
+        if ln.startswith(("INFO", "WARN"))
+    }
+    written = {p.relative_to(rendered).as_posix() for p in rendered.rglob("*.yaml")}
+    assert validated == written  # k8s/*.yaml alone skipped verify/job.yaml and the rest

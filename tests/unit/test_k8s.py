@@ -130,8 +130,9 @@ def test_podmonitoring_selects_the_pods_and_scrapes_metrics() -> None:
 
 def test_k8s_folder_equals_what_the_example_values_render(tmp_path: Path) -> None:
     values = k8s.EXAMPLE_VALUES_FILE
-    assert k8s.drift(EXAMPLE, K8S_DIR, values) == []
-    assert build_main(["manifests", "--values", str(values), "--check"]) == 0
+    problems = k8s.drift(EXAMPLE, K8S_DIR, values)
+    assert not problems, "\n".join([*problems, k8s.drift_advice(K8S_DIR)])
+    assert build_main(["manifests", "--values", str(values), "--out", str(K8S_DIR), "--check"]) == 0
     assert build_main(["manifests", "--values", str(values), "--out", str(tmp_path)]) == 0
     ours = {p.relative_to(tmp_path): p.read_text() for p in tmp_path.rglob("*") if p.is_file()}
     repo = {

@@ -223,6 +223,7 @@ def test_the_example_values_files_render_through_the_cli(
     said = capsys.readouterr().out
     assert "gs://example-llm-artifacts/" in said and "no Hub" in said
     assert "kubectl logs job/mistral-7b-instruct-trt-fill-weights" in said
+    assert "None" not in said  # a mounted artifact has no repo or revision to show
 
 
 @pytest.mark.parametrize(
