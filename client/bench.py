@@ -791,6 +791,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = config_from_args(args)
     except ValueError as exc:
         p.error(str(exc))
+    if cfg.dataset:
+        try:  # read before any request: a bad line is one line, not a traceback mid-run
+            load_prompts(cfg.dataset, chat=cfg.chat)
+        except (OSError, ValueError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            if not why.startswith(cfg.dataset):  # load_prompts' own words name file and line
+                why = f"{cfg.dataset}: {why}"
+            print(f"error: --dataset {why.splitlines()[0]}", file=sys.stderr)
+            return 2
     out = Path(cfg.out) if cfg.out else default_out_dir()
     so_far: list[dict[str, Any]] = []
 

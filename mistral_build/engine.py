@@ -44,6 +44,8 @@ from mistral_build.publish import (
     ArtifactError,
     finish_artifact,
     hf_token_from_env,
+    hub_errors,
+    hub_failure,
     push_artifact,
 )
 from mistral_build.release import BASE_IMAGE
@@ -752,6 +754,20 @@ def refuse(problems: list[str]) -> int:
 
 def run_engine(opts: EngineOptions) -> int:
     token = hf_token_from_env()
+    download = opts.checkpoint_dir is None and not opts.dev
+    facts = None
+    if download and not opts.dry_run:
+        # What needs no network (the options, what this machine lacks) is refused before
+        # the Hub is asked for the checkpoint's config: without a network that waits on
+        # retries.
+        if problems := check_options(opts, None):
+            return refuse(problems)
+        if opts.backend == "tensorrt_llm":
+            facts = gather_facts(opts)
+            print(facts.driver_report().line())
+            if problems := check_environment(opts, facts, None, download):
+                return refuse(problems)
+    said_driver = facts is not None
     model = read_model_facts(opts, token)
     problems = check_options(opts, model)
     if problems:
@@ -762,10 +778,10 @@ def run_engine(opts: EngineOptions) -> int:
             "after the download"
         )
 
-    download = opts.checkpoint_dir is None and not opts.dev
-    facts = gather_facts(opts)
+    facts = facts or gather_facts(opts)
     if opts.backend == "tensorrt_llm":
-        print(("# note: " if opts.dry_run else "") + facts.driver_report().line())
+        if not said_driver:
+            print(("# note: " if opts.dry_run else "") + facts.driver_report().line())
         if "max_batch_size" not in opts.model_fields_set and facts.gpus:
             memory = facts.gpus[0].memory_mib
             opts.max_batch_size = default_max_batch_size(opts.gpu, memory)
@@ -798,6 +814,9 @@ def run_engine(opts: EngineOptions) -> int:
             )
     except (ArtifactError, RuntimeError) as exc:
         print(f"failed: {exc}", file=sys.stderr)
+        return 1
+    except hub_errors() as exc:  # no network, a refused token, no such repo: one line
+        print(f"failed: {hub_failure(exc)}", file=sys.stderr)
         return 1
     return 0
 

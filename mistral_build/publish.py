@@ -82,6 +82,34 @@ class PushResult(BaseModel):
     commit_url: str
 
 
+def hub_errors() -> tuple[type[BaseException], ...]:
+    """What a Hub call raises when the Hub refuses or cannot be reached: huggingface_hub's
+    own HTTP error and its HTTP client's (requests, httpx or httpx2, by its version)."""
+    import importlib
+
+    from huggingface_hub.errors import HfHubHTTPError
+
+    found: list[type[BaseException]] = [HfHubHTTPError]
+    for module, name in (
+        ("requests", "RequestException"),
+        ("httpx", "HTTPError"),
+        ("httpx2", "HTTPError"),
+    ):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+def hub_failure(exc: BaseException) -> str:
+    """A failed Hub call in one line: where, and what it answered (or why nothing)."""
+    from huggingface_hub import constants
+
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"the Hugging Face Hub at {constants.ENDPOINT}: {type(exc).__name__}: {first}"[:500]
+
+
 def hf_token_from_env(env: Mapping[str, str] | None = None) -> str | None:
     """The token comes from the environment only (never an argument: it would show in `ps`
     and shell history) and is never printed."""

@@ -113,6 +113,10 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     (r"^python -m pytest tests/e2e/test_client_e2e\.py", Covered("tests/e2e/test_client_e2e.py")),
     # -- build, image, manifests
     (r"^python build\.py engine --help$", Run(60, r"--dry-run")),
+    (
+        r"^python build\.py engine --gpu a100 --push you/",
+        Covered("tests/unit/test_first_hour.py"),  # its refusal outside the container
+    ),
     (r"^python3? build\.py engine", WEIGHTS),
     (r"^python build\.py serve --artifact", WEIGHTS),
     (r"^python build\.py truss-config --check$", Run(120, r"", 0)),

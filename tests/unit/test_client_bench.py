@@ -435,3 +435,25 @@ def test_the_estimate_counts_waves_per_level() -> None:
 
     points = [Point("c1", "concurrency", 1, None, None), Point("c4", "concurrency", 4, None, None)]
     assert estimate_seconds(points, 8, 2.0) == 8 * 2.0 + 2 * 2.0
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"prompt": "a"}\n{"prompt": \n', "prompts.jsonl:2: not JSON: "),
+        ('{"prompt": "a"}\n[1]\n', "prompts.jsonl:2: need an object with 'prompt' or 'messages'"),
+        (None, "prompts.jsonl: No such file or directory"),
+    ],
+)
+def test_a_bad_dataset_is_one_line_before_any_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str | None, said: str
+) -> None:
+    """A malformed line printed a traceback, after the server had been asked to count."""
+    path = tmp_path / "prompts.jsonl"
+    if text is not None:
+        path.write_text(text)
+    # Port 9 refuses connections: the file is refused before any is made.
+    assert main(["--dataset", str(path), "--url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert err.startswith(f"error: --dataset {tmp_path}/{said}"), err

@@ -220,3 +220,45 @@ def test_the_readmes_deploy_steps_leave_the_repositorys_k8s_folder_as_it_is(
     }
     written = {p.relative_to(rendered).as_posix() for p in rendered.rglob("*.yaml")}
     assert validated == written  # k8s/*.yaml alone skipped verify/job.yaml and the rest
+
+
+ENGINE_LINE = "python build.py engine --gpu a100 --push you/mistral-7b-trt-a100"
+
+
+def test_building_an_engine_outside_the_container_is_refused_without_the_hub() -> None:
+    """The README's engine line, on a machine without TensorRT-LLM: it asked the Hub for
+    the checkpoint's config first (24 s of retries without a network) before refusing."""
+    assert ENGINE_LINE in shell_commands(ROOT / "README.md")
+    hub = CountingListener()
+    try:
+        env = environ_without_settings() | {
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(ROOT / ".cache" / "no-hub-home"),
+        }
+        rc, out = run_build_py(ENGINE_LINE.split()[2:], env, timeout=120)
+    finally:
+        hub.close()
+    assert rc == 2, out
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("NVIDIA driver: "), out
+    assert lines[1].startswith("refused: tensorrt_llm is not importable here"), out
+    assert all(line.startswith("refused: ") for line in lines[1:]), out
+    assert hub.accepted == 0
+
+
+def test_a_push_without_the_hub_is_one_line(dev_model: Path, tmp_path: Path) -> None:
+    """An unreachable Hub (no network) printed a 77-line traceback."""
+    hub = CountingListener()  # accepts and closes: no answer ever comes
+    url = hub.url
+    try:
+        env = environ_without_settings() | {"HF_ENDPOINT": hub.url, "HF_TOKEN": "hf_not_a_token"}
+        args = ["engine", "--backend", "pytorch", "--checkpoint-dir", str(dev_model)]
+        args += ["--max-seq-len", "1024", "--max-input-len", "512"]
+        args += ["--output-dir", str(tmp_path / "artifact"), "--push", "you/dev-model"]
+        rc, out = run_build_py(args, env, timeout=300)
+    finally:
+        hub.close()
+    assert rc == 1, out
+    assert "Traceback" not in out, out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"failed: the Hugging Face Hub at {url}: "), last
