@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mistral_serving.text.tokenizer import load_tokenizer
-from tests.decoding import decode
+from tests.decoding import decode, expected_text
 from tests.tokenizer_cache import tokenizer_at
 
 FAST = settings(
@@ -125,7 +125,7 @@ def test_decode_roundtrips_and_matches_hf(model_dir: str, text: str) -> None:
     ids = tok.encode(text, bos=True)
     # identity normalizer: the round trip is exact (a literal "▁" is SentencePiece's space)
     assert decode(tok, ids) == text.replace("\u2581", " ")
-    assert decode(tok, ids) == _hf(model_dir).decode(ids, skip_special_tokens=True)
+    assert decode(tok, ids) == expected_text(_hf(model_dir), tok.table, ids)
 
 
 @pytest.mark.parametrize("text", ["", "a", " a", "  leading", "trailing  ", "\n", "😀中文"])
@@ -166,7 +166,7 @@ def test_hf_fallback_table_equals_sentencepiece_table(model_dir: str) -> None:
 def test_hf_fallback_decodes_identically(model_dir: str, ids: list[int], text: str) -> None:
     hf_tok = tokenizer_at(model_dir, prefer_sentencepiece=False)
     for seq in (ids, tokenizer_at(model_dir).encode(text, bos=True)):
-        expected = _hf(model_dir).decode(seq, skip_special_tokens=True)
+        expected = expected_text(_hf(model_dir), hf_tok.table, seq)
         assert decode(hf_tok, seq) == expected
         assert decode(tokenizer_at(model_dir), seq) == expected
 
@@ -177,7 +177,7 @@ def test_hf_fallback_encodes_like_hf(model_dir: str, text: str) -> None:
     hf_tok = tokenizer_at(model_dir, prefer_sentencepiece=False)
     assert hf_tok.encode(text) == _hf(model_dir).encode(text, add_special_tokens=False)
     ids = hf_tok.encode(text)
-    assert decode(hf_tok, ids) == _hf(model_dir).decode(ids, skip_special_tokens=True)
+    assert decode(hf_tok, ids) == expected_text(_hf(model_dir), hf_tok.table, ids)
 
 
 # -- byte-level (GPT-2 / Llama 3 style) tables ----------------------------------------------
@@ -249,7 +249,7 @@ def test_byte_level_roundtrip_matches_hf(byte_level_dir: str, text: str) -> None
     ids = tok.encode(text)
     assert ids == hf.encode(text, add_special_tokens=False)
     assert decode(tok, ids) == text  # byte-level: no leading space handling
-    assert decode(tok, ids) == hf.decode(ids, skip_special_tokens=True)
+    assert decode(tok, ids) == expected_text(hf, tok.table, ids)
 
 
 @SLOW
@@ -257,7 +257,7 @@ def test_byte_level_roundtrip_matches_hf(byte_level_dir: str, text: str) -> None
 def test_byte_level_random_ids_decode_like_hf(byte_level_dir: str, data: st.DataObject) -> None:
     tok = tokenizer_at(byte_level_dir)
     ids = data.draw(st.lists(st.integers(0, tok.vocab_size - 1), max_size=30))
-    assert decode(tok, ids) == _hf(byte_level_dir).decode(ids, skip_special_tokens=True)
+    assert decode(tok, ids) == expected_text(_hf(byte_level_dir), tok.table, ids)
 
 
 def test_byte_level_split_multibyte_chars(byte_level_dir: str) -> None:
@@ -269,7 +269,7 @@ def test_byte_level_split_multibyte_chars(byte_level_dir: str) -> None:
         assert decode(tok, ids) == text == hf.decode(ids, skip_special_tokens=True)
     # a truncated character decodes with a replacement, as the HF decoder does
     ids = [byte_ids[b] for b in "😀".encode()[:2]] + [byte_ids[ord("x")]]
-    assert decode(tok, ids) == hf.decode(ids, skip_special_tokens=True)
+    assert decode(tok, ids) == expected_text(hf, tok.table, ids)
     assert decode(tok, ids).endswith("x") and "\ufffd" in decode(tok, ids)
     # a special token between the bytes of one character does not break it
     eos = tok.eos_id
@@ -369,7 +369,7 @@ def test_smollm2_encode_and_decode_match_hf(smollm2_dir: str, text: str) -> None
     assert ids == hf.encode(text, add_special_tokens=False)
     # (not always `text`: bytes missing from this GGUF's vocabulary, such as 0x1D, are
     # dropped by the encoder itself)
-    assert decode(tok, ids) == hf.decode(ids, skip_special_tokens=True)
+    assert decode(tok, ids) == expected_text(hf, tok.table, ids)
     if text.isprintable():
         assert decode(tok, ids) == text
 
@@ -381,4 +381,4 @@ def test_smollm2_random_ids_decode_like_hf(smollm2_dir: str, data: st.DataObject
     ids = data.draw(
         st.lists(st.one_of(st.integers(0, 20), st.integers(0, tok.vocab_size - 1)), max_size=30)
     )
-    assert decode(tok, ids) == _hf(smollm2_dir).decode(ids, skip_special_tokens=True)
+    assert decode(tok, ids) == expected_text(_hf(smollm2_dir), tok.table, ids)
