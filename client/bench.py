@@ -43,6 +43,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from client.cli import unreachable_hint
 from client.client import DEFAULT_URL, AsyncClient
 from client.datasets import (
     PromptItem,
@@ -820,7 +821,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, KeyboardInterrupt):
             print("interrupted", file=sys.stderr)
             return 130
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc}{unreachable_hint(exc)}", file=sys.stderr)
         return 1
     for path in write_results(results, out):
         print(f"wrote {path}", file=sys.stderr)

@@ -299,7 +299,17 @@ def serve(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "serve", help="Run the real Truss server locally (dev model by default)."
+        "serve",
+        help="Run the real Truss server locally: --artifact, else $MTT_ARTIFACT, else the "
+        "tiny random-weight dev model (make serve passes SmolLM2).",
+        description="Run the real Truss model server locally, without Docker, in the "
+        "foreground (Ctrl-C stops it): the Truss rendered by truss's own code and laid out "
+        "as the image lays it out. It serves --artifact (a local artifact directory or a "
+        "Hugging Face repo id), else $MTT_ARTIFACT with the MTT_* settings of the "
+        "environment, else the tests' tiny random-weight Mistral dev model (meaningless "
+        "text; `make serve` serves SmolLM2-135M-Instruct instead). A setting name that is "
+        "no setting is refused before anything is built. It logs 'ready on "
+        "http://HOST:PORT' once loaded.",
     )
     p.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8080")))
     p.add_argument(

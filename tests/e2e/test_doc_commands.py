@@ -301,3 +301,49 @@ def test_make_serve_starts_as_the_readme_says(doc: str, command: str) -> None:
     assert "listening on 127.0.0.1" in out
     assert f'"message": "ready on http://127.0.0.1:{port}"' in out  # JSON lines: no terminal
     assert "Traceback" not in out and "nanobind" not in out, out[-3000:]  # Ctrl-C is quiet
+
+
+def python_blocks(path: Path) -> list[str]:
+    blocks, current = [], None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if current is None and line.strip() == "```python":
+            current = []
+        elif current is not None and line.startswith("```"):
+            blocks.append("\n".join(current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return blocks
+
+
+def test_the_client_library_snippet_answers_from_outside_the_checkout(
+    smollm2_url: str, tmp_path: Path
+) -> None:
+    """docs/client.md's library example, as written (the server's address aside), run from
+    a directory outside the checkout with the venv active: `from client import ...` needs
+    the installed package, and its first call must answer `make serve`'s chat model."""
+    snippet = python_blocks(ROOT / "docs" / "client.md")[0]
+    assert "http://127.0.0.1:8080" in snippet
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet.replace("http://127.0.0.1:8080", smollm2_url))
+    run = subprocess.run(
+        [
+            "bash",
+            "-c",
+            f"source {shlex.quote(str(ROOT / '.venv/bin/activate'))} && python snippet.py",
+        ],
+        cwd=tmp_path,
+        env=fresh_shell_env(),
+        capture_output=True,
+        text=True,
+        timeout=GENERATES_S,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    # The chat answer, its finish reason and usage; the streamed answer, then its own.
+    printed = re.fullmatch(
+        r"(?s)(.*?) \w+ Usage\(.*?\)\n(.*?)\n\w+ (None|Usage\(.*?\))\n(.*)", run.stdout
+    )
+    assert printed, run.stdout
+    assert "Paris" in printed[1], run.stdout
+    assert printed[2].strip() and "\ufffd" not in printed[2], run.stdout
+    assert "error:" not in printed[4], run.stdout

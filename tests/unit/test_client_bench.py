@@ -5,12 +5,20 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import statistics
 from pathlib import Path
 
 import pytest
 
-from client.bench import BenchConfig, arrival_gaps, main, run_bench, write_results
+from client.bench import (
+    BenchConfig,
+    arrival_gaps,
+    format_report,
+    main,
+    run_bench,
+    write_results,
+)
 from client.datasets import LengthFit, fit_length, load_prompts, random_text
 from client.metrics import METRICS
 from client.testing import FakeServer, FakeServerState
@@ -457,3 +465,51 @@ def test_a_bad_dataset_is_one_line_before_any_request(
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert err.startswith(f"error: --dataset {tmp_path}/{said}"), err
+
+
+class _Shown(str):
+    def __format__(self, spec: str) -> str:
+        return str(self)
+
+
+def test_the_example_report_in_the_docs_is_what_the_benchmark_prints() -> None:
+    """docs/client.md's example run: its report in today's layout (format_report), its
+    figures consistent with each other, with its command and with the sweep table."""
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "client.md").read_text()
+    command = re.search(r"\$ python -m client bench --url \S+ (.*?)\n```", docs, re.S)
+    assert command
+    args = dict(re.findall(r"--(num-prompts|input-len|output-len) (\d+)", command[1]))
+    block = re.search(r"```text\n(=+ (concurrency=\d+) =+\n.*?)\n```", docs, re.S)
+    assert block
+    keys = ["completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens"]
+    keys += ["request_throughput", "output_throughput", "total_token_throughput"]
+    keys += ["request_goodput"] + [
+        f"{stat}_{name}_ms"
+        for name in ("ttft", "tpot", "itl", "e2el")
+        for stat in ("mean", "median", "p90", "p99")
+    ]
+    layout = format_report(block[2], {k: _Shown(f"<{k}>") for k in keys}).splitlines()
+    shown = block[1].splitlines()
+    assert len(shown) == len(layout)
+    m: dict[str, float] = {}
+    for want, got in zip(layout, shown):
+        if "<" in want:
+            m[want[want.index("<") + 1 : want.index(">")]] = float(got[40:])
+    typed = {k: int(v) if k in keys[:5] and k != "duration_s" else v for k, v in m.items()}
+    assert format_report(block[2], typed) == block[1]  # the layout the benchmark prints
+    n, i, o = (int(args[k]) for k in ("num-prompts", "input-len", "output-len"))
+    assert (m["completed"], m["total_input_tokens"], m["total_output_tokens"]) == (n, n * i, n * o)
+    duration = m["duration_s"]  # rounded to 0.01 s: the rates agree within that
+    for rate, amount in [
+        ("request_throughput", n),
+        ("output_throughput", n * o),
+        ("total_token_throughput", n * (i + o)),
+    ]:
+        low, high = amount / (duration + 0.005), amount / (duration - 0.005)
+        assert low - 0.005 <= m[rate] <= high + 0.005, rate
+    row = next(line for line in docs.splitlines() if line.startswith(f"| {block[2]} |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert float(cells[1]) == round(m["request_throughput"], 2)
+    assert float(cells[2]) == round(m["output_throughput"], 1)
+    assert cells[4] == f"{m['median_ttft_ms']:.0f} / {m['p99_ttft_ms']:.0f}"
+    assert cells[7] == f"{m['median_e2el_ms']:.0f} / {m['p99_e2el_ms']:.0f}"

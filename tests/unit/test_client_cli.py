@@ -291,3 +291,18 @@ def test_an_empty_answer_is_never_a_silent_success(mode: list[str]) -> None:
     assert res.returncode == 1, (res.stdout, res.stderr)
     assert "no text" in res.stderr and "--chat" in res.stderr
     assert chat.returncode == 1 and "no text" in chat.stderr and "--chat" not in chat.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["hi", "--chat"], ["hi", "--chat", "--stream"], ["bench", "--num-prompts", "2"]],
+    ids=["predict", "stream", "bench"],
+)
+def test_no_server_there_says_how_to_name_another_port(args: list[str]) -> None:
+    """After `PORT=8081 make serve` the client and the benchmark still call 8080: the
+    error says where the address is set. (Port 9 on loopback refuses connections.)"""
+    res = cli(*args, "--url", "http://127.0.0.1:9", "--retries", "0")
+    assert res.returncode == 1, res.stderr
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot reach http://127.0.0.1:9/"), last
+    assert "--url http://127.0.0.1:8081" in last and "PORT=8081 make serve" in last

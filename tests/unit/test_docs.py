@@ -4,6 +4,8 @@ generated reference pages are current, and the README shows the two commands."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -66,3 +68,34 @@ def test_the_served_version_is_the_projects() -> None:
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert __version__ == project["version"]  # what GET /version says
+
+
+def test_the_readme_states_no_test_count() -> None:
+    """A count of tests drifts with every commit: the README gives none to go stale."""
+    text = (ROOT / "README.md").read_text()
+    assert not re.findall(r"\b\d[\d,]* (?:tests|passed)\b", text)
+
+
+def test_build_py_help_says_what_serve_serves() -> None:
+    """`make serve` answers with SmolLM2: `build.py serve` alone serves the tiny dev model,
+    and both `--help` texts say so (serve's had no description at all)."""
+    top = subprocess.run(
+        [sys.executable, "build.py", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    line = " ".join(top.stdout.split()).split(" serve ", 1)[1]
+    assert line.startswith("Run the real Truss server locally: --artifact, else $MTT_ARTIFACT")
+    assert "SmolLM2" in line.split(" image ")[0]
+    serve = subprocess.run(
+        [sys.executable, "build.py", "serve", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    description = serve.stdout.split("\n\n")[1]
+    assert description.startswith("Run the real Truss model server locally"), serve.stdout
+    assert "dev model" in description and "SmolLM2" in description
