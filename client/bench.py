@@ -43,7 +43,6 @@ from typing import Any
 
 from tqdm import tqdm
 
-from client.cli import unreachable_hint
 from client.client import DEFAULT_URL, AsyncClient
 from client.datasets import (
     PromptItem,
@@ -52,7 +51,7 @@ from client.datasets import (
     synthetic_prompts,
     token_id_prompts,
 )
-from client.errors import ClientError
+from client.errors import ClientError, unreachable_hint
 from client.helpformat import HelpFormatter
 from client.hostinfo import HostMonitor
 from client.metrics import RequestTiming, compute_metrics, parse_slos

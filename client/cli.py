@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from client.client import DEFAULT_URL, Client
-from client.errors import ClientConnectionError, ClientError, StreamError
+from client.errors import ClientError, StreamError, unreachable_hint
 from client.helpformat import HelpFormatter
 from client.types import Message, SamplingParams
 
@@ -177,13 +177,6 @@ def generate(argv: Sequence[str]) -> int:
         except KeyboardInterrupt:
             return 130
     return 0
-
-
-def unreachable_hint(exc: ClientError) -> str:
-    """For a server that is not there: where else it may be (`make serve` takes PORT)."""
-    if not isinstance(exc, ClientConnectionError):
-        return ""
-    return " (is the server up? --url names another address: after PORT=8081 make serve, --url http://127.0.0.1:8081)"
 
 
 def stream_to_stdout(

@@ -175,3 +175,11 @@ def error_from_event(payload: Mapping[str, Any]) -> StreamError | None:
         code=code,
         body=json.dumps(payload),
     )
+
+
+def unreachable_hint(exc: ClientError) -> str:
+    """What the command lines add to an error when no server is there: where else it may
+    be (`make serve` takes PORT)."""
+    if not isinstance(exc, ClientConnectionError):
+        return ""
+    return " (is the server up? --url names another address: after PORT=8081 make serve, --url http://127.0.0.1:8081)"
