@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="build.py",
         description="Build the dev model, TensorRT-LLM engines, the image and the manifests. "
-        "Without a command: the image and build/k8s/ from --values FILE.",
+        "Without a command: the image and k8s/ from --values FILE.",
     )
     parser.add_argument(
         "--values",
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def everyday(values_file: Path | None) -> int:
     """`python build.py --values FILE`: the image (build context; build and push where
-    Docker answers) and the Kubernetes manifests in build/k8s/. Refused, before anything is
+    Docker answers) and the Kubernetes manifests in k8s/. Refused, before anything is
     written, while the settings lack an image, an artifact or its commit sha."""
     from mistral_build import image, k8s, paths
     from mistral_build.deploy_settings import DeploySettingsError, load_deploy_settings
@@ -57,7 +57,7 @@ def everyday(values_file: Path | None) -> int:
     rc = image.build_image(settings, image.DEFAULT_CONTEXT_DIR)
     if rc != 0:
         return rc
-    return k8s.run_manifests(settings, paths.RENDERED_K8S_DIR, values_file)
+    return k8s.run_manifests(settings, paths.K8S_DIR, values_file)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,8 @@
 """`python build.py manifests`: render the Kubernetes manifests from `DeploySettings`, into
-`build/k8s/` (untracked) unless `--out` names another folder; `k8s/` in the repository is
-what the example values render (`--values k8s/values.yaml.example --out k8s`).
+`k8s/` unless `--out` names another folder; `k8s/` as the repository holds it is what the
+example values render (`--values k8s/values.yaml.example`).
 
-`kubectl apply -f build/k8s/` then creates a Deployment (one pod per `gpu_count` GPUs on a GKE
+`kubectl apply -f k8s/` then creates a Deployment (one pod per `gpu_count` GPUs on a GKE
 node with that accelerator), a ClusterIP Service, a PodDisruptionBudget and a
 HorizontalPodAutoscaler. The HF token Secret is a template (`*.yaml.example`, which
 `kubectl apply -f k8s/` skips) so that applying the folder never overwrites a real token.
@@ -60,7 +60,7 @@ from mistral_build.k8s_weights import (
     render_weights,
     service_account,
 )
-from mistral_build.paths import K8S_DIR, RENDERED_K8S_DIR, REPO_ROOT
+from mistral_build.paths import K8S_DIR, REPO_ROOT
 from mistral_build.release import BASE_IMAGE_PYTHON, RAISE_NOFILE, TINI
 from mistral_serving.settings import ENV_PREFIX
 
@@ -467,7 +467,7 @@ def render_texts(s: DeploySettings, values_file: Path | None = None) -> dict[str
 
 
 def write_manifests(
-    s: DeploySettings, out_dir: Path = RENDERED_K8S_DIR, values_file: Path | None = None
+    s: DeploySettings, out_dir: Path = K8S_DIR, values_file: Path | None = None
 ) -> list[Path]:
     texts = render_texts(s, values_file)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -506,7 +506,7 @@ def drift(s: DeploySettings, out_dir: Path = K8S_DIR, values_file: Path | None =
 
 
 def run_manifests(
-    s: DeploySettings, out_dir: Path = RENDERED_K8S_DIR, values_file: Path | None = None
+    s: DeploySettings, out_dir: Path = K8S_DIR, values_file: Path | None = None
 ) -> int:
     try:
         paths = write_manifests(s, out_dir, values_file)
@@ -586,10 +586,8 @@ def drift_advice(out_dir: Path) -> str:
     line = f"{shown_path(out_dir)} differs from what `build.py manifests` renders."
     if out_dir.resolve() == K8S_DIR.resolve():
         line += (
-            " k8s/ holds what k8s/values.yaml.example renders: if a rendering of your values "
-            "went there, `git checkout -- k8s/` restores it (yours go to build/k8s/ unless "
-            "--out says otherwise); after a change to the rendering code, `python build.py "
-            "manifests --values k8s/values.yaml.example --out k8s` renders it again."
+            " After a change to the rendering code, `python build.py manifests --values "
+            "k8s/values.yaml.example` renders the repository's k8s/ again."
         )
     return line
 
@@ -642,13 +640,13 @@ def shown_path(path: Path) -> Path:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "manifests",
-        help="Render the Kubernetes manifests into build/k8s/ (needs --values or flags).",
+        help="Render the Kubernetes manifests into k8s/ (needs --values or flags).",
     )
     add_settings_arguments(p)
     p.add_argument(
         "--out",
-        default=str(RENDERED_K8S_DIR),
-        help="Output folder (default: build/k8s/, untracked; k8s/ in the repository is what "
+        default=str(K8S_DIR),
+        help="Output folder (default: k8s/; as the repository holds it, k8s/ is what "
         "k8s/values.yaml.example renders).",
     )
     p.add_argument(

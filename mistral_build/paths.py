@@ -11,4 +11,3 @@ DEV_MODEL_DIR = Path(os.environ.get("MISTRAL_DEV_MODEL_DIR") or CACHE_DIR / "dev
 K8S_DIR = REPO_ROOT / "k8s"  # what the example values render: tracked, for review
 # Where `build.py manifests` renders your values by default: untracked (build/ is ignored),
 # so a rendering never changes the repository's example (its drift test would fail).
-RENDERED_K8S_DIR = REPO_ROOT / "build" / "k8s"

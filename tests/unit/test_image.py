@@ -396,7 +396,7 @@ def test_build_py_with_values_renders_context_and_manifests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setattr(image, "DEFAULT_CONTEXT_DIR", tmp_path / "ctx")
-    monkeypatch.setattr(paths, "RENDERED_K8S_DIR", tmp_path / "k8s")
+    monkeypatch.setattr(paths, "K8S_DIR", tmp_path / "k8s")
     monkeypatch.setattr(image, "docker_unavailable", lambda runner=None: "no engine here")
     values = k8s.EXAMPLE_VALUES_FILE
     assert build_main(["--values", str(values)]) == 0
