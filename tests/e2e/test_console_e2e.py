@@ -22,7 +22,7 @@ import pytest
 import requests
 
 from mistral_build.local_server import LocalServer, dev_settings, free_port, launch_server
-from tests.e2e.util import PATIENCE_S
+from tests.e2e.util import PATIENCE_S, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -107,6 +107,8 @@ def test_without_a_terminal_each_line_is_json_and_ready_is_said_once(
     start_server: Callable[..., LocalServer],
 ) -> None:
     server = start_server()
+    # Said once the listener is up and the model loaded: a probe may answer a moment before.
+    wait_for(lambda: "ready on" in server.log(), what="the ready line")
     log = server.log()
     records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
     assert len(records) > 5
@@ -120,6 +122,7 @@ def test_log_format_text_is_asked_for_without_a_terminal(
     start_server: Callable[..., LocalServer],
 ) -> None:
     server = start_server(log_format="text")
+    wait_for(lambda: "ready on" in server.log(), what="the ready line")
     lines = server.log().splitlines()
     assert not [line for line in lines if line.startswith("{")]
     assert [line for line in lines if re.fullmatch(rf".* INFO ready on {server.url}", line)]
