@@ -219,7 +219,7 @@ class ResponseStoreSettings(_Concern):
     responses_store_max_bytes: int = Field(
         64 * 1024 * 1024,
         ge=0,
-        le=1 << 40,
+        le=1 << 36,  # 64 GiB: more than a pod's memory
         description="Their total size at most (each counted as its conversation's and "
         "answer's text, in UTF-8 bytes); one larger than this is not stored.",
     )

@@ -1,5 +1,5 @@
 """What the chat-shaped wire formats (OpenAI chat, the Responses API, Anthropic's Messages)
-share between a request's tools and its answer, so that each holds only its own shapes:
+share between a request's tools and its answer, so that each holds only its own shapes.
 
 - request side: `constrain` (tool_choice none drops the tools; required or a named
   function puts the tool-call grammar on the output), `CallLedger` (every tool result
