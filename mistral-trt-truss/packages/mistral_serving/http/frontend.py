@@ -44,6 +44,7 @@ from mistral_serving.ops.shutdown import Drainer
 from mistral_serving.ops.tracing import TRACEPARENT, TRACESTATE
 from mistral_serving.protocols import ParseContext, TruncatedStream, WireFormat
 from mistral_serving.protocols.anthropic.format import MessagesFormat
+from mistral_serving.protocols.anthropic.types import anthropic_error_body
 from mistral_serving.protocols.body import decode_json_object
 from mistral_serving.protocols.openai.chat import ChatCompletionsFormat
 from mistral_serving.protocols.openai.completions import CompletionsFormat
@@ -412,7 +413,7 @@ class Frontend:
         headers = {REQUEST_ID_HEADER: request_id_from(request.headers.get(REQUEST_ID_HEADER))}
         route = "messages_count_tokens"
         if service is None or not isinstance(fmt, MessagesFormat):
-            return _error_response(MessagesFormat("", ""), _loading(), headers)
+            return JSONResponse(status_code=503, content=anthropic_error_body(_loading()))
         try:
             if self.drainer.draining:
                 raise _draining()
