@@ -12,14 +12,11 @@ import json
 import os
 import shlex
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e.util import value
-from tests.smollm2_files import smollm2_artifact
 from tests.works_with import rows
 
 pytestmark = pytest.mark.e2e
@@ -49,18 +46,14 @@ def test_an_agent_calls_the_tool_then_answers(server_url: str) -> None:
     assert answered(server_url) - before == 2
 
 
-@pytest.fixture(scope="module")
-def smollm2_url(start_server: Callable[..., Any]) -> str:
-    """A real model: the Agents SDK's Responses model refuses an answer cut by its token
-    limit (status incomplete), and the random-weight dev model never ends a turn itself."""
-    return str(start_server(artifact=str(smollm2_artifact())).url)
-
-
 @needs_agents
 @pytest.mark.parametrize("resend", [False, True])
 def test_an_agent_on_the_responses_api_calls_the_tool_then_answers(
     smollm2_url: str, resend: bool
 ) -> None:
+    # A real model (tests/conftest.py's SmolLM2 server): the Agents SDK's Responses model
+    # refuses an answer cut by its token limit (status incomplete), and the random-weight
+    # dev model never ends a turn by itself.
     before = answered(smollm2_url, "responses")
     command = rows()["OpenAI Agents SDK (Responses)"].local(smollm2_url)  # the README's
     run_agent(command + (" --resend" if resend else ""))

@@ -9,7 +9,6 @@ answers equal to the non-streamed ones, greedy) and on SmolLM2 (a real model, an
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 import anthropic
@@ -17,7 +16,6 @@ import jsonschema
 import openai
 import pytest
 
-from tests.smollm2_files import smollm2_artifact
 from tests.works_with import rows
 
 pytestmark = pytest.mark.e2e
@@ -194,11 +192,6 @@ def test_a_tool_loop_and_count_tokens(claude: anthropic.Anthropic) -> None:
 
 
 # ---- SmolLM2: a real model ----
-
-
-@pytest.fixture(scope="module")
-def smollm2_url(start_server: Callable[..., Any]) -> str:
-    return str(start_server(artifact=str(smollm2_artifact())).url)
 
 
 def test_a_real_model_answers_on_both_apis_and_calls_when_told(smollm2_url: str) -> None:

@@ -56,7 +56,7 @@ from mistral_serving.protocols.anthropic.types import (
     Usage,
     anthropic_error_body,
 )
-from mistral_serving.protocols.fields import top_p_or_off, validate
+from mistral_serving.protocols.fields import validate
 from mistral_serving.protocols.sse import named_sse
 from mistral_serving.text.chat import Message as ChatTurn
 from mistral_serving.tools.parsers.stream import ParsedAnswer, new_call_id
@@ -98,7 +98,7 @@ class MessagesFormat:
         sampling = SamplingOptions(
             max_new_tokens=req.max_tokens,
             temperature=req.temperature,
-            top_p=top_p_or_off(req.top_p or 1.0),
+            top_p=req.top_p or 1.0,  # (0, 1]: 1 is off, as every engine takes it
             top_k=req.top_k or 0,
             guided=guided,
         )

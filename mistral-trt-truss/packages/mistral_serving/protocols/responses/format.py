@@ -33,7 +33,7 @@ from mistral_serving.protocols.answers import (
     constrain,
     read_answer,
 )
-from mistral_serving.protocols.fields import top_p_or_off, validate
+from mistral_serving.protocols.fields import validate
 from mistral_serving.protocols.openai.types import openai_error_body
 from mistral_serving.protocols.responses.requests import ResponsesRequest, input_messages
 from mistral_serving.protocols.responses.store import ResponseStore, conversation_bytes
@@ -114,7 +114,7 @@ class ResponsesFormat:
         sampling = SamplingOptions(
             max_new_tokens=req.max_output_tokens or ctx.default_max_tokens,
             temperature=temperature,
-            top_p=top_p_or_off(top_p),
+            top_p=top_p,  # (0, 1]: 1 is off, as every engine takes it
             guided=guided,
         )
         gen = GenerationRequest(
