@@ -82,7 +82,8 @@ test: $(DEV_MODEL)
 # server, frontend, protocols, artifacts, streaming, detokenizer, tokenizer, chat.
 # COMPAT_PINS only picks versions within the constraints (protobuf: transformers 4.57's slow
 # Llama tokenizer needs it to write the dev model; xgrammar 0.1.25 is TensorRT-LLM
-# 1.2.1's own pin; fastapi 0.121.3 the newest it allows). The venv is rebuilt only when
+# 1.2.1's own pin; fastapi 0.121.3 the newest it allows; openai and anthropic: the protocol
+# tests hold answers to those SDKs' own models). The venv is rebuilt only when
 # these pins or image.py change (COMPAT_REQS), not on every Makefile edit.
 COMPAT_VENV := .venv-compat
 COMPAT_PY := $(COMPAT_VENV)/bin/python
@@ -95,7 +96,8 @@ COMPAT_PINS := transformers tokenizers==0.22.2 huggingface_hub==0.36.2 mistral-c
   torch==2.13.0 sentencepiece==0.2.3 safetensors==0.8.0 pydantic==2.14.4 pydantic-settings==2.16.3 \
   prometheus-client==0.26.0 requests==2.34.2 "pyyaml>=6" pytest==9.2.0 pytest-timeout==2.4.0 \
   hypothesis==6.170.17 fastapi==0.121.3 starlette httpx==0.28.1 xgrammar==0.1.25 protobuf==7.36.2 \
-  msgspec==0.22.0 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2
+  msgspec==0.22.0 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 \
+  openai==3.57.0 anthropic==2.10.0
 COMPAT_TESTS = $(wildcard tests/unit/test_tokenizer*.py tests/unit/test_chat*.py \
   tests/unit/test_detokenizer*.py tests/unit/test_streaming*.py tests/unit/test_server.py \
   tests/unit/test_frontend*.py tests/unit/test_protocol_*.py tests/unit/test_artifacts*.py)

@@ -111,3 +111,16 @@ def server(start_server: Callable[..., LocalServer]) -> LocalServer:
 @pytest.fixture(scope="session")
 def server_url(server: LocalServer) -> str:
     return server.url
+
+
+SMOLLM2_NAME = "smollm2-135m-instruct"  # what `make serve` names it (Makefile)
+
+
+@pytest.fixture(scope="session")
+def smollm2_url(start_server: Callable[..., LocalServer]) -> str:
+    """One server with SmolLM2, as `make serve` runs it, for every test of the real model:
+    each server holds its own copy of the model, and the machine has little memory to
+    spare (one per test module ran it out of memory)."""
+    from tests.smollm2_files import smollm2_artifact
+
+    return start_server(artifact=str(smollm2_artifact()), served_model_name=SMOLLM2_NAME).url

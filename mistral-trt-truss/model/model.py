@@ -41,3 +41,9 @@ class Model:
 
     async def completions(self, request: Request) -> Response:
         return await self._frontend.handle("completions", request)
+
+    async def responses(self, request: Request) -> Response:
+        return await self._frontend.handle("responses", request)
+
+    async def messages(self, request: Request) -> Response:
+        return await self._frontend.handle("messages", request)

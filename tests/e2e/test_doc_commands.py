@@ -12,7 +12,6 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +20,6 @@ import requests
 
 from mistral_build.local_server import free_port
 from tests.doc_commands import ROOT, all_commands
-from tests.smollm2_files import smollm2_artifact
 
 pytestmark = pytest.mark.e2e
 
@@ -196,12 +194,6 @@ def fresh_shell_env() -> dict[str, str]:
 def in_fresh_shell(command: str) -> list[str]:
     """What the README says to do in a new shell: activate the venv, then the command."""
     return ["bash", "-c", f"source .venv/bin/activate && {command}"]
-
-
-@pytest.fixture(scope="module")
-def smollm2_url(start_server: Callable[..., object]) -> str:
-    server = start_server(artifact=str(smollm2_artifact()), served_model_name=SERVED_NAME)
-    return server.url  # type: ignore[attr-defined]
 
 
 def pointed_at(command: str, url: str, tmp: Path) -> str:

@@ -22,9 +22,10 @@ from tests.e2e.util import scrape
 pytestmark = pytest.mark.e2e
 
 PREDICT = "/v1/models/model:predict"
-OPENAI = ("/v1/chat/completions", "/v1/completions")
-OUR_ROUTES = (PREDICT, "/v1/models/model:predict_binary", "/invocations", *OPENAI)
-NOT_SERVED = ("/v1/embeddings", "/v1/messages", "/v1/responses", "/hot-reload")
+OPENAI = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+ANTHROPIC = ("/v1/messages", "/v1/messages/count_tokens")
+OUR_ROUTES = (PREDICT, "/v1/models/model:predict_binary", "/invocations", *OPENAI, *ANTHROPIC)
+NOT_SERVED = ("/v1/embeddings", "/hot-reload")
 
 VALID = {
     PREDICT: {"prompt": "Hello", "max_new_tokens": 2},
@@ -32,6 +33,13 @@ VALID = {
     "/invocations": {"prompt": "Hello", "max_new_tokens": 2},
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
     "/v1/completions": {"prompt": "Hello", "max_tokens": 2},
+    "/v1/responses": {"input": "Hi", "max_output_tokens": 2},
+    "/v1/messages": {
+        "model": "m",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": "Hi"}],
+    },
+    "/v1/messages/count_tokens": {"model": "m", "messages": [{"role": "user", "content": "Hi"}]},
 }
 
 # Raw bodies that are wrong for every route.
@@ -148,6 +156,39 @@ BAD_CHAT_ONLY = [
     {"messages": [{"role": "user", "content": "x" * 3_000_000}]},
 ]
 
+BAD_RESPONSES = [
+    {"input": []},
+    {"input": [{"type": "reasoning"}]},
+    {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+    {"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]},
+    {"input": "x", "previous_response_id": "resp_never"},
+    {"input": "x", "max_output_tokens": 0},
+    {"input": "x", "truncation": "auto"},
+    {"input": "x", "tools": [{"type": "web_search"}]},
+    {"input": "x", "tool_choice": "required"},
+    {"input": "x", "text": {"format": {"type": "json_schema"}}},
+    {"input": "x", "reasoning": {"effort": "high"}},
+    {"input": "x", "background": True},
+    {"input": "x" * 3_000_000},
+]
+
+BAD_MESSAGES = [
+    {"max_tokens": 0},
+    {"max_tokens": "2"},
+    {"temperature": 1.5},
+    {"messages": []},
+    {"messages": [{"role": "system", "content": "x"}]},
+    {"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+    {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]},
+    {"messages": [{"role": "assistant", "content": "x"}]},
+    {"system": [{"type": "image"}]},
+    {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    {"tools": [{"name": "f"}]},
+    {"tool_choice": {"type": "any"}},
+    {"stop_sequences": ["a"] * 17},
+    {"messages": [{"role": "user", "content": "x" * 3_000_000}]},
+]
+
 BAD_COMPLETIONS_ONLY = [
     {"prompt": [1, "a"]},
     {"prompt": ["a", "b"]},
@@ -166,9 +207,12 @@ def _battery() -> list[tuple[str, bytes]]:
         cases += [(route, body) for body in BAD_BYTES]
     for route in (PREDICT, "/v1/models/model:predict_binary", "/invocations"):
         cases += [(route, json.dumps(b).encode()) for b in BAD_PREDICT]
-    for route in OPENAI:
+    for route in OPENAI[:2]:
         base = VALID[route]
         cases += [(route, json.dumps(base | b).encode()) for b in BAD_OPENAI]
+    cases += [("/v1/responses", json.dumps(b).encode()) for b in BAD_RESPONSES]
+    for route in ANTHROPIC:
+        cases += [(route, json.dumps(VALID[route] | b).encode()) for b in BAD_MESSAGES]
     cases += [("/v1/chat/completions", json.dumps(b).encode()) for b in BAD_CHAT_ONLY]
     cases += [
         ("/v1/completions", json.dumps({"max_tokens": 2} | b).encode())
@@ -185,7 +229,11 @@ def check_refusal(url: str, route: str, body: bytes) -> requests.Response:
         url + route, data=body, headers={"Content-Type": "application/json"}, timeout=120
     )
     assert r.status_code < 500, (route, body[:200], r.status_code, r.text[:300])
-    if r.status_code >= 400:
+    if r.status_code >= 400 and route in ANTHROPIC:
+        body = r.json()  # Anthropic's shape
+        assert body["type"] == "error" and body["error"]["type"].endswith("error"), r.text
+        assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    elif r.status_code >= 400:
         error = r.json()["error"]  # JSON, in the route's shape
         if route in OPENAI or route in NOT_SERVED:
             assert isinstance(error["message"], str) and error["message"], r.text
@@ -207,6 +255,13 @@ def test_every_bad_body_on_every_route_is_a_json_4xx(server_url: str) -> None:
         statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
     assert requests.get(server_url + "/v1/models/model", timeout=30).status_code == 200
     assert set(statuses) <= {400, 404, 413}, statuses
+
+
+def test_a_missed_previous_response_is_a_404_naming_it(server_url: str) -> None:
+    body = {"input": "x", "previous_response_id": "resp_never"}
+    r = check_refusal(server_url, "/v1/responses", json.dumps(body).encode())
+    assert r.status_code == 404 and "resp_never" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "previous_response_id"
 
 
 def test_refusals_are_counted_as_invalid(server_url: str) -> None:
@@ -237,7 +292,15 @@ json_values = st.recursive(
 )
 FIELDS = sorted(
     {
-        "prompt",
+        "input",
+        "instructions",
+        "previous_response_id",
+        "max_output_tokens",
+        "text",
+        "tools",
+        "tool_choice",
+        "system",
+        "stop_sequences",
         "messages",
         "max_new_tokens",
         "max_tokens",

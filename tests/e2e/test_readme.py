@@ -7,13 +7,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.readme_blocks import code_blocks
-from tests.smollm2_files import smollm2_artifact
 
 pytestmark = pytest.mark.e2e
 
@@ -51,12 +49,6 @@ def test_the_readme_has_examples_and_the_matcher_can_fail() -> None:
     assert len(examples(README.read_text())) >= 6
     assert matches('{"id":"…","n":1}', '{"id":"abc","n":1}')
     assert not matches('{"id":"…","n":1}', '{"id":"abc","n":2}')
-
-
-@pytest.fixture(scope="module")
-def smollm2_url(start_server: Callable[..., object]) -> str:
-    server = start_server(artifact=str(smollm2_artifact()), served_model_name=SERVED_NAME)
-    return server.url  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

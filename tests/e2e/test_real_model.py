@@ -7,7 +7,6 @@ two busy cores."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 import openai
 import pytest
@@ -27,12 +26,6 @@ QUESTIONS = [
     ("What is the capital of Japan?", "Tokyo"),
     ("What is the chemical symbol for gold?", "Au"),
 ]
-
-
-@pytest.fixture(scope="module")
-def smollm2_url(start_server: Callable[..., object]) -> str:
-    server = start_server(artifact=str(smollm2_artifact()))
-    return server.url  # type: ignore[attr-defined]
 
 
 def predict(url: str, **body: object) -> dict:

@@ -294,11 +294,8 @@ CITY_TOOL = [
 
 
 @pytest.fixture(scope="module")
-def smollm2_client(start_server: Any) -> openai.OpenAI:
-    from tests.smollm2_files import smollm2_artifact
-
-    server = start_server(artifact=str(smollm2_artifact()))
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+def smollm2_client(smollm2_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=smollm2_url + "/v1", api_key="unused", max_retries=0)
 
 
 def test_smollm2_required_call_has_the_right_argument(smollm2_client: openai.OpenAI) -> None:

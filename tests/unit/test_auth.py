@@ -83,3 +83,20 @@ def test_an_unusable_key_file_is_refused_in_one_line(tmp_path: Path, text: str) 
 @given(st.binary(max_size=64))
 def test_only_a_listed_key_matches(token: bytes) -> None:
     assert key_matches(token, (b"secret-1", b"secret-2")) == (token in (b"secret-1", b"secret-2"))
+
+
+def test_an_x_api_key_header_is_a_key_and_stored_responses_are_guarded(tmp_path: Path) -> None:
+    client = app_with(tmp_path, "key-one\n")
+    refused = client.post("/v1/messages", json={}, headers={"x-api-key": "nope"})
+    assert refused.status_code == 401  # in Anthropic's shape on its routes
+    assert refused.json()["error"]["type"] == "authentication_error"
+    assert "x-api-key" in refused.json()["error"]["message"]
+    passed = client.post("/v1/messages", json={}, headers={"x-api-key": "key-one"})
+    assert passed.status_code == 404  # through the guard; this app has no such route
+    counted = client.post("/v1/messages/count_tokens", json={}, headers={"x-api-key": "key-one"})
+    assert counted.status_code == 503 and counted.json()["type"] == "error"  # not loaded
+    for method in ("GET", "DELETE"):
+        assert client.request(method, "/v1/responses/resp_1").status_code == 401
+        held = client.request(method, "/v1/responses/resp_1", headers={"x-api-key": "key-one"})
+        assert held.status_code == 503  # through the guard; the model is not loaded
+    assert client.get("/v1/models/model").status_code == 200

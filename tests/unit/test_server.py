@@ -127,6 +127,10 @@ def drive(path: str, peer: Peer, length: int | str | None = None, method: str = 
     [
         ("/v1/chat/completions", "chat_completions"),
         ("/v1/completions", "completions"),
+        ("/v1/responses", "responses"),
+        ("/v1/messages", "messages"),
+        ("/v1/messages/count_tokens", "messages_count_tokens"),
+        ("/v1/responses/resp_1", None),  # GET / DELETE only: an APIRoute of ours
         ("/v1/models/model:predict", "predict"),
         ("/v1/models/any-name:predict_binary", "predict"),
         ("/invocations", "predict"),
@@ -152,6 +156,14 @@ def test_error_json_shapes() -> None:
             }
         }
     assert json.loads(error_json(None, 404, "no"))["error"]["type"] == "not_found_error"
+    assert json.loads(error_json("responses", 413, "big"))["error"]["type"] == (
+        "invalid_request_error"
+    )
+    for route in ("messages", "messages_count_tokens"):
+        assert json.loads(error_json(route, 413, "big")) == {
+            "type": "error",
+            "error": {"type": "request_too_large", "message": "big"},
+        }
 
 
 # ---- BodyGuard ----
@@ -278,7 +290,7 @@ def test_an_early_refusal_is_answered_before_any_body_byte(path: str, shape: str
     assert counted == [(route_of(path), "rejected")]
 
 
-@pytest.mark.parametrize("path", ["/v1/embeddings", "/v1/messages", "/v1/responses", "/hot-reload"])
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/hot-reload"])
 def test_routes_not_served_are_404_unread(path: str) -> None:
     peer = Peer([chunk(b"x" * 5000)])
     app, counted = drive(path, peer, length=5000)
@@ -545,6 +557,33 @@ def test_direct_routes_answer_without_truss_route(answering: Frontend) -> None:
     assert answer.json()["object"] == "text_completion"
     assert answer.headers["x-request-id"]
     assert reached == ["GET"]
+
+
+def test_both_agent_apis_and_their_side_routes_are_served(answering: Frontend) -> None:
+    """POST /v1/responses and /v1/messages (answered by the frontend), count_tokens, and a
+    stored response read, deleted and then missed, each error in its API's shape."""
+    app = FastAPI()
+    extend(app, answering)
+    with TestClient(app) as client:
+        made = client.post("/v1/responses", json={"input": "Hi", "max_output_tokens": 3})
+        assert made.status_code == 200 and made.json()["object"] == "response"
+        rid = made.json()["id"]
+        assert client.get(f"/v1/responses/{rid}").json() == made.json()
+        assert client.delete(f"/v1/responses/{rid}").json()["deleted"] is True
+        gone = client.get(f"/v1/responses/{rid}")
+        assert gone.status_code == 404 and gone.json()["error"]["type"] == "not_found_error"
+        miss = client.post("/v1/responses", json={"input": "Hi", "previous_response_id": rid})
+        assert miss.status_code == 404 and rid in miss.json()["error"]["message"]
+        body = {"model": "m", "max_tokens": 3, "messages": [{"role": "user", "content": "Hi"}]}
+        message = client.post("/v1/messages", json=body)
+        assert message.status_code == 200 and message.json()["type"] == "message"
+        count = client.post("/v1/messages/count_tokens", json=body | {"max_tokens": None})
+        assert count.status_code == 400 and count.json()["type"] == "error"  # not a field there
+        del body["max_tokens"]
+        counted = client.post("/v1/messages/count_tokens", json=body).json()
+        assert counted["input_tokens"] == message.json()["usage"]["input_tokens"]
+        bad = client.post("/v1/messages", json={"messages": []})
+        assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_direct_routes_leave_a_loading_model_to_truss(registered: Frontend) -> None:

@@ -152,6 +152,16 @@ def test_stop_matcher_earliest_of_several() -> None:
     assert m.stopped
     m = StopMatcher(["world", "o"])
     assert m.push("hello world") == "hell"
+    assert m.matched == "o"  # the one that ended it (Anthropic's stop_sequence)
+
+
+def test_the_stop_string_that_ended_the_text_is_named() -> None:
+    m = StopMatcher(["b", "ab"])
+    assert m.matched is None and m.push("xab") == "x"
+    assert m.matched == "ab"  # earliest position, not the first listed
+    tie = StopMatcher(["ab", "a"])
+    assert tie.push("ab") == "" and tie.matched == "ab"  # a tie: the first listed
+    assert StopMatcher(["q"]).matched is None
 
 
 # -- TextStream with the real tokenizer -----------------------------------------------------
@@ -301,6 +311,7 @@ def test_stop_string_spanning_tokens(tok: Tokenizer) -> None:
     assert stream.text == "Hel"
     assert stream.finish() == ""
     assert stream.num_tokens == 2
+    assert stream.stop_string == "lo wor"
 
 
 def test_stop_at_the_very_start(tok: Tokenizer) -> None:

@@ -204,6 +204,33 @@ class AdmissionSettings(_Concern):
     )
 
 
+class ResponseStoreSettings(_Concern):
+    """Stored answers of the Responses API, kept for `previous_response_id` and
+    `GET /v1/responses/{id}` (protocols/responses/store.py): in this process's memory, the
+    oldest dropped first past either bound."""
+
+    responses_store_max_entries: int = Field(
+        1024,
+        ge=0,
+        le=1_000_000,
+        description="Stored responses kept at most (0: none is stored; `store: true` is "
+        "then answered but cannot be continued).",
+    )
+    responses_store_max_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        le=1 << 36,  # 64 GiB: more than a pod's memory
+        description="Their total size at most (each counted as its conversation's and "
+        "answer's text, in UTF-8 bytes); one larger than this is not stored.",
+    )
+    responses_store_max_age_seconds: float = Field(
+        3600.0,
+        gt=0,
+        le=30 * 86_400,
+        description="How long a stored response may be continued or read; older ones are dropped.",
+    )
+
+
 class LimitsSettings(_Concern):
     """Sequence, batch and memory sizing every engine kind reads (never above what the
     engine allows)."""
@@ -497,6 +524,7 @@ class Settings(
     ArtifactSettings,
     ServerSettings,
     AdmissionSettings,
+    ResponseStoreSettings,
     TorchEngineSettings,
     TrtllmSettings,
     GpuFallbackSettings,

@@ -25,6 +25,7 @@ class Outcome:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None  # the output's, when asked
+    stop_sequence: str | None = None  # the stop string that ended it (reason stop)
 
     @property
     def complete(self) -> bool:

@@ -210,6 +210,29 @@ class GenerationService:
     async def prepare(self, req: GenerationRequest) -> PreparedRequest:
         """Tokenize (off the event loop when long) and check against the engine."""
         limits = self.engine.limits
+        ids = await self.prompt_ids(req)
+        try:
+            max_new = limits.fit(len(ids), req.sampling.max_new_tokens, what=req.param)
+        except EngineRequestError as exc:
+            raise RequestError(str(exc), param=req.param) from None
+        sampling = req.sampling
+        if sampling.guided is not None:  # a bad or too costly schema: a 4xx, never a 5xx
+            await self.grammar.check(sampling.guided)
+        if sampling.max_new_tokens != max_new:
+            sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
+        # The model's other end-of-turn tokens (generation_config's eos_token_id list);
+        # EOS itself always ends generation unless ignore_eos.
+        extra = tuple(t for t in self.tokenizer.stop_token_ids if t != self.engine.eos_token_id)
+        if extra and not sampling.ignore_eos:
+            stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *extra)))
+            sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+        return PreparedRequest(ids, sampling, req.stop, req.interval, req.echo)
+
+    async def prompt_ids(self, req: GenerationRequest) -> list[int]:
+        """The prompt's token ids (a chat in the model's format, its tools included),
+        within the engine's input limit; what `prepare` starts from, and what a count of
+        the prompt's tokens counts."""
+        limits = self.engine.limits
         if req.prompt_ids is not None:
             ids = list(req.prompt_ids)
             vocab = self.tokenizer.vocab_size
@@ -231,22 +254,7 @@ class GenerationService:
                 ids = await asyncio.to_thread(self._encode_within, req, limits.max_input_len)
             else:
                 ids = self._encode_within(req, limits.max_input_len)
-        try:
-            max_new = limits.fit(len(ids), req.sampling.max_new_tokens, what=req.param)
-        except EngineRequestError as exc:
-            raise RequestError(str(exc), param=req.param) from None
-        sampling = req.sampling
-        if sampling.guided is not None:  # a bad or too costly schema: a 4xx, never a 5xx
-            await self.grammar.check(sampling.guided)
-        if sampling.max_new_tokens != max_new:
-            sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
-        # The model's other end-of-turn tokens (generation_config's eos_token_id list);
-        # EOS itself always ends generation unless ignore_eos.
-        extra = tuple(t for t in self.tokenizer.stop_token_ids if t != self.engine.eos_token_id)
-        if extra and not sampling.ignore_eos:
-            stops = tuple(dict.fromkeys((*sampling.stop_token_ids, *extra)))
-            sampling = dataclasses.replace(sampling, stop_token_ids=stops)
-        return PreparedRequest(ids, sampling, req.stop, req.interval, req.echo)
+        return ids
 
     def _encode_within(self, req: GenerationRequest, limit: int) -> list[int]:
         """`_encode`, after `_probe_length` found nothing over `limit` tokens: a prompt
@@ -289,7 +297,7 @@ class GenerationService:
             try:
                 return encode_chat(list(req.messages), self.tokenizer, req.tools)
             except ChatFormatError as exc:
-                raise RequestError(str(exc), param="messages") from None
+                raise RequestError(str(exc), param=req.param) from None
         return self.tokenizer.encode(req.prompt or "", bos=True)
 
     def generate(self, req: PreparedRequest, record: RequestRecord) -> Generation:
@@ -313,6 +321,7 @@ class Generation:
         self.completion_tokens = 0  # so far: a stream's continuous usage reads it
         self.outcome: Outcome | None = None
         self._text = ""
+        self._stop_string: str | None = None
         self._logprobs: list[TokenLogprob] | None = (
             [] if req.sampling.logprobs is not None else None
         )
@@ -362,7 +371,10 @@ class Generation:
 
     def _ended(self, reason: str) -> Outcome:
         logprobs = tuple(self._logprobs) if self._logprobs is not None else None
-        return Outcome(reason, self._text, self.prompt_tokens, self.completion_tokens, logprobs)
+        stop = self._stop_string if reason == "stop" else None
+        return Outcome(
+            reason, self._text, self.prompt_tokens, self.completion_tokens, logprobs, stop
+        )
 
     async def _chunks(self) -> AsyncGenerator[Chunk, None]:
         service, req, record = self._service, self._req, self._record
@@ -423,6 +435,7 @@ class Generation:
             raise EngineError("generation failed") from None
         finally:
             self._text = text.text
+            self._stop_string = text.stop_string
             self.outcome = self._ended(reason)
             if not engine_done:
                 engine.abort(record.engine_id)  # sync first: nothing may await past a cancel

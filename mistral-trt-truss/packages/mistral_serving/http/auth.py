@@ -4,8 +4,9 @@ Off unless keys are given: in the file `api_keys_file` names (e.g. a mounted Kub
 Secret), and/or in the Truss secret `api_keys` (found as Truss finds a secret:
 `/secrets/api_keys`, else `TRUSS_SECRET_api_keys`; an empty one is unset, as for Truss).
 One key per line, blank lines and `#` comments ignored, several keys allowed (for
-rotation); the keys of both sources are accepted. Only the
-POST generation routes are guarded; probes, `/metrics` and the rest stay open so that the
+rotation); the keys of both sources are accepted, as `Authorization: Bearer <key>` or
+`x-api-key: <key>`. Only the POST generation routes (and reads of stored Responses API
+answers) are guarded; probes, `/metrics` and the rest stay open so that the
 kubelet and Prometheus need no key. Keys are compared with `hmac.compare_digest` and never
 logged: a refusal says only that the key was missing or wrong.
 """
@@ -99,14 +100,18 @@ def parse_keys(text: str, source: str) -> tuple[bytes, ...]:
 
 
 def presented_key(scope: Scope) -> bytes | None:
-    """The token of an `Authorization: Bearer <token>` header, else None."""
+    """The token of an `Authorization: Bearer <token>` header, else of an `x-api-key`
+    header (Anthropic's clients send that), else None."""
+    api_key: bytes | None = None
     for name, value in scope.get("headers", ()):
         if name.lower() == b"authorization":
             scheme, _, token = bytes(value).strip().partition(b" ")
             if scheme.lower() == b"bearer" and token.strip():
                 return token.strip()
             return None
-    return None
+        if name.lower() == b"x-api-key" and bytes(value).strip():
+            api_key = bytes(value).strip()
+    return api_key
 
 
 def key_matches(token: bytes, keys: Sequence[bytes]) -> bool:
@@ -127,17 +132,20 @@ class ApiKeyGuard:
         keys: Sequence[bytes],
         route_of: Callable[[str], str | None],
         error_json: Callable[[str | None, int, str, str | None], bytes],
+        guard_other: Callable[[str, str], str | None] = lambda method, path: None,
     ) -> None:
         self.app = app
         self.keys = tuple(keys)
         self.route_of = route_of
         self.error_json = error_json
+        self.guard_other = guard_other  # (method, path) -> label: other requests guarded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        route = self.route_of(scope.get("path", ""))
+        method, path = scope.get("method", ""), scope.get("path", "")
+        route = self.route_of(path) if method == "POST" else self.guard_other(method, path)
         if route is None:
             await self.app(scope, receive, send)
             return
@@ -147,7 +155,10 @@ class ApiKeyGuard:
             return
         message = "missing API key" if token is None else "invalid API key"
         body = self.error_json(
-            route, 401, message + ": send `Authorization: Bearer <key>`", "invalid_api_key"
+            route,
+            401,
+            message + ": send `Authorization: Bearer <key>` or `x-api-key: <key>`",
+            "invalid_api_key",
         )
         await send(
             {

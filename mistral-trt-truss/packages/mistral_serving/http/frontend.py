@@ -43,10 +43,15 @@ from mistral_serving.ops.record import REQUEST_ID_HEADER, RequestRecord, request
 from mistral_serving.ops.shutdown import Drainer
 from mistral_serving.ops.tracing import TRACEPARENT, TRACESTATE
 from mistral_serving.protocols import ParseContext, TruncatedStream, WireFormat
+from mistral_serving.protocols.anthropic.format import MessagesFormat
+from mistral_serving.protocols.anthropic.types import anthropic_error_body
 from mistral_serving.protocols.body import decode_json_object
 from mistral_serving.protocols.openai.chat import ChatCompletionsFormat
 from mistral_serving.protocols.openai.completions import CompletionsFormat
+from mistral_serving.protocols.openai.types import openai_error_body
 from mistral_serving.protocols.predict import PredictFormat
+from mistral_serving.protocols.responses.format import ResponsesFormat
+from mistral_serving.protocols.responses.store import ResponseStore
 from mistral_serving.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -282,10 +287,27 @@ class Frontend:
                 name, token_bytes, service.tokenizer.tool_format
             ),
             "completions": CompletionsFormat(name, token_bytes),
+            "responses": ResponsesFormat(
+                name, service.tokenizer.tool_format, self._response_store(), self._miss_hint()
+            ),
+            "messages": MessagesFormat(name, service.tokenizer.tool_format),
         }
         self.service = service
         engine = service.engine
         self.metrics.bind_engine(engine)
+
+    def _response_store(self) -> ResponseStore:
+        s = self.settings
+        return ResponseStore(
+            s.responses_store_max_entries,
+            s.responses_store_max_bytes,
+            s.responses_store_max_age_seconds,
+        )
+
+    def _miss_hint(self) -> str:
+        """Why an id stored a moment ago may be missed (named in the 404)."""
+        n = self.settings.frontend_processes
+        return f"; this server has {n} front-end processes, each storing its own" if n > 1 else ""
 
     @property
     def ready(self) -> bool:
@@ -383,6 +405,36 @@ class Frontend:
         if outcome.reason == deadline.FINISH_REASON:
             return _cut_response(fmt, answer, headers, deadline.cut_short())
         return JSONResponse(answer, headers=headers)
+
+    async def count_tokens(self, request: Request) -> Response:
+        """`POST /v1/messages/count_tokens`: the prompt's tokens as `/v1/messages` would
+        encode them; nothing is generated, so no slot is taken."""
+        fmt, service = self.formats.get("messages"), self.service
+        headers = {REQUEST_ID_HEADER: request_id_from(request.headers.get(REQUEST_ID_HEADER))}
+        route = "messages_count_tokens"
+        if service is None or not isinstance(fmt, MessagesFormat):
+            return JSONResponse(status_code=503, content=anthropic_error_body(_loading()))
+        try:
+            if self.drainer.draining:
+                raise _draining()
+            gen = fmt.parse_count(await _read_json(request))
+            count = len(await service.prompt_ids(gen))
+        except RequestError as err:
+            self.metrics.finished.labels(route, err.finish_reason).inc()
+            return _error_response(fmt, err, headers)
+        self.metrics.finished.labels(route, "stop").inc()
+        return JSONResponse(fmt.count_body(count), headers=headers)
+
+    def stored_response(self, method: str, response_id: str) -> Response:
+        """`GET` or `DELETE /v1/responses/{id}`: a stored Responses API answer."""
+        fmt = self.formats.get("responses")
+        if not isinstance(fmt, ResponsesFormat):
+            return JSONResponse(status_code=503, content=openai_error_body(_loading()))
+        try:
+            body = fmt.delete(response_id) if method == "DELETE" else fmt.stored(response_id)
+        except RequestError as err:
+            return _error_response(fmt, err, {})
+        return JSONResponse(body)
 
     def _finish(self, record: RequestRecord, outcome: Outcome, prompt: str | None = None) -> None:
         """The one place a request's record is closed (counted, logged, traced)."""
@@ -497,6 +549,10 @@ class Frontend:
 
 def _generation_failed(exc: EngineError) -> RequestError:
     return RequestError(f"generation failed: {exc}", status=500)
+
+
+def _loading() -> RequestError:
+    return RequestError("the model is loading", status=503)
 
 
 def _draining() -> RequestError:

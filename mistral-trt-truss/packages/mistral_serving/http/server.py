@@ -7,11 +7,13 @@ settings, and adds, before it starts:
   at once (429 when no slot and no queue place is free, 503 while draining) it answers
   before reading one body byte; a body larger than `max_body_bytes` gets 413, one that
   does not arrive within `body_timeout_seconds` gets 408, all in the route's error shape;
-  POST routes Truss has but this model does not serve (`/v1/embeddings`, `/v1/messages`,
-  `/v1/responses`, `/hot-reload`) get 404 without their body being read.
+  POST routes Truss has but this model does not serve (`/v1/embeddings`, `/hot-reload`)
+  get 404 without their body being read.
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
   ready; 503 while loading, draining, or with a dead or stalled engine),
-  `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects).
+  `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects);
+  `POST /v1/messages/count_tokens`, and `GET` / `DELETE /v1/responses/{id}` (stored
+  Responses API answers), which Truss does not have.
 - uvicorn runs on uvloop with the httptools parser (Truss's own start runs h11 on a
   stdlib asyncio loop), through `limits.py`'s protocol class: header size/count (431),
   header and idle timeouts, a connection cap with room for probes, bounded send buffers;
@@ -64,6 +66,7 @@ from mistral_serving.http.scope_keys import HANDLED
 from mistral_serving.ops import console, driver
 from mistral_serving.ops.record import request_id_from
 from mistral_serving.ops.shutdown import exit_if_load_fails
+from mistral_serving.protocols.anthropic.types import anthropic_error_body
 from mistral_serving.protocols.openai.types import ModelCard, ModelList, openai_error_body
 from mistral_serving.protocols.predict import predict_error_body
 from mistral_serving.settings import Settings, SettingsError
@@ -85,27 +88,45 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_OPENAI_ROUTES = {"/v1/chat/completions": "chat_completions", "/v1/completions": "completions"}
+_ROUTES = {
+    "/v1/chat/completions": "chat_completions",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages_count_tokens",  # ours alone: Truss has no such route
+}
 _PREDICT = re.compile(r"/v1/models/[^/]+:predict(_binary)?|/invocations")
-_NOT_SERVED = {"/v1/embeddings", "/v1/messages", "/v1/responses", "/hot-reload"}
+_NOT_SERVED = {"/v1/embeddings", "/hot-reload"}
+_ANTHROPIC = ("messages", "messages_count_tokens")
+_STORED_RESPONSE = re.compile(r"/v1/responses/[^/]+")  # GET and DELETE by id (add_routes)
 
 
 def route_of(path: str) -> str | None:
     """Our route label for a POST path, or None when the path is not ours."""
-    if path in _OPENAI_ROUTES:
-        return _OPENAI_ROUTES[path]
+    if path in _ROUTES:
+        return _ROUTES[path]
     if _PREDICT.fullmatch(path):
         return "predict"
     return None
 
 
+def stored_route_of(method: str, path: str) -> str | None:
+    """The label of a GET or DELETE of a stored response (its answer holds a conversation:
+    API keys guard it as they guard generation)."""
+    if method in ("GET", "DELETE") and _STORED_RESPONSE.fullmatch(path):
+        return "responses"
+    return None
+
+
 def error_json(route: str | None, status: int, message: str, code: str | None = None) -> bytes:
-    """An error body in the route's shape (OpenAI's for its routes, else predict's: what
-    `protocols/` answers for the same refusal)."""
+    """An error body in the route's shape (Anthropic's for its routes, predict's for
+    predict, else OpenAI's: what `protocols/` answers for the same refusal)."""
     err = RequestError(message, status, code=code)
-    if route in ("chat_completions", "completions") or route is None:
-        return json.dumps(openai_error_body(err)).encode()
-    return json.dumps(predict_error_body(err)).encode()
+    if route in _ANTHROPIC:
+        return json.dumps(anthropic_error_body(err)).encode()
+    if route == "predict":
+        return json.dumps(predict_error_body(err)).encode()
+    return json.dumps(openai_error_body(err)).encode()
 
 
 class BodyGuard:
@@ -261,10 +282,17 @@ class DirectRoutes:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = route_of(scope["path"]) if scope["type"] == "http" else None
-        if route is None or scope["method"] != "POST" or self.frontend.service is None:
+        if route is None or scope["method"] != "POST":
             return await self.app(scope, receive, send)
+        counting = route == "messages_count_tokens"  # answered here even while loading
+        if self.frontend.service is None and not counting:
+            return await self.app(scope, receive, send)
+        request = Request(scope, receive)
         try:
-            response = await self.frontend.handle(route, Request(scope, receive))
+            if counting:
+                response = await self.frontend.count_tokens(request)
+            else:
+                response = await self.frontend.handle(route, request)
         except Exception:
             # A bug, not a bad request (those are RequestErrors, answered by the frontend):
             # logged with its traceback here, never sent.
@@ -325,11 +353,15 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
     async def metrics() -> Response:
         return Response(exposition(frontend.metrics), media_type=CONTENT_TYPE_LATEST)
 
+    async def stored_response(request: Request) -> Response:
+        return frontend.stored_response(request.method, request.path_params["response_id"])
+
     routes = [
         APIRoute("/v1/models", list_models, methods=["GET"]),
         APIRoute("/health", health, methods=["GET"]),
         APIRoute("/version", version, methods=["GET"]),
         APIRoute("/metrics", metrics, methods=["GET"]),
+        APIRoute("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
     ]
     app.router.routes[0:0] = routes  # before Truss's: /metrics must win over its mount
     # FastAPI's generated document fails on Truss's routes (a 500 with a traceback); the
@@ -364,6 +396,7 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
             keys=keys,
             route_of=route_of,
             error_json=error_json,
+            guard_other=stored_route_of,
         )
     lifespan = app.router.lifespan_context
 

@@ -1,6 +1,7 @@
-"""Wire formats, one per route: `predict` (the Truss route of the original article) and
-`openai/` (chat completions and text completions, over a shared base). Each owns its
-format end to end: body -> one `GenerationRequest`; the answer, the stream's encoding and
+"""Wire formats, one per route: `predict` (the Truss route of the original article),
+`openai/` (chat completions and text completions, over a shared base), `responses/` (the
+Responses API) and `anthropic/` (Anthropic's Messages); `answers.py` and `sse.py` hold what
+the chat-shaped ones share. Each owns its format end to end: body -> one `GenerationRequest`; the answer, the stream's encoding and
 the error body, all built from the generation's `Outcome`. `http/frontend.py` drives them
 through the `WireFormat` interface below."""
 

@@ -6,6 +6,7 @@ is strict: "2" is not a number, true is not 1, and unknown fields are refused by
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -13,6 +14,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from mistral_serving.errors import RequestError
 
 MAX_STOP_STRINGS = 16
+MAX_PARTS = 4096  # text parts of one content field
 MAX_TOKENS_LIMIT = 1 << 20  # above any engine's sequence limit; the engine's limit clamps
 
 
@@ -65,3 +67,38 @@ def validate(model: type[StrictModel], body: dict[str, Any]) -> StrictModel:
     except ValidationError as exc:
         message, param = describe_validation_error(exc)
         raise RequestError(message, param=param) from None
+
+
+def validate_at(model: type[StrictModel], value: Any, where: str) -> StrictModel:
+    """`fields.validate`, with the refusal's field named from the body's top."""
+    if not isinstance(value, dict):
+        raise RequestError(f"{where} must be an object", param=where)
+    try:
+        return validate(model, value)
+    except RequestError as err:
+        param = f"{where}.{err.param}" if err.param else where
+        raise RequestError(f"{where}.{err.message}", param=param) from None
+
+
+def text_of(value: Any, where: str, parts: Mapping[str, type[StrictModel]]) -> str:
+    """A content field's text: a string, or a list of parts of the kinds in `parts` (their
+    `text`, or a refusal's `refusal`, joined by a blank line); any other part is refused
+    by its place (`input[0].content[2].type`)."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list) or len(value) > MAX_PARTS:
+        raise RequestError(
+            f"{where} must be a string or a list of at most {MAX_PARTS} parts", param=where
+        )
+    texts = []
+    for j, raw in enumerate(value):
+        at = f"{where}[{j}]"
+        kind = raw.get("type") if isinstance(raw, dict) else None
+        model = parts.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            named = ", ".join(parts)
+            raise RequestError(f"{at}.type: only {named} parts are supported", param=f"{at}.type")
+        part = validate_at(model, raw, at)
+        text = getattr(part, "text", None)
+        texts.append(text if isinstance(text, str) else str(getattr(part, "refusal", "")))
+    return "\n\n".join(texts)

@@ -23,17 +23,19 @@ class StopMatcher:
         self._longest = max((len(s) for s in self._stops), default=0)
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text
 
     def push(self, text: str) -> str:
         """Text that is now safe to send; sets `stopped` when a stop string appeared."""
         if not self._stops or self.stopped:
             return "" if self.stopped else text
         buf = self._pending + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for s in self._stops if (i := buf.find(s)) >= 0]
         if hits:
+            at, self.matched = min(hits, key=lambda hit: hit[0])  # the first listed on a tie
             self.stopped = True
             self._pending = ""
-            return buf[: min(hits)]
+            return buf[:at]
         keep = self._held_suffix(buf)
         self._pending = buf[len(buf) - keep :] if keep else ""
         return buf[: len(buf) - keep]
@@ -67,6 +69,11 @@ class TextStream:
     def stopped(self) -> bool:
         """A stop string appeared: the caller should end generation."""
         return self._stop.stopped
+
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the output (Anthropic's `stop_sequence`), if one did."""
+        return self._stop.matched
 
     @property
     def text(self) -> str:

@@ -74,8 +74,76 @@ def _check_schema(schema: Any, where: str, depth: int = 0) -> None:
         _check_schema(items, f"{where}.items", depth + 1)
 
 
-def parse_tools(raw: Any) -> tuple[Tool, ...]:
-    """`tools` as sent: a list of `{"type": "function", "function": {...}}`."""
+@dataclass(frozen=True)
+class ToolShape:
+    """Where one API puts a function's fields in a `tools` entry (named in refusals)."""
+
+    nested: bool  # under "function" (chat completions), or at the entry's top level
+    types: frozenset[str | None]  # the entry's accepted `type` values (None: may be absent)
+    params: str  # the key of the arguments' JSON schema
+    params_required: bool = False
+    ignored: frozenset[str] = frozenset()  # accepted keys without an effect here
+
+
+# `{"type": "function", "function": {"name", "description", "parameters", "strict"}}`
+CHAT_TOOLS = ToolShape(nested=True, types=frozenset({"function"}), params="parameters")
+# The Responses API: `{"type": "function", "name", "description", "parameters", "strict"}`
+RESPONSES_TOOLS = ToolShape(nested=False, types=frozenset({"function"}), params="parameters")
+# Anthropic's client tools: `{"name", "description", "input_schema"}`, `type` "custom" or none
+ANTHROPIC_TOOLS = ToolShape(
+    nested=False,
+    types=frozenset({None, "custom"}),
+    params="input_schema",
+    params_required=True,
+    ignored=frozenset({"cache_control"}),
+)
+
+
+def _function_of(entry: Any, where: str, shape: ToolShape) -> tuple[dict[str, Any], str]:
+    """(the function's fields, where they sit) of one `tools` entry."""
+    kind = entry.get("type") if isinstance(entry, dict) else "?"
+    if not isinstance(entry, dict) or kind not in shape.types:
+        named = " or ".join(repr(t) for t in sorted(t for t in shape.types if t is not None))
+        raise RequestError(
+            f"{where}.type must be {named} (only function tools are supported)",
+            param=f"{where}.type",
+        )
+    if not shape.nested:
+        fields = {k: v for k, v in entry.items() if k != "type" and k not in shape.ignored}
+        return fields, where
+    fn = entry.get("function")
+    if not isinstance(fn, dict):
+        raise RequestError(f"{where}.function must be an object", param=f"{where}.function")
+    return fn, f"{where}.function"
+
+
+def _parse_function(fn: dict[str, Any], where: str, shape: ToolShape) -> Tool:
+    unknown = set(fn) - {"name", "description", shape.params, "strict"}
+    if unknown:
+        field = sorted(unknown)[0]
+        raise RequestError(f"{where}.{field} is not supported", param=f"{where}.{field}")
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise RequestError(f"{where}.name must be 1-64 of [A-Za-z0-9_-]", param=f"{where}.name")
+    desc = fn.get("description", "")
+    if not isinstance(desc, str):
+        raise RequestError(f"{where}.description must be a string", param=f"{where}.description")
+    if shape.params_required and shape.params not in fn:
+        raise RequestError(f"{where}.{shape.params} is required", param=f"{where}.{shape.params}")
+    params = fn.get(shape.params, {"type": "object", "properties": {}})
+    _check_schema(params, f"{where}.{shape.params}")
+    if params.get("type", "object") != "object":
+        raise RequestError(
+            f"{where}.{shape.params}.type must be 'object'", param=f"{where}.{shape.params}.type"
+        )
+    strict = fn.get("strict", False)
+    if not isinstance(strict, bool):
+        raise RequestError(f"{where}.strict must be a boolean", param=f"{where}.strict")
+    return Tool(name, desc, params, strict)
+
+
+def parse_tools(raw: Any, shape: ToolShape = CHAT_TOOLS) -> tuple[Tool, ...]:
+    """`tools` as sent, in `shape`: a list of functions, each offered once."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -85,54 +153,22 @@ def parse_tools(raw: Any) -> tuple[Tool, ...]:
     seen: set[str] = set()
     out: list[Tool] = []
     for i, entry in enumerate(raw):
-        where = f"tools[{i}]"
-        if not isinstance(entry, dict) or entry.get("type") != "function":
-            raise RequestError(f"{where}.type must be 'function'", param=f"{where}.type")
-        fn = entry.get("function")
-        if not isinstance(fn, dict):
-            raise RequestError(f"{where}.function must be an object", param=f"{where}.function")
-        unknown = set(fn) - {"name", "description", "parameters", "strict"}
-        if unknown:
-            field = sorted(unknown)[0]
+        fn, where = _function_of(entry, f"tools[{i}]", shape)
+        tool = _parse_function(fn, where, shape)
+        if tool.name in seen:
             raise RequestError(
-                f"{where}.function.{field} is not supported", param=f"{where}.function.{field}"
+                f"{where}.name {tool.name!r} is offered twice", param=f"{where}.name"
             )
-        name = fn.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise RequestError(
-                f"{where}.function.name must be 1-64 of [A-Za-z0-9_-]",
-                param=f"{where}.function.name",
-            )
-        if name in seen:
-            raise RequestError(
-                f"{where}.function.name {name!r} is offered twice", param=f"{where}.function.name"
-            )
-        seen.add(name)
-        desc = fn.get("description", "")
-        if not isinstance(desc, str):
-            raise RequestError(
-                f"{where}.function.description must be a string",
-                param=f"{where}.function.description",
-            )
-        params = fn.get("parameters", {"type": "object", "properties": {}})
-        _check_schema(params, f"{where}.function.parameters")
-        if params.get("type", "object") != "object":
-            raise RequestError(
-                f"{where}.function.parameters.type must be 'object'",
-                param=f"{where}.function.parameters.type",
-            )
-        strict = fn.get("strict", False)
-        if not isinstance(strict, bool):
-            raise RequestError(
-                f"{where}.function.strict must be a boolean", param=f"{where}.function.strict"
-            )
-        out.append(Tool(name, desc, params, strict))
+        seen.add(tool.name)
+        out.append(tool)
     return tuple(out)
 
 
-def parse_tool_request(body: Mapping[str, Any]) -> ToolRequest:
-    """`tools`, `tool_choice` and `parallel_tool_calls` of one request, checked together."""
-    tools = parse_tools(body.get("tools"))
+def parse_tool_request(body: Mapping[str, Any], shape: ToolShape = CHAT_TOOLS) -> ToolRequest:
+    """`tools`, `tool_choice` and `parallel_tool_calls` of one request, checked together
+    (OpenAI's vocabulary; a named choice is `{"type": "function", "function": {"name"}}`,
+    or `{"type": "function", "name"}` where the tools are flat, as in the Responses API)."""
+    tools = parse_tools(body.get("tools"), shape)
     raw_choice = body.get("tool_choice")
     forced: str | None = None
     if raw_choice is None:
@@ -144,27 +180,32 @@ def parse_tool_request(body: Mapping[str, Any]) -> ToolRequest:
             )
         choice = raw_choice
     elif isinstance(raw_choice, dict):
-        fn = raw_choice.get("function")
-        if raw_choice.get("type") != "function" or not isinstance(fn, dict):
-            raise RequestError(
-                "tool_choice must be {'type': 'function', 'function': {'name': ...}}",
-                param="tool_choice",
-            )
-        name = fn.get("name")
-        if not isinstance(name, str) or name not in {t.name for t in tools}:
-            raise RequestError(
-                f"tool_choice names {name!r}, which is not in tools",
-                param="tool_choice.function.name",
-            )
-        choice, forced = "named", name
+        choice, forced = "named", _named_choice(raw_choice, tools, shape)
     else:
         raise RequestError("tool_choice must be a string or an object", param="tool_choice")
     if choice != "none" and raw_choice is not None and not tools:
         raise RequestError(f"tool_choice {choice!r} needs tools", param="tool_choice")
     parallel = body.get("parallel_tool_calls", True)
+    if parallel is None and not shape.nested:
+        parallel = True  # the Responses API's SDKs send null for "the default"
     if not isinstance(parallel, bool):
         raise RequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
     return ToolRequest(tools, choice, forced, parallel)
+
+
+def _named_choice(raw: dict[str, Any], tools: tuple[Tool, ...], shape: ToolShape) -> str:
+    """The function a named `tool_choice` forces; it must be offered."""
+    fn = raw.get("function") if shape.nested else raw
+    if raw.get("type") != "function" or not isinstance(fn, dict):
+        wanted = "{'type': 'function', " + (
+            "'function': {'name': ...}}" if shape.nested else "'name': ...}"
+        )
+        raise RequestError(f"tool_choice must be {wanted}", param="tool_choice")
+    name = fn.get("name")
+    if not isinstance(name, str) or name not in {t.name for t in tools}:
+        param = "tool_choice.function.name" if shape.nested else "tool_choice.name"
+        raise RequestError(f"tool_choice names {name!r}, which is not in tools", param=param)
+    return name
 
 
 def check_history(messages: Sequence[Any]) -> None:

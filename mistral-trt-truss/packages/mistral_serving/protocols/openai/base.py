@@ -26,6 +26,7 @@ from mistral_serving.protocols.openai.types import (
     Usage,
     openai_error_body,
 )
+from mistral_serving.protocols.sse import event_json, sse
 from mistral_serving.structured.constraint import GuidedDecoding
 
 # Fields accepted only at their default (None is accepted for each too).
@@ -271,18 +272,3 @@ class StreamWriter(Generic[CallT]):
             )
             events.append(sse(last.wire()))
         return events
-
-
-# JSON leaves U+0085, U+2028 and U+2029 unescaped, and line splitters that follow Unicode
-# (Python's str.splitlines, which some SSE clients use) end a line there, cutting an event
-# in two. Escaped, the event is the same JSON and one line for every client.
-_UNICODE_LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
-
-
-def event_json(value: object) -> str:
-    """`value` as the JSON of one SSE event: non-ASCII as is, but never a line break."""
-    return json.dumps(value, ensure_ascii=False).translate(_UNICODE_LINE_BREAKS)
-
-
-def sse(data: dict[str, Any]) -> str:
-    return f"data: {event_json(data)}\n\n"

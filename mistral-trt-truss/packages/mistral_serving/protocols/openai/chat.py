@@ -11,7 +11,6 @@ contract."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,8 +23,9 @@ from mistral_serving.errors import RequestError
 from mistral_serving.generation.outcome import Outcome
 from mistral_serving.generation.service import Chunk, Generation, GenerationRequest
 from mistral_serving.protocols import ParseContext
+from mistral_serving.protocols.answers import calls_finish, constrain, log_broken, read_answer
 from mistral_serving.protocols.fields import validate
-from mistral_serving.protocols.openai.base import OpenAICall, OpenAIRoute, StreamWriter, sse
+from mistral_serving.protocols.openai.base import OpenAICall, OpenAIRoute, StreamWriter
 from mistral_serving.protocols.openai.requests import ChatCompletionRequest
 from mistral_serving.protocols.openai.types import (
     AssistantMessage,
@@ -43,17 +43,9 @@ from mistral_serving.protocols.openai.types import (
     TopLogprob,
     Usage,
 )
-from mistral_serving.structured.grammar import tool_call_grammar
-from mistral_serving.tools.parsers.stream import (
-    CallDelta,
-    CallStream,
-    ParsedAnswer,
-    new_call_id,
-    parse_answer,
-)
+from mistral_serving.protocols.sse import sse
+from mistral_serving.tools.parsers.stream import CallDelta, CallStream, ParsedAnswer, new_call_id
 from mistral_serving.tools.tool_calls import ToolRequest, check_history, parse_tool_request
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -93,16 +85,7 @@ class ChatCompletionsFormat(OpenAIRoute[ChatCall]):
             raise RequestError("top_logprobs requires logprobs: true", param="top_logprobs")
         logprobs = (req.top_logprobs or 0) if req.logprobs else None
         guided = req.response_format.guided() if req.response_format else None
-        if tool_req is not None and tool_req.choice == "none":
-            tool_req = None  # the tools stay out of the prompt and the answer is text
-        if tool_req is not None and tool_req.constrained:
-            if guided is not None:
-                raise RequestError(
-                    "response_format cannot be combined with tool_choice required or a named "
-                    "function: the answer is the calls",
-                    param="response_format",
-                )
-            guided = tool_call_grammar(tool_req)
+        tool_req, guided = constrain(tool_req, guided, "response_format")
         if tool_req is not None and logprobs is not None:
             raise RequestError("logprobs are not supported with tools", param="logprobs")
         gen = GenerationRequest(
@@ -147,9 +130,7 @@ class ChatCompletionsFormat(OpenAIRoute[ChatCall]):
         """The answer read by the model's tool parser (None: no tools in play)."""
         if call.tools is None:
             return None
-        answer = parse_answer(text, self.tool_format, call.constrained)
-        log_broken(answer, answer_id)
-        return answer
+        return read_answer(text, call.tools, self.tool_format, answer_id)
 
     def _call_ids(self, answer: ParsedAnswer) -> list[str]:
         return [new_call_id(self.tool_format) for _ in answer.calls]
@@ -269,16 +250,3 @@ def call_delta(piece: CallDelta, call_id: str) -> Delta:
         return Delta(tool_calls=[first])
     fragment = FunctionDelta(arguments=piece.arguments)
     return Delta(tool_calls=[ToolCallDelta(index=piece.index, function=fragment)])
-
-
-def calls_finish(reason: str) -> str:
-    # An answer that ended in calls says so; a cut one (abort) keeps its reason.
-    return "tool_calls" if reason in ("stop", "length") else reason
-
-
-def log_broken(answer: ParsedAnswer, answer_id: str) -> None:
-    if answer.broken:
-        log.warning(
-            "answer %s: tool-call markup did not parse; the answer is delivered as text",
-            answer_id,
-        )
