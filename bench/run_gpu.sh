@@ -42,9 +42,15 @@
 #               decode-attention kernel, at 256 columns (with the kernel breakdown) and 1,280.
 #   kernels     the fused kernels' GPU tests (tests/gpu/test_fused_kernels.py; pytest and
 #               hypothesis from the image, or from .whl-test/ when present).
-#   structured  structured output (~5 min): the grammar's mask and the sampler's step on the
-#               GPU (bench/guided_bench.py --part device), then the server with 64 chat
-#               streams constrained by a nested json_schema against 64 plain ones.
+#   structured  structured output (~9 min): the grammar's mask and the sampler's step on the
+#               GPU (bench/guided_bench.py --part device), then the schema suite
+#               (bench/schemas/, SOURCES.md) in one server start with the engine's timers on
+#               (MTT_GUIDED_PROFILE): at SUITE_LEVELS ("16 64") chat streams, plain, then each
+#               accepted schema as response_format and as a forced tool's parameters, our
+#               client for every schema and AIPerf for the first SUITE_AIPERF (4), until the
+#               budget; SUITE_SCHEMAS (0: all 24) and SUITE_SKIP (0) pick a slice of the suite
+#               (the whole suite at both levels takes about two calls), SUITE_MAX_TOKENS (128).
+#               GUIDED_OLD=1: also the project's own schema, 64 constrained vs 64 plain.
 #   profile     where the server's time goes at c = 256 (~6 min): bench/profile_server.py
 #               with py-spy (from .whl/); bench/profile_summary.py OUT turns it into text.
 #
@@ -222,13 +228,24 @@ part_kernels() {
     --noconftest tests/gpu/test_fused_kernels.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt"
 }
 
+suite() {  # $1: the last percent of the budget: the schema suite in one server start
+  timeout $(left $1) $B service "$ART" $APP ${MBS:+--max-batch-size $MBS} ${XSET:-} --concurrency \
+    --suite --suite-levels ${SUITE_LEVELS:-16 64} --suite-schemas ${SUITE_SCHEMAS:-0} \
+    --suite-skip ${SUITE_SKIP:-0} --suite-aiperf ${SUITE_AIPERF:-4} --suite-max-tokens \
+    ${SUITE_MAX_TOKENS:-128} $(aiperf_flags) --deadline $(( $(at $1) - 5 )) \
+    --log "$L/server-suite-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-700
+  cp "$L/guided-profile.json" "$L/guided-profile-$RANDOM.json" 2>/dev/null
+}
 part_structured() {
-  begin structured 300
-  timeout $(left 40) $PY bench/guided_bench.py --part device --device ${GUIDED_DEVICE:-cuda} \
+  begin structured 540
+  timeout $(left 8) $PY bench/guided_bench.py --part device --device ${GUIDED_DEVICE:-cuda} \
     --steps ${GUIDED_STEPS:-500} --json "$L/guided-device.json" 2>&1 | tee "$L/guided-device.log" | tail -3
-  timeout $(left 100) $B service "$ART" $APP ${MBS:+--max-batch-size $MBS} ${XSET:-} --concurrency 1 \
-    --guided ${GUIDED:-64} --guided-rounds ${GUIDED_ROUNDS:-3} --deadline $(( $(at 100) - 3 )) \
-    --log "$L/server-guided.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+  if [ -n "${GUIDED_OLD:-}" ]; then  # the project's own schema, 64 constrained vs 64 plain
+    timeout $(left 50) $B service "$ART" $APP ${MBS:+--max-batch-size $MBS} ${XSET:-} --concurrency 1 \
+      --guided ${GUIDED:-64} --guided-rounds ${GUIDED_ROUNDS:-3} --deadline $(( $(at 50) - 3 )) \
+      --log "$L/server-guided.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+  fi
+  suite 100
 }
 
 part_profile() {
@@ -256,7 +273,7 @@ wheels || exit 1
 device_env
 for P in "$@"; do
   case $P in engine|server|cold|peer|structured|profile) artifact_once ;; esac
-  case $P in server|frontends|peer) aiperf_setup ;; esac
+  case $P in server|frontends|peer|structured) aiperf_setup ;; esac
   T0=$(date +%s)
   "part_$P"
   snap; echo "part $P: $(( $(date +%s) - T0 )) s"

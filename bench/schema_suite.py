@@ -6,7 +6,9 @@ the verdict the server gives each one, recorded in bench/schemas/suite.json:
   (`structured/grammar.py` check_schema) and compiles with xgrammar as the server compiles
   it (the engines' `GuidedDecoder`, the dev model's 32,000-token vocabulary);
 - `refused` at `static` (a bound or a keyword the server refuses, with the message a client
-  gets) or at `compile` (xgrammar refuses it: the gate's compile answers a 400 the same).
+  gets) or at `compile` (xgrammar refuses it: the gate's compile answers a 400 the same);
+- and, for an accepted one, `as_tool`: the verdict on it as one function's parameters with
+  tool_choice=required ("accepted", or why not: a tool's parameters must be an object).
 
     python bench/schema_suite.py            # check every verdict against suite.json
     python bench/schema_suite.py --write    # record them (after adding a schema)
@@ -81,13 +83,39 @@ def verdict(text: str, decoder: Any) -> dict:
     return {"verdict": "accepted", "compile_s": round(time.perf_counter() - started, 3)}
 
 
+def tool_verdict(text: str, decoder: Any) -> str:
+    """The server's verdict on the schema as one function's parameters with
+    tool_choice=required: "accepted" or the refusal's message."""
+    from mistral_serving.errors import RequestError
+    from mistral_serving.settings import Settings
+    from mistral_serving.structured.grammar import SchemaLimits, check_schema, tool_call_grammar
+    from mistral_serving.tools.tool_calls import parse_tool_request
+
+    function = {"name": "record", "parameters": json.loads(text)}
+    try:
+        request = parse_tool_request(
+            {"tools": [{"type": "function", "function": function}], "tool_choice": "required"}
+        )
+        grammar = tool_call_grammar(request)
+        assert grammar.json_schema is not None
+        limits = SchemaLimits.from_settings(Settings())
+        check_schema(json.loads(grammar.json_schema), len(grammar.json_schema.encode()), limits)
+        decoder.compile(grammar)
+    except RequestError as exc:
+        return exc.message
+    except Exception as exc:  # noqa: BLE001 - EngineRequestError: the compile's refusal
+        return str(exc)
+    return "accepted"
+
+
 def entries() -> list[dict]:
     """suite.json's schemas: file, source, verdict (and features)."""
     return list(json.loads(MANIFEST.read_text())["schemas"])
 
 
 def accepted() -> list[tuple[dict, str]]:
-    """(entry, schema text) of every accepted schema, in the manifest's order."""
+    """(entry, schema text) of every accepted schema, in the manifest's order (its
+    `as_tool`: the verdict on it as a forced tool's parameters)."""
     return [(e, (SUITE / e["file"]).read_text()) for e in entries() if e["verdict"] == "accepted"]
 
 
@@ -104,6 +132,8 @@ def check(write: bool, tokenizer_dir: Path) -> int:
     for entry in manifest["schemas"]:
         text = (SUITE / entry["file"]).read_text()
         got = verdict(text, decoder) | {"features": features(json.loads(text))}
+        if got["verdict"] == "accepted":
+            got["as_tool"] = tool_verdict(text, decoder)
         compile_s = got.pop("compile_s", None)
         same = all(entry.get(k) == v for k, v in got.items())
         wrong += not same
@@ -118,8 +148,24 @@ def check(write: bool, tokenizer_dir: Path) -> int:
     print(f"{counts.count('accepted')} accepted, {counts.count('refused')} refused")
     if write:
         MANIFEST.write_text(json.dumps(manifest, indent=1) + "\n")
+        write_sources(manifest["schemas"])
         return 0
     return 1 if wrong else 0
+
+
+def write_sources(schemas: list[dict]) -> None:
+    """SOURCES.md's table (its text above the table is kept)."""
+    path = SUITE / "SOURCES.md"
+    head = path.read_text().split("| file |")[0]
+    rows = ["| file | repository | path | commit | verdict | as a tool's parameters | features |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for e in schemas:
+        said = e.get("reason", "").removeprefix("response_format: ")
+        v = "accepted" if e["verdict"] == "accepted" else f"refused ({e['stage']}): {said}"
+        tool = e.get("as_tool", "-").removeprefix("response_format: ")
+        rows.append(f"| `{e['file']}` | {e['repo']} | `{e['path']}` | `{e['commit']}` | {v} "
+                    f"| {tool} | {', '.join(e['features']) or '-'} |")  # fmt: skip
+    path.write_text(head + "\n".join(rows) + "\n")
 
 
 def main() -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from bench.gpu import PACKAGES, common
 from bench.gpu.clients import aiperf_level, guidellm_level
 from bench.gpu.common import drop_page_cache, emit, level_row, levels_for, time_left
-from bench.gpu.structured import guided_rounds
+from bench.gpu.structured import PROFILE_ENV, guided_rounds, suite_rounds
 from client.bench import BenchConfig, closed_loop_level, run_bench
 
 # (input, output) tokens, requests per stream, and the seconds a level needs to be started.
@@ -148,6 +148,8 @@ def service_bench(args) -> None:
     """`gpu_bench.py service`: start the server, then (unless --start-only) the project's
     client at every level, the second clients, structured output and text prompts."""
     settings = server_settings(args)
+    if args.suite:  # the engine's structured-output timers, read by the suite
+        os.environ[PROFILE_ENV] = str(Path(os.environ.get("LOGS", "/tmp")) / "guided-profile.json")
     cold = drop_page_cache()
     server, ready = start_server(Path(args.app).resolve(), settings, args.log, args.packages)
     url = server.url
@@ -170,6 +172,10 @@ def service_bench(args) -> None:
         second_clients(url, args, settings, shapes)
         if args.guided:
             guided_rounds(url, args)
+        if args.suite:
+            from mistral_serving.settings import Settings
+
+            suite_rounds(url, args, Settings.load(settings).served_model_name)
         if args.text_levels:
             from mistral_serving.settings import Settings
 

@@ -24,3 +24,24 @@ def test_enough_schemas_with_every_feature_and_a_source() -> None:
     for e in entries:
         assert e["file"] in sources and e["path"] in sources and e["commit"] in sources
         assert e["verdict"] == "accepted" or e["reason"]
+
+
+def test_suite_bodies_and_the_profile_difference() -> None:
+    from bench.gpu.structured import profile_figures, suite_body
+
+    schema = {"type": "object"}
+    assert suite_body("plain", None, 8) == {"ignore_eos": True}
+    assert suite_body("schema", schema, 8)["response_format"]["json_schema"]["schema"] == schema
+    tool = suite_body("tool", schema, 8)
+    assert (
+        tool["tool_choice"] == "required" and tool["tools"][0]["function"]["parameters"] == schema
+    )
+    before = {"seconds": {"step_constrained": 1.0, "fill": 0.1}, "counts": {"step_constrained": 10}}
+    after = {
+        "seconds": {"step_constrained": 3.0, "fill": 0.3, "step_plain": 0.5},
+        "counts": {"step_constrained": 30, "rows_constrained": 1280, "step_plain": 5},
+    }
+    got = profile_figures(before, after)
+    assert got["step_constrained_ms"] == 100.0 and got["rows_constrained_mean"] == 64.0
+    assert got["fill_ms_per_step"] == 10.0 and got["step_plain_ms"] == 100.0
+    assert profile_figures(before, {}) == {}
