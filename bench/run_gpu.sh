@@ -51,6 +51,14 @@
 #               budget; SUITE_SCHEMAS (0: all 24) and SUITE_SKIP (0) pick a slice of the suite
 #               (the whole suite at both levels takes about two calls), SUITE_MAX_TOKENS (128).
 #               GUIDED_OLD=1: also the project's own schema, 64 constrained vs 64 plain.
+#   tensorrt-speeds  the serving layer at TensorRT-LLM's speeds (~5 min, no GPU needed but
+#               the GPU machine's 16 cores): the replay engine with the defaults (the engine
+#               in the server's process, as the TensorRT-LLM kinds serve) at TRT_STEPS
+#               ("GPU:streams:step_ms ...": TensorRT-LLM 1.2's decode step on an A100 and an
+#               H100 at 64 and 256 streams, docs/performance.md derives them), 128 in / 128
+#               out, both clients, TRT_RUNS (2) runs, the second in reverse order.
+#   round4      the round's figures in one call (~7.5 min of parts, ~9 min with the set-up;
+#               its header in the script says what it runs).
 #   profile     where the server's time goes at c = 256 (~6 min): bench/profile_server.py
 #               with py-spy (from .whl/); bench/profile_summary.py OUT turns it into text.
 #
@@ -248,6 +256,57 @@ part_structured() {
   suite 100
 }
 
+# TensorRT-LLM 1.2's decode step for a Mistral-7B-class model (bf16), GPU:streams:step_ms,
+# as docs/performance.md derives them ("The serving layer at TensorRT-LLM speeds").
+TRT_STEPS=${TRT_STEPS:-a100:64:9.8 a100:256:12.7 h100:64:6.0 h100:256:7.8}
+trt_speeds() {  # $1: the last percent of the budget: TRT_RUNS (2) runs of TRT_STEPS, the
+  # second in reverse order, each one server start per entry with the defaults (the engine
+  # in the server's process, as the TensorRT-LLM kinds serve), both clients, 128 in / 128 out
+  local configs=($TRT_STEPS) runs=${TRT_RUNS:-2} first=$(( ($(date +%s) - START) * 100 / PART_BUDGET ))
+  local n=0 total=$(( ${#configs[@]} * ${TRT_RUNS:-2} )) run c order
+  for run in $(seq 1 $runs); do
+    order=("${configs[@]}"); [ $((run % 2)) = 0 ] && order=($(printf '%s\n' "${configs[@]}" | tac))
+    for c in "${order[@]}"; do
+      n=$((n + 1)); IFS=: read -r gpu streams ms <<< "$c"
+      local until=$(( first + ($1 - first) * n / total ))
+      echo "{\"figure\": \"next_trt_speed\", \"gpu\": \"$gpu\", \"streams\": $streams, \"step_ms\": $ms, \"run\": $run}" | tee -a "$R"
+      [ "$(left $until)" -gt 15 ] || { echo '{"figure": "skipped", "variant": "trt_speed", "why": "out of time"}' | tee -a "$R"; continue; }
+      timeout $(left $until) $PY bench/replay_bench.py --context .benchcarry/ctx --concurrency $streams \
+        --input-len 128 --output-len 128 --step-ms $ms --client-procs ${CPROCS:-4} \
+        --requests-per-worker ${RPW:-4} --port $((8300 + n)) ${TRT_SET:-} $(aiperf_flags) 2>&1 \
+        | tee "$L/trt-$gpu-$streams-run$run.txt" | grep -a "^{" \
+        | sed "s/^{/{\"trt_gpu\": \"$gpu\", \"run\": $run, /" | tee -a "$R" | cut -c1-400
+      cp .cache/replay-bench-server.log "$L/server-trt-$gpu-$streams-run$run.log" 2>/dev/null
+    done
+  done
+}
+part_tensorrt-speeds() {
+  begin tensorrt-speeds 300
+  trt_speeds 100
+}
+
+part_round4() {
+  # The round's figures in one call (~9 min with the set-up): goal 1's engine and server at
+  # R4_LEVELS (c = 16 and 256, 128/128; max_seq_len 1024 so 256 slots fit an 80 GB card),
+  # goal 3's replay runs at TensorRT-LLM's step times (trt_speeds), then goal 2's suite (the
+  # first SUITE_SCHEMAS, AIPerf for the first SUITE_AIPERF) at 16 and 64 streams with
+  # max_seq_len 4096 (a large schema as a tool's parameters makes a long prompt). Each
+  # sub-part stops at its share of the budget: 13% / 20% / 35% / 32%.
+  begin round4 ${BUDGET:-460}
+  local levels=${R4_LEVELS:-16 256}
+  timeout $(left 13) $B engine "$ART" --skip-variants --max-batch-size 256 --max-seq-len 1024 \
+    ${XSET:-} --concurrency $levels --deadline $(at 13) --out "$R" 2>&1 | tee -a "$L/engine.log" \
+    | grep -a '"figure"' | cut -c1-400
+  timeout $(left 33) $B service "$ART" $APP --max-batch-size 256 --max-seq-len 1024 ${XSET:-} \
+    --concurrency $levels $(aiperf_flags) --deadline $(( $(at 33) - 5 )) \
+    --log "$L/server-r4.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+  snap
+  RPW=${R4_RPW:-2} trt_speeds 68
+  snap
+  MBS=64 XSET="--max-seq-len 4096 ${XSET:-}" SUITE_SCHEMAS=${SUITE_SCHEMAS:-3} \
+    SUITE_AIPERF=${SUITE_AIPERF:-1} suite 100
+}
+
 part_profile() {
   begin profile 380
   local spy=${SPY:-$(command -v py-spy || echo /tmp/site/bin/py-spy)}
@@ -272,8 +331,8 @@ esac
 wheels || exit 1
 device_env
 for P in "$@"; do
-  case $P in engine|server|cold|peer|structured|profile) artifact_once ;; esac
-  case $P in server|frontends|peer|structured) aiperf_setup ;; esac
+  case $P in engine|server|cold|peer|structured|profile|round4) artifact_once ;; esac
+  case $P in server|frontends|peer|structured|tensorrt-speeds|round4) aiperf_setup ;; esac
   T0=$(date +%s)
   "part_$P"
   snap; echo "part $P: $(( $(date +%s) - T0 )) s"
