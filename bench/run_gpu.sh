@@ -288,6 +288,7 @@ part_tensorrt-speeds() {
 part_round4() {
   # The round's figures in one call (~9 min with the set-up): goal 1's engine and server at
   # R4_LEVELS (c = 16 and 256, 128/128; max_seq_len 1024 so 256 slots fit an 80 GB card),
+  # then R4_BURSTS (5) bursts of 16 request starts on that server (bench/burst_ttft.py),
   # goal 3's replay runs at TensorRT-LLM's step times (trt_speeds), then goal 2's suite (the
   # first SUITE_SCHEMAS, AIPerf for the first SUITE_AIPERF) at 16 and 64 streams with
   # max_seq_len 4096 (a large schema as a tool's parameters makes a long prompt). Each
@@ -298,7 +299,7 @@ part_round4() {
     ${XSET:-} --concurrency $levels --deadline $(at 13) --out "$R" 2>&1 | tee -a "$L/engine.log" \
     | grep -a '"figure"' | cut -c1-400
   timeout $(left 33) $B service "$ART" $APP --max-batch-size 256 --max-seq-len 1024 ${XSET:-} \
-    --concurrency $levels $(aiperf_flags) --deadline $(( $(at 33) - 5 )) \
+    --concurrency $levels $(aiperf_flags) --burst ${R4_BURSTS:-5} --deadline $(( $(at 33) - 5 )) \
     --log "$L/server-r4.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
   snap
   RPW=${R4_RPW:-2} trt_speeds 68

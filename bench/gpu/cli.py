@@ -121,6 +121,13 @@ def service_options(ap: argparse.ArgumentParser) -> None:
         "--peer-flags", default="", help="peer: more `transformers serve` flags, one string"
     )
     ap.add_argument("--start-only", action="store_true", help="service: time the start, stop")
+    ap.add_argument(
+        "--burst",
+        type=int,
+        default=0,
+        help="service: the server under bench/burst_probe.py, then N bursts of 16 request "
+        "starts after the levels (bench/burst_ttft.py: where the time to first token goes)",
+    )
 
 
 def main(description: str, argv: list[str] | None = None) -> int:
