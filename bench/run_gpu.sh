@@ -288,13 +288,17 @@ part_tensorrt-speeds() {
 part_round4() {
   # The round's figures in one call (~9 min with the set-up): goal 1's engine and server at
   # R4_LEVELS (c = 16 and 256, 128/128; max_seq_len 1024 so 256 slots fit an 80 GB card),
-  # then R4_BURSTS (5) bursts of 16 request starts on that server (bench/burst_ttft.py),
+  # then R4_BURSTS (5) bursts of 16 request starts on that server (bench/burst_ttft.py)
+  # (before them: goal 4's start-up phases that are ours, bench/trt_start_phases.py),
   # goal 3's replay runs at TensorRT-LLM's step times (trt_speeds), then goal 2's suite (the
   # first SUITE_SCHEMAS, AIPerf for the first SUITE_AIPERF) at 16 and 64 streams with
   # max_seq_len 4096 (a large schema as a tool's parameters makes a long prompt). Each
   # sub-part stops at its share of the budget: 13% / 20% / 35% / 32%.
   begin round4 ${BUDGET:-460}
   local levels=${R4_LEVELS:-16 256}
+  # Goal 4's phases that are ours when TensorRT-LLM serves (CPU only, ~15 s).
+  timeout 60 $PY bench/trt_start_phases.py --context .benchcarry/ctx --repeat 3 --hash-mb 1024 \
+    --out "$R" 2>&1 | tee "$L/trt-start-phases.txt" | grep -a '_s"\|imports\|hash_gb' | head -12
   timeout $(left 13) $B engine "$ART" --skip-variants --max-batch-size 256 --max-seq-len 1024 \
     ${XSET:-} --concurrency $levels --deadline $(at 13) --out "$R" 2>&1 | tee -a "$L/engine.log" \
     | grep -a '"figure"' | cut -c1-400
