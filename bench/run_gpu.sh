@@ -294,7 +294,7 @@ part_round4() {
   # first SUITE_SCHEMAS, AIPerf for the first SUITE_AIPERF) at 16 and 64 streams with
   # max_seq_len 4096 (a large schema as a tool's parameters makes a long prompt). Each
   # sub-part stops at its share of the budget: 16% / 20% / 33% / 31%.
-  begin round4 ${BUDGET:-460}
+  begin round4 ${BUDGET:-440}
   local levels=${R4_LEVELS:-16 256}
   # Goal 4's phases that are ours when TensorRT-LLM serves (CPU only, ~15 s).
   timeout 60 $PY bench/trt_start_phases.py --context .benchcarry/ctx --repeat 3 --hash-mb 1024 \
