@@ -258,7 +258,7 @@ part_structured() {
 
 # TensorRT-LLM 1.2's decode step for a Mistral-7B-class model (bf16), GPU:streams:step_ms,
 # as docs/performance.md derives them ("The serving layer at TensorRT-LLM speeds").
-TRT_STEPS=${TRT_STEPS:-a100:64:9.8 a100:256:12.7 h100:64:6.0 h100:256:7.8}
+TRT_STEPS=${TRT_STEPS:-a100:64:9.9 a100:256:12.8 h100:64:6.0 h100:256:7.8}
 trt_speeds() {  # $1: the last percent of the budget: TRT_RUNS (2) runs of TRT_STEPS, the
   # second in reverse order, each one server start per entry with the defaults (the engine
   # in the server's process, as the TensorRT-LLM kinds serve), both clients, 128 in / 128 out
