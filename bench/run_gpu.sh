@@ -45,7 +45,7 @@
 #   structured  structured output (~9 min): the grammar's mask and the sampler's step on the
 #               GPU (bench/guided_bench.py --part device), then the schema suite
 #               (bench/schemas/, SOURCES.md) in one server start with the engine's timers on
-#               (MTT_GUIDED_PROFILE): at SUITE_LEVELS ("16 64") chat streams, plain, then each
+#               (GUIDED_PROFILE_OUT): at SUITE_LEVELS ("16 64") chat streams, plain, then each
 #               accepted schema as response_format and as a forced tool's parameters, our
 #               client for every schema and AIPerf for the first SUITE_AIPERF (4), until the
 #               budget; SUITE_SCHEMAS (0: all 24) and SUITE_SKIP (0) pick a slice of the suite

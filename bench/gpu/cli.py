@@ -103,7 +103,7 @@ def service_options(ap: argparse.ArgumentParser) -> None:
         "--suite",
         action="store_true",
         help="service: the schema suite (bench/schemas/) at --suite-levels, with the engine's "
-        "structured-output timers on (MTT_GUIDED_PROFILE)",
+        "structured-output timers on (GUIDED_PROFILE_OUT)",
     )
     ap.add_argument("--suite-levels", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--suite-modes", nargs="+", default=["plain", "schema", "tool"])

@@ -13,7 +13,7 @@ from bench.gpu.common import emit, time_left
 
 # The engine's timers (mistral_gpu_fallback/static/guided_profile.py): the server is
 # started with this variable set when the suite runs.
-PROFILE_ENV = "MTT_GUIDED_PROFILE"
+PROFILE_ENV = "GUIDED_PROFILE_OUT"
 
 NESTED_SCHEMA = {
     "type": "object",
@@ -135,7 +135,7 @@ def suite_body(mode: str, schema: dict | None, max_tokens: int) -> dict:
 
 
 def read_profile(path: Path | None) -> dict:
-    """The engine's MTT_GUIDED_PROFILE totals (guided_profile.py), or empty."""
+    """The engine's GUIDED_PROFILE_OUT totals (guided_profile.py), or empty."""
     try:
         return json.loads(path.read_text()) if path else {}
     except (OSError, ValueError):

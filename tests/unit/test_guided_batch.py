@@ -162,7 +162,7 @@ def test_torch_kernel_equals_xgrammars(rows, vocab, extra, data):
 
 
 def test_profile_times_the_parts_and_changes_no_token(dev_model, tmp_path, monkeypatch):
-    """MTT_GUIDED_PROFILE (guided_profile.py, a benchmark's switch): the same tokens, and
+    """GUIDED_PROFILE_OUT (guided_profile.py, a benchmark's switch): the same tokens, and
     the file holds each part's time and count, the fallback rows (logprobs, min_tokens)
     among them."""
     plain, _ = run(dev_model, batch=True)

@@ -1,5 +1,5 @@
 """Where a structured-output step's time goes, for benchmarks: on only when the
-environment variable MTT_GUIDED_PROFILE names a file (without it the engine takes no timer
+environment variable GUIDED_PROFILE_OUT names a file (without it the engine takes no timer
 and records no event).
 
 The static engine adds to it (seconds and counts, cumulative since the engine started):
@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-ENV = "MTT_GUIDED_PROFILE"
+ENV = "GUIDED_PROFILE_OUT"
 INTERVAL = 0.2  # seconds between writes while steps run
 
 
