@@ -1,6 +1,6 @@
-"""Where a structured-output step's time goes, for benchmarks: on only when the
-environment variable GUIDED_PROFILE_OUT names a file (without it the engine takes no timer
-and records no event).
+"""Where a structured-output step's time goes, for benchmarks. Off unless the environment
+variable GUIDED_PROFILE_OUT names a file: without it the engine takes no timer and records
+no event.
 
 The static engine adds to it (seconds and counts, cumulative since the engine started):
 
