@@ -293,8 +293,8 @@ part_round4() {
   # goal 3's replay runs at TensorRT-LLM's step times (trt_speeds), then goal 2's suite (the
   # first SUITE_SCHEMAS, AIPerf for the first SUITE_AIPERF) at 16 and 64 streams with
   # max_seq_len 4096 (a large schema as a tool's parameters makes a long prompt). Each
-  # sub-part stops at its share of the budget: 16% / 20% / 33% / 31%.
-  begin round4 ${BUDGET:-440}
+  # sub-part stops at its share of the budget: 16% / 23% / 32% / 29%.
+  begin round4 ${BUDGET:-450}
   local levels=${R4_LEVELS:-16 256}
   # Goal 4's phases that are ours when TensorRT-LLM serves (CPU only, ~15 s).
   timeout 60 $PY bench/trt_start_phases.py --context .benchcarry/ctx --repeat 3 --hash-mb 1024 \
@@ -302,11 +302,11 @@ part_round4() {
   timeout $(left 16) $B engine "$ART" --skip-variants --max-batch-size 256 --max-seq-len 1024 \
     ${XSET:-} --concurrency $levels --deadline $(at 16) --out "$R" 2>&1 | tee -a "$L/engine.log" \
     | grep -a '"figure"' | cut -c1-400
-  timeout $(left 36) $B service "$ART" $APP --max-batch-size 256 --max-seq-len 1024 ${XSET:-} \
-    --concurrency $levels $(aiperf_flags) --burst ${R4_BURSTS:-5} --deadline $(( $(at 36) - 5 )) \
+  timeout $(left 39) $B service "$ART" $APP --max-batch-size 256 --max-seq-len 1024 ${XSET:-} \
+    --concurrency $levels $(aiperf_flags) --burst ${R4_BURSTS:-5} --deadline $(( $(at 39) - 5 )) \
     --log "$L/server-r4.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
   snap
-  RPW=${R4_RPW:-2} trt_speeds 69
+  RPW=${R4_RPW:-2} trt_speeds 71
   snap
   MBS=64 XSET="--max-seq-len 4096 ${XSET:-}" SUITE_SCHEMAS=${SUITE_SCHEMAS:-3} \
     SUITE_AIPERF=${SUITE_AIPERF:-1} suite 100
