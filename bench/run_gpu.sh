@@ -42,9 +42,23 @@
 #               decode-attention kernel, at 256 columns (with the kernel breakdown) and 1,280.
 #   kernels     the fused kernels' GPU tests (tests/gpu/test_fused_kernels.py; pytest and
 #               hypothesis from the image, or from .whl-test/ when present).
-#   structured  structured output (~5 min): the grammar's mask and the sampler's step on the
-#               GPU (bench/guided_bench.py --part device), then the server with 64 chat
-#               streams constrained by a nested json_schema against 64 plain ones.
+#   structured  structured output (~9 min): the grammar's mask and the sampler's step on the
+#               GPU (bench/guided_bench.py --part device), then the schema suite
+#               (bench/schemas/, SOURCES.md) in one server start with the engine's timers on
+#               (GUIDED_PROFILE_OUT): at SUITE_LEVELS ("16 64") chat streams, plain, then each
+#               accepted schema as response_format and as a forced tool's parameters, our
+#               client for every schema and AIPerf for the first SUITE_AIPERF (4), until the
+#               budget; SUITE_SCHEMAS (0: all 24) and SUITE_SKIP (0) pick a slice of the suite
+#               (the whole suite at both levels takes about two calls), SUITE_MAX_TOKENS (128).
+#               GUIDED_OLD=1: also the project's own schema, 64 constrained vs 64 plain.
+#   tensorrt-speeds  the serving layer at TensorRT-LLM's speeds (~5 min, no GPU needed but
+#               the GPU machine's 16 cores): the replay engine with the defaults (the engine
+#               in the server's process, as the TensorRT-LLM kinds serve) at TRT_STEPS
+#               ("GPU:streams:step_ms ...": TensorRT-LLM 1.2's decode step on an A100 and an
+#               H100 at 64 and 256 streams, docs/performance.md derives them), 128 in / 128
+#               out, both clients, TRT_RUNS (2) runs, the second in reverse order.
+#   round4      the round's figures in one call (~7.5 min of parts, ~9 min with the set-up;
+#               its header in the script says what it runs).
 #   profile     where the server's time goes at c = 256 (~6 min): bench/profile_server.py
 #               with py-spy (from .whl/); bench/profile_summary.py OUT turns it into text.
 #
@@ -222,13 +236,80 @@ part_kernels() {
     --noconftest tests/gpu/test_fused_kernels.py 2>&1 | tail -15 | tee "$OUT/gpu-tests.txt"
 }
 
+suite() {  # $1: the last percent of the budget: the schema suite in one server start
+  timeout $(left $1) $B service "$ART" $APP ${MBS:+--max-batch-size $MBS} ${XSET:-} --concurrency \
+    --suite --suite-levels ${SUITE_LEVELS:-16 64} --suite-schemas ${SUITE_SCHEMAS:-0} \
+    --suite-skip ${SUITE_SKIP:-0} --suite-aiperf ${SUITE_AIPERF:-4} --suite-max-tokens \
+    ${SUITE_MAX_TOKENS:-128} $(aiperf_flags) --deadline $(( $(at $1) - 5 )) \
+    --log "$L/server-suite-$RANDOM.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-700
+  cp "$L/guided-profile.json" "$L/guided-profile-$RANDOM.json" 2>/dev/null
+}
 part_structured() {
-  begin structured 300
-  timeout $(left 40) $PY bench/guided_bench.py --part device --device ${GUIDED_DEVICE:-cuda} \
+  begin structured 540
+  timeout $(left 8) $PY bench/guided_bench.py --part device --device ${GUIDED_DEVICE:-cuda} \
     --steps ${GUIDED_STEPS:-500} --json "$L/guided-device.json" 2>&1 | tee "$L/guided-device.log" | tail -3
-  timeout $(left 100) $B service "$ART" $APP ${MBS:+--max-batch-size $MBS} ${XSET:-} --concurrency 1 \
-    --guided ${GUIDED:-64} --guided-rounds ${GUIDED_ROUNDS:-3} --deadline $(( $(at 100) - 3 )) \
-    --log "$L/server-guided.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+  if [ -n "${GUIDED_OLD:-}" ]; then  # the project's own schema, 64 constrained vs 64 plain
+    timeout $(left 50) $B service "$ART" $APP ${MBS:+--max-batch-size $MBS} ${XSET:-} --concurrency 1 \
+      --guided ${GUIDED:-64} --guided-rounds ${GUIDED_ROUNDS:-3} --deadline $(( $(at 50) - 3 )) \
+      --log "$L/server-guided.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+  fi
+  suite 100
+}
+
+# TensorRT-LLM 1.2's decode step for a Mistral-7B-class model (bf16), GPU:streams:step_ms,
+# as docs/performance.md derives them ("The serving layer at TensorRT-LLM speeds").
+TRT_STEPS=${TRT_STEPS:-a100:64:9.9 a100:256:12.8 h100:64:6.0 h100:256:7.8}
+trt_speeds() {  # $1: the last percent of the budget: TRT_RUNS (2) runs of TRT_STEPS, the
+  # second in reverse order, each one server start per entry with the defaults (the engine
+  # in the server's process, as the TensorRT-LLM kinds serve), both clients, 128 in / 128 out
+  local configs=($TRT_STEPS) runs=${TRT_RUNS:-2} first=$(( ($(date +%s) - START) * 100 / PART_BUDGET ))
+  local n=0 total=$(( ${#configs[@]} * ${TRT_RUNS:-2} )) run c order
+  for run in $(seq 1 $runs); do
+    order=("${configs[@]}"); [ $((run % 2)) = 0 ] && order=($(printf '%s\n' "${configs[@]}" | tac))
+    for c in "${order[@]}"; do
+      n=$((n + 1)); IFS=: read -r gpu streams ms <<< "$c"
+      local until=$(( first + ($1 - first) * n / total ))
+      echo "{\"figure\": \"next_trt_speed\", \"gpu\": \"$gpu\", \"streams\": $streams, \"step_ms\": $ms, \"run\": $run}" | tee -a "$R"
+      [ "$(left $until)" -gt 15 ] || { echo '{"figure": "skipped", "variant": "trt_speed", "why": "out of time"}' | tee -a "$R"; continue; }
+      timeout $(left $until) $PY bench/replay_bench.py --context .benchcarry/ctx --concurrency $streams \
+        --input-len 128 --output-len 128 --step-ms $ms --client-procs ${CPROCS:-4} \
+        --requests-per-worker ${RPW:-4} --port $((8300 + n)) ${TRT_SET:-} $(aiperf_flags) 2>&1 \
+        | tee "$L/trt-$gpu-$streams-run$run.txt" | grep -a "^{" \
+        | sed "s/^{/{\"trt_gpu\": \"$gpu\", \"run\": $run, /" | tee -a "$R" | cut -c1-400
+      cp .cache/replay-bench-server.log "$L/server-trt-$gpu-$streams-run$run.log" 2>/dev/null
+    done
+  done
+}
+part_tensorrt-speeds() {
+  begin tensorrt-speeds 300
+  trt_speeds 100
+}
+
+part_round4() {
+  # The round's figures in one call (~9 min with the set-up): goal 1's engine and server at
+  # R4_LEVELS (c = 16 and 256, 128/128; max_seq_len 1024 so 256 slots fit an 80 GB card),
+  # then R4_BURSTS (5) bursts of 16 request starts on that server (bench/burst_ttft.py)
+  # (before them: goal 4's start-up phases that are ours, bench/trt_start_phases.py),
+  # goal 3's replay runs at TensorRT-LLM's step times (trt_speeds), then goal 2's suite (the
+  # first SUITE_SCHEMAS, AIPerf for the first SUITE_AIPERF) at 16 and 64 streams with
+  # max_seq_len 4096 (a large schema as a tool's parameters makes a long prompt). Each
+  # sub-part stops at its share of the budget: 16% / 23% / 32% / 29%.
+  begin round4 ${BUDGET:-450}
+  local levels=${R4_LEVELS:-16 256}
+  # Goal 4's phases that are ours when TensorRT-LLM serves (CPU only, ~15 s).
+  timeout 60 $PY bench/trt_start_phases.py --context .benchcarry/ctx --repeat 3 --hash-mb 1024 \
+    --out "$R" 2>&1 | tee "$L/trt-start-phases.txt" | grep -a '_s"\|imports\|hash_gb' | head -12
+  timeout $(left 16) $B engine "$ART" --skip-variants --max-batch-size 256 --max-seq-len 1024 \
+    ${XSET:-} --concurrency $levels --deadline $(at 16) --out "$R" 2>&1 | tee -a "$L/engine.log" \
+    | grep -a '"figure"' | cut -c1-400
+  timeout $(left 39) $B service "$ART" $APP --max-batch-size 256 --max-seq-len 1024 ${XSET:-} \
+    --concurrency $levels $(aiperf_flags) --burst ${R4_BURSTS:-5} --deadline $(( $(at 39) - 5 )) \
+    --log "$L/server-r4.log" --out "$R" 2>&1 | grep -a '"figure"' | cut -c1-600
+  snap
+  RPW=${R4_RPW:-2} trt_speeds 71
+  snap
+  MBS=64 XSET="--max-seq-len 4096 ${XSET:-}" SUITE_SCHEMAS=${SUITE_SCHEMAS:-3} \
+    SUITE_AIPERF=${SUITE_AIPERF:-1} suite 100
 }
 
 part_profile() {
@@ -255,8 +336,8 @@ esac
 wheels || exit 1
 device_env
 for P in "$@"; do
-  case $P in engine|server|cold|peer|structured|profile) artifact_once ;; esac
-  case $P in server|frontends|peer) aiperf_setup ;; esac
+  case $P in engine|server|cold|peer|structured|profile|round4) artifact_once ;; esac
+  case $P in server|frontends|peer|structured|tensorrt-speeds|round4) aiperf_setup ;; esac
   T0=$(date +%s)
   "part_$P"
   snap; echo "part $P: $(( $(date +%s) - T0 )) s"

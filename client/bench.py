@@ -97,6 +97,8 @@ class BenchConfig:
     out: str | None = None
     progress: bool = True
     report: bool = True  # print each point's table on stdout
+    # Added to every request's JSON body (OpenAI routes): response_format, tools, ignore_eos.
+    extra_body: dict[str, Any] | None = None
 
     def validate(self) -> None:
         """Refuse combinations that cannot work, with the reason (before any request)."""
@@ -116,6 +118,8 @@ class BenchConfig:
             raise ValueError("--client-procs must be at least 1")
         if self.client_procs > 1 and (self.transport != "raw" or self.request_rate):
             raise ValueError("--client-procs needs --transport raw and a concurrency sweep")
+        if self.extra_body is not None and self.backend != "openai":
+            raise ValueError("--extra-body is for the OpenAI routes: use --backend openai")
         if self.prompt_ids and (self.backend != "openai" or self.chat or self.dataset):
             raise ValueError(
                 "--prompt-ids sends token ids to /v1/completions: needs --backend openai, "
@@ -186,7 +190,9 @@ async def timed_request(
     record.start = start - run_start
     pieces: list[str] = []
     try:
-        stream = await client.stream(item.prompt, messages=item.messages, sampling=sampling)
+        stream = await client.stream(
+            item.prompt, messages=item.messages, sampling=sampling, extra=cfg.extra_body
+        )
         last = start
         async for piece in stream:
             now = time.perf_counter()
@@ -226,6 +232,7 @@ async def timed_raw_request(
         sampling=sampling_for(cfg, item),
         stream=True,
         model=model,
+        extra=cfg.extra_body,
     )
     start = time.perf_counter()
     try:
@@ -714,6 +721,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="raw transport: client processes sharing each concurrency level",
     )
+    p.add_argument(
+        "--extra-body",
+        metavar="JSON",
+        help="a JSON object (or @FILE holding one) added to every request's body, e.g. "
+        "response_format or tools and tool_choice (OpenAI routes; the raw transport also "
+        "times streamed tool-call arguments)",
+    )
     p.add_argument("--timeout", type=float, default=600.0, help="seconds of silence allowed")
     p.add_argument("--retries", type=int, default=0, help="retries per request")
     p.add_argument(
@@ -732,6 +746,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--out", help="directory for results.json and the plot (unset: bench/results/<time>)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _extra_body(text: str | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text(encoding="utf-8")
+    try:
+        body = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--extra-body: not JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ValueError("--extra-body: need a JSON object")
+    return body
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -768,6 +796,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         server_pid=args.server_pid,
         out=args.out,
         progress=not args.no_progress,
+        extra_body=_extra_body(args.extra_body),
     )
     cfg.validate()
     return cfg

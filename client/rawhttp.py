@@ -21,7 +21,8 @@ from urllib.parse import urlsplit
 
 from client.errors import ClientConnectionError, StreamError, error_from_response
 
-_TEXT = re.compile(rb'"(?:text|content)": ?"[^"]')  # a non-empty text field
+# A non-empty text field: completion text, chat content, or a streamed tool call's arguments.
+_TEXT = re.compile(rb'"(?:text|content|arguments)": ?"[^"]')
 _COMPLETION = re.compile(rb'"completion_tokens": ?(\d+)')
 _PROMPT = re.compile(rb'"prompt_tokens": ?(\d+)')
 _FINISH = re.compile(rb'"finish_reason": ?"(\w+)"')

@@ -20,7 +20,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="fewer levels (CPU check)")
     ap.add_argument("--max-batch-size", type=int, default=256)
     ap.add_argument("--max-seq-len", type=int, default=2048)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument(
+        "--concurrency", type=int, nargs="*", default=[1, 16, 64, 256], help="none: no sweep"
+    )
     ap.add_argument("--long", action="store_true", help="also 1024 in / 256 out")
     ap.add_argument(
         "--long-concurrency", type=int, nargs="+", help="--long's levels (default: --concurrency)"
@@ -98,6 +100,18 @@ def service_options(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--guided-rounds", type=int, default=2)
     ap.add_argument("--guided-max-tokens", type=int, default=128)
     ap.add_argument(
+        "--suite",
+        action="store_true",
+        help="service: the schema suite (bench/schemas/) at --suite-levels, with the engine's "
+        "structured-output timers on (GUIDED_PROFILE_OUT)",
+    )
+    ap.add_argument("--suite-levels", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--suite-modes", nargs="+", default=["plain", "schema", "tool"])
+    ap.add_argument("--suite-schemas", type=int, default=0, help="the first N (0: all)")
+    ap.add_argument("--suite-skip", type=int, default=0, help="start after the first N")
+    ap.add_argument("--suite-aiperf", type=int, default=4, help="AIPerf for the first N schemas")
+    ap.add_argument("--suite-max-tokens", type=int, default=128)
+    ap.add_argument(
         "--text-levels",
         type=int,
         nargs="+",
@@ -107,6 +121,13 @@ def service_options(ap: argparse.ArgumentParser) -> None:
         "--peer-flags", default="", help="peer: more `transformers serve` flags, one string"
     )
     ap.add_argument("--start-only", action="store_true", help="service: time the start, stop")
+    ap.add_argument(
+        "--burst",
+        type=int,
+        default=0,
+        help="service: the server under bench/burst_probe.py, then N bursts of 16 request "
+        "starts after the levels (bench/burst_ttft.py: where the time to first token goes)",
+    )
 
 
 def main(description: str, argv: list[str] | None = None) -> int:

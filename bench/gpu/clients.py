@@ -123,6 +123,7 @@ def aiperf_command(
     out: Path,
     temperature: float = 0.0,
     payloads: Path | None = None,
+    endpoint: str = "completions",
 ) -> list[str]:
     """`aiperf profile` for one closed-loop level as our client runs it: streamed
     /v1/completions, synthetic prompts of exactly `in_len` tokens, `out_len` tokens with
@@ -134,7 +135,8 @@ def aiperf_command(
     AIPerf's TTFT was 2.8x our client's on the CPU check); worker processes: every core but
     two (AIPerf's default, 0.75 of them less one, left it short of streams on 2 cores).
     With `payloads` (aiperf_token_id_payloads), AIPerf sends those bodies as they are
-    (token-id prompts, as our client's) instead of synthetic text."""
+    (token-id prompts, as our client's, or chat bodies with `endpoint` "chat") instead of
+    synthetic text."""
     workers = min(concurrency, max(2, (os.cpu_count() or 2) - 2))
     if payloads is None:
         inputs = [
@@ -147,7 +149,7 @@ def aiperf_command(
         inputs = ["--input-file", str(payloads), "--custom-dataset-type", "inputs_json"]
     return [
         os.environ.get("AIPERF_PY", sys.executable), "-m", "aiperf", "profile",
-        "--model", model, "--url", url, "--endpoint-type", "completions", "--streaming",
+        "--model", model, "--url", url, "--endpoint-type", endpoint, "--streaming",
         "--concurrency", str(concurrency), "--request-count", str(2 * concurrency),
         *inputs,
         "--warmup-request-count", str(concurrency), "--use-server-token-count",
@@ -207,6 +209,39 @@ def aiperf_level(
                                out / "profile_export_aiperf.json", aiperf_figures,
                                concurrency, in_len, out_len, temperature=temperature,
                                prompts="token ids" if token_ids else "text", **extra)  # fmt: skip
+
+
+def aiperf_bodies_level(
+    url: str, model: str, tokenizer: str, concurrency: int, bodies: list[dict], **extra
+) -> dict:
+    """One level of AIPerf sending `bodies` as they are (chat bodies: response_format,
+    tools), one per warm-up and timed request (3 x concurrency, cycled), at 2 requests a
+    stream; its figures emitted as `figure="aiperf"` with `extra`."""
+    out = client_logs() / f"aiperf-chat-c{concurrency}-{time.time_ns()}"
+    out.mkdir(parents=True, exist_ok=True)
+    sessions = [
+        {"session_id": f"s{i}", "payloads": [bodies[i % len(bodies)]]}
+        for i in range(3 * concurrency)
+    ]
+    payloads = out / "inputs.json"
+    payloads.write_text(json.dumps({"data": sessions}))
+    max_tokens = int(bodies[0].get("max_tokens", 0))
+    command = aiperf_command(url, model, tokenizer, concurrency, 0, max_tokens, out,
+                             payloads=payloads, endpoint="chat")  # fmt: skip
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    }
+
+    def figures(report: dict) -> dict:
+        latency = (report.get("request_latency") or {}).get("avg")
+        tokens = (report.get("output_sequence_length") or {}).get("avg")
+        per_token = round(latency / tokens, 2) if latency and tokens else None
+        return aiperf_figures(report) | {"e2e_ms_per_token_mean": per_token,
+                                         "tokens_per_request": tokens}  # fmt: skip
+
+    return second_client_level("aiperf", command, env | AIPERF_NO_NETWORK,
+                               out / "profile_export_aiperf.json", figures,
+                               concurrency, 0, max_tokens, **extra)  # fmt: skip
 
 
 def aiperf_figures(report: dict) -> dict:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 from bench.gpu import PACKAGES, common
 from bench.gpu.clients import aiperf_level, guidellm_level
 from bench.gpu.common import drop_page_cache, emit, level_row, levels_for, time_left
-from bench.gpu.structured import guided_rounds
+from bench.gpu.structured import PROFILE_ENV, guided_rounds, suite_rounds
 from client.bench import BenchConfig, closed_loop_level, run_bench
 
 # (input, output) tokens, requests per stream, and the seconds a level needs to be started.
@@ -105,7 +106,11 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def start_server(
-    app: Path, settings: dict[str, str], log: str | None, packages: str | None = None
+    app: Path,
+    settings: dict[str, str],
+    log: str | None,
+    packages: str | None = None,
+    command: list[str] | None = None,
 ) -> tuple:
     """The launcher (`python -m mistral_serving.http.server`, as the image runs it) on a prepared
     app folder, through `local_server.LocalServer`, importing the serving code from
@@ -116,7 +121,9 @@ def start_server(
     path = os.pathsep.join(p for p in (packages, os.environ.get("PYTHONPATH", "")) if p)
     log_path = Path(log) if log else None
     started = time.perf_counter()
-    server = LocalServer.start(app.parent, settings, {"PYTHONPATH": path}, log_path)
+    server = LocalServer.start(
+        app.parent, settings, {"PYTHONPATH": path}, log_path, command=command
+    )
     return server, time.perf_counter() - started
 
 
@@ -148,8 +155,19 @@ def service_bench(args) -> None:
     """`gpu_bench.py service`: start the server, then (unless --start-only) the project's
     client at every level, the second clients, structured output and text prompts."""
     settings = server_settings(args)
+    if args.suite:  # the engine's structured-output timers, read by the suite
+        os.environ[PROFILE_ENV] = str(Path(os.environ.get("LOGS", "/tmp")) / "guided-profile.json")
     cold = drop_page_cache()
-    server, ready = start_server(Path(args.app).resolve(), settings, args.log, args.packages)
+    command = None
+    if args.burst:  # the server under bench/burst_probe.py: its records' times written out
+        logs = Path(os.environ.get("LOGS", "/tmp"))
+        logs.mkdir(parents=True, exist_ok=True)
+        probe = logs / f"burst-probe-{os.getpid()}.jsonl"
+        os.environ["BURST_PROBE_OUT"] = str(probe)
+        command = [sys.executable, str(Path(__file__).resolve().parents[1] / "burst_probe.py")]
+    server, ready = start_server(
+        Path(args.app).resolve(), settings, args.log, args.packages, command
+    )
     url = server.url
     try:
         emit(
@@ -168,8 +186,14 @@ def service_bench(args) -> None:
         shapes = [SHAPE] + ([LONG_SHAPE] if args.long else [])
         token_id_sweeps(url, args, shapes)
         second_clients(url, args, settings, shapes)
+        if args.burst:
+            bursts_at(server.port, args, Path(os.environ["BURST_PROBE_OUT"]))
         if args.guided:
             guided_rounds(url, args)
+        if args.suite:
+            from mistral_serving.settings import Settings
+
+            suite_rounds(url, args, Settings.load(settings).served_model_name)
         if args.text_levels:
             from mistral_serving.settings import Settings
 
@@ -178,6 +202,23 @@ def service_bench(args) -> None:
         emit(figure="server_gc", set=args.set, **gc_pauses(gc_at_ready, gc_histogram(url)))
     finally:
         server.stop(timeout=30)
+
+
+def bursts_at(port: int, args, probe: Path) -> None:
+    """bench/burst_ttft.py's bursts of 16 request starts against this server start: where
+    each request's time to its first token goes, and the engine's prefill groups."""
+    from types import SimpleNamespace
+
+    from bench.burst_ttft import print_bursts, run_bursts
+
+    if time_left() < 25:
+        emit(figure="skipped", variant="burst", why="out of time")
+        return
+    shape = SimpleNamespace(concurrency=16, input_len=128, output_len=128,
+                            client_procs=args.client_procs)  # fmt: skip
+    bursts = run_bursts(port, shape, probe, args.burst)
+    print_bursts(bursts)
+    emit(figure="burst_ttft", engine=args.engine, concurrency=16, set=args.set, bursts=bursts)
 
 
 def token_id_sweeps(url: str, args, shapes: list[tuple[int, int, int, int]]) -> None:

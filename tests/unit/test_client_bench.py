@@ -321,6 +321,27 @@ def test_raw_transport_counts_and_times_like_httpx(procs: int) -> None:
     assert all(len(b["prompt"]) == 12 and b["prompt"][0] == 1 for b in sent)
 
 
+@pytest.mark.parametrize("transport", ["raw", "httpx"])
+def test_extra_body_is_in_every_request(transport: str) -> None:
+    extra = {"response_format": {"type": "json_object"}, "ignore_eos": True}
+    with FakeServer(FakeServerState(chunked=True)) as fake:
+        cfg = BenchConfig(url=fake.url, backend="openai", transport=transport, prompt_ids=True,
+                          num_prompts=3, input_len=4, output_len=3, warmup=1, progress=False,
+                          extra_body=extra)  # fmt: skip
+        (run_,) = run(cfg)["runs"]
+        sent = [b for b in fake.state.requests if b.get("stream")]
+    assert run_["metrics"]["completed"] == 3
+    assert len(sent) == 4 and all(b.items() >= extra.items() for b in sent)
+
+
+def test_raw_transport_times_streamed_tool_call_arguments() -> None:
+    from client import rawhttp
+
+    call = b'{"tool_calls": [{"index": 0, "function": {"arguments": "{\\"a"}}]}'
+    assert rawhttp._TEXT.search(b'data: {"choices": [{"delta": ' + call + b"}]}")
+    assert not rawhttp._TEXT.search(b'data: {"choices": [{"delta": {"content": ""}}]}')
+
+
 def test_raw_transport_records_errors_and_broken_streams() -> None:
     with FakeServer(FakeServerState(chunked=True, truncate_after=2)) as fake:
         cfg = BenchConfig(
@@ -352,6 +373,7 @@ def test_raw_transport_records_errors_and_broken_streams() -> None:
         ({"backend": "openai", "prompt_ids": True, "chat": True}, "--prompt-ids"),
         ({"burstiness": 0}, "burstiness"),
         ({"concurrency": [0]}, "at least 1"),
+        ({"extra_body": {"ignore_eos": True}}, "--extra-body"),
     ],
 )
 def test_impossible_configs_are_refused_before_any_request(change: dict, message: str) -> None:

@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mistral_gpu_fallback.static import guided_profile
 from mistral_gpu_fallback.static.engine import StaticTorchEngine
 from mistral_gpu_fallback.static.guided_batch import BatchMasker, apply_bitmask
 from mistral_serving.engines.base import SamplingOptions
@@ -158,3 +159,20 @@ def test_torch_kernel_equals_xgrammars(rows, vocab, extra, data):
     assert all(
         math.isinf(v) or v == logits.view(-1)[i] for i, v in enumerate(ours.view(-1).tolist())
     )
+
+
+def test_profile_times_the_parts_and_changes_no_token(dev_model, tmp_path, monkeypatch):
+    """GUIDED_PROFILE_OUT (guided_profile.py, a benchmark's switch): the same tokens, and
+    the file holds each part's time and count, the fallback rows (logprobs, min_tokens)
+    among them."""
+    plain, _ = run(dev_model, batch=True)
+    path = tmp_path / "profile.json"
+    monkeypatch.setenv(guided_profile.ENV, str(path))
+    profiled, _ = run(dev_model, batch=True)
+    assert profiled == plain
+    state = json.loads(path.read_text())
+    counts, seconds = state["counts"], state["seconds"]
+    for part in ("fill", "h2d", "apply", "accept", "sample", "step_constrained"):
+        assert counts[part] > 0 and seconds[part] >= 0, part
+    assert counts["fallback_rows"] > 0 and counts["rowmask"] == counts["fallback_rows"]
+    assert counts["fill_rows"] >= counts["fill"]

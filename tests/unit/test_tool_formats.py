@@ -31,7 +31,7 @@ from mistral_serving.text.chat import (
 from mistral_serving.text.detokenizer import IncrementalDetokenizer
 from mistral_serving.text.tokenizer import Tokenizer, _sentencepiece_tokenizer, load_tokenizer
 from mistral_serving.tools.parsers.stream import CallStream, new_call_id, parse_answer
-from mistral_serving.tools.tool_calls import Tool, ToolRequest
+from mistral_serving.tools.tool_calls import Tool, ToolRequest, parse_tool_request
 from tests.tokenizer_cache import tokenizer_at
 
 DATA = Path(mistral_common.__file__).parent / "data"
@@ -492,3 +492,30 @@ def test_a_tool_or_call_that_spells_a_special_token_is_refused(templated: Any) -
     ]
     with pytest.raises(ValueError, match="special token"):
         encode_chat(history, tok, [WEATHER])
+
+
+def test_parameters_with_local_refs_keep_them_under_the_call_list() -> None:
+    """A tool's parameters that name their own definitions ("#/$defs/x", "#/definitions/y",
+    "#/properties/a") mean the same inside the call list's schema, one tool or several."""
+    params = {
+        "type": "object",
+        "properties": {
+            "a": {"$ref": "#/$defs/count"},
+            "b": {"type": "array", "items": {"$ref": "#/definitions/flag"}},
+            "c": {"$ref": "#/properties/a"},
+            "enum": {"enum": [{"$ref": "#/data"}]},  # data, not a reference
+        },
+        "required": ["a", "b", "c"],
+        "$defs": {"count": {"type": "integer"}},
+        "definitions": {"flag": {"type": "boolean"}},
+    }
+    good = {"a": 1, "b": [True], "c": 2}
+    for names in (["f"], ["f", "g"]):
+        tools = [{"type": "function", "function": {"name": n, "parameters": params}} for n in names]
+        req = parse_tool_request({"tools": tools, "tool_choice": "required"})
+        schema = tool_call_schema(req)
+        jsonschema.validate([{"name": names[-1], "arguments": good}], schema)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate([{"name": "f", "arguments": good | {"a": "x"}}], schema)
+        text = json.dumps(schema)
+        assert '"#/data"' in text and '"#/$defs/count"' not in text

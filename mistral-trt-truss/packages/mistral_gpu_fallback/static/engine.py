@@ -72,7 +72,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 import torch.nn.functional as F
 
-from mistral_gpu_fallback.static import fused, llama
+from mistral_gpu_fallback.static import fused, guided_profile, llama
 from mistral_gpu_fallback.static.guided_batch import BatchMasker
 from mistral_gpu_fallback.static.weights import copy_shards, read_header
 from mistral_serving.engines.base import EngineError, EngineLimits, TokenDelta, TokenLogprob
@@ -303,6 +303,7 @@ class StaticTorchEngine(TorchEngine):
         # batched fill fails, or when this is False (the tests' reference path).
         self.batch_masks = True
         self._masker: BatchMasker | None = None
+        self._profile = guided_profile.from_env()  # benchmarks' timers; None: none taken
         self._overlap = options.overlap_decode
         self._launched: _Launched | None = None  # the decode step whose tokens are unread
         self._host_tok: list[torch.Tensor] = []  # pinned: where launched steps' tokens land
@@ -526,6 +527,22 @@ class StaticTorchEngine(TorchEngine):
         self._advance(seqs, logits, first_row=row0, failures=failures)
 
     def _decode(self) -> None:
+        profile = self._profile
+        if profile is None:
+            self._decode_step()
+            return
+        rows = len(self._running)
+        constrained = any(s.mask_fn is not None for s in self._running)
+        t0 = time.perf_counter()
+        self._decode_step()
+        kind = "constrained" if constrained else "plain"
+        profile.add(f"step_{kind}", time.perf_counter() - t0)
+        profile.count(f"rows_{kind}", rows)
+        if constrained and self._overlap:
+            profile.count("steps_overlap_lost")
+        profile.flush(force=not self._running)
+
+    def _decode_step(self) -> None:
         overlap = self._can_overlap()
         if not overlap:
             self._read_launched()  # before this step is launched: it may end rows
@@ -640,13 +657,28 @@ class StaticTorchEngine(TorchEngine):
         (`guided_batch.py`). Called right after the step's forward pass was launched, so
         on a GPU the bitmask fill overlaps it."""
         rows = [i for i, s in enumerate(seqs) if self._batchable(s)] if self.batch_masks else []
+        if self._profile is not None and any(s.mask_fn is not None for s in seqs):
+            self._advance_timed(self._profile, seqs, logits, first_row, failures, rows)
+        elif rows:
+            self._advance_batched(seqs, logits, first_row, failures, rows)
+        else:
+            super()._advance(seqs, logits, first_row, failures)
+
+    def _advance_batched(
+        self,
+        seqs: list[_Sequence],
+        logits: torch.Tensor,
+        first_row: int,
+        failures: dict[int, Exception] | None,
+        rows: list[int],
+    ) -> None:
         if not rows:
             super()._advance(seqs, logits, first_row, failures)
             return
         logits = logits.float()  # what sampling works on (a copy unless float32 already)
         try:
             if self._masker is None:
-                self._masker = BatchMasker(self._device)
+                self._masker = BatchMasker(self._device, self._profile)
             # `mask_fn` is `GuidedMatcher.mask` (bound): its matcher, checked by `_batchable`.
             matchers: list[Any] = [getattr(seqs[i].mask_fn, "__self__", None) for i in rows]
             self._masker.mask(logits, rows, matchers)
@@ -664,6 +696,37 @@ class StaticTorchEngine(TorchEngine):
         finally:
             for seq, fn in held:
                 seq.mask_fn = fn
+
+    def _advance_timed(
+        self,
+        profile: guided_profile.GuidedProfile,
+        seqs: list[_Sequence],
+        logits: torch.Tensor,
+        first_row: int,
+        failures: dict[int, Exception] | None,
+        rows: list[int],
+    ) -> None:
+        """`_advance_batched`, its parts timed (guided_profile.py): the rows' own masks
+        and accepts are wrapped in timers for this call only."""
+        batched = {id(seqs[i]) for i in rows}
+        held = [(s, s.mask_fn, s.accept_fn) for s in seqs if s.mask_fn is not None]
+        for seq, mask_fn, accept_fn in held:
+            if id(seq) not in batched and mask_fn is not None:
+                profile.count("fallback_rows")
+                seq.mask_fn = profile.timed("rowmask", mask_fn)
+            if accept_fn is not None:
+                seq.accept_fn = profile.timed("accept", accept_fn)
+        # Host time of the timed parts (h2d and apply are host-timed off a GPU only).
+        parts = ("rowmask", "accept", "fill", "h2d", "apply")
+        before = sum(profile.seconds[p] for p in parts)
+        t0 = time.perf_counter()
+        try:
+            self._advance_batched(seqs, logits, first_row, failures, rows)
+        finally:
+            for seq, mask_fn, accept_fn in held:
+                seq.mask_fn, seq.accept_fn = mask_fn, accept_fn
+        inner = sum(profile.seconds[p] for p in parts) - before
+        profile.add("sample", time.perf_counter() - t0 - inner)
 
     @staticmethod
     def _batchable(seq: _Sequence) -> bool:

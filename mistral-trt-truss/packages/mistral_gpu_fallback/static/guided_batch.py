@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
+
+from mistral_gpu_fallback.static.guided_profile import GuidedProfile
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +69,12 @@ class BatchMasker:
     """One engine's batched masking state: xgrammar's batch matcher and the bitmask
     buffer (pinned on CUDA), grown to the most rows seen."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, profile: GuidedProfile | None = None) -> None:
         import xgrammar as xgr  # loaded already: a constrained row has a matcher
 
         self._xgr = xgr
         self._device = device
+        self._profile = profile  # guided_profile.py: timers for benchmarks, else None
         self._batch = xgr.BatchGrammarMatcher()
         self._host: torch.Tensor | None = None
         self._triton = device.type == "cuda"  # xgrammar's kernel; torch if it cannot load
@@ -87,9 +91,14 @@ class BatchMasker:
 
     def mask(self, logits: torch.Tensor, rows: Sequence[int], matchers: Sequence[_Matcher]) -> None:
         """Mask `logits` [n, vocab] (float32, in place) at `rows` by their `matchers`."""
+        if self._profile is not None:
+            self._mask_timed(self._profile, logits, rows, matchers)
+            return
         host = self._buffer(len(rows), matchers[0].vocab_size)
         self._batch.batch_fill_next_token_bitmask([m.xgrammar_matcher for m in matchers], host)
-        bitmask = host.to(self._device, non_blocking=True)
+        self._apply(logits, host.to(self._device, non_blocking=True), rows)
+
+    def _apply(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: Sequence[int]) -> None:
         if self._triton:
             try:
                 self._xgr.apply_token_bitmask_inplace(
@@ -100,3 +109,21 @@ class BatchMasker:
                 log.warning("xgrammar's bitmask kernel failed (%r); masking with torch", exc)
                 self._triton = False
         apply_bitmask(logits, bitmask, rows)
+
+    def _mask_timed(
+        self,
+        profile: GuidedProfile,
+        logits: torch.Tensor,
+        rows: Sequence[int],
+        matchers: Sequence[_Matcher],
+    ) -> None:
+        """`mask`, with its three parts timed (guided_profile.py)."""
+        t0 = time.perf_counter()
+        host = self._buffer(len(rows), matchers[0].vocab_size)
+        self._batch.batch_fill_next_token_bitmask([m.xgrammar_matcher for m in matchers], host)
+        profile.add("fill", time.perf_counter() - t0)
+        profile.count("fill_rows", len(rows))
+        with profile.span("h2d", self._device):
+            bitmask = host.to(self._device, non_blocking=True)
+        with profile.span("apply", self._device):
+            self._apply(logits, bitmask, rows)

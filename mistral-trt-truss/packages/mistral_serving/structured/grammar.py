@@ -206,11 +206,15 @@ def tool_call_schema(request: ToolRequest) -> dict[str, Any]:
     items = [
         {
             "type": "object",
-            "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+            "properties": {
+                "name": {"const": t.name},
+                # Its local $refs ("#/$defs/x") named its own root; now they name its place.
+                "arguments": _rebase_refs(t.parameters, _arguments_at(i, len(offered))),
+            },
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for t in offered
+        for i, t in enumerate(offered)
     ]
     schema: dict[str, Any] = {
         "type": "array",
@@ -219,6 +223,33 @@ def tool_call_schema(request: ToolRequest) -> dict[str, Any]:
         "maxItems": 1 if request.forced is not None or not request.parallel else MAX_PARALLEL_CALLS,
     }
     return schema
+
+
+def _arguments_at(index: int, tools: int) -> str:
+    """The JSON pointer of tool `index`'s parameters in tool_call_schema's schema."""
+    item = "#/items" if tools == 1 else f"#/items/anyOf/{index}"
+    return item + "/properties/arguments"
+
+
+def _rebase_refs(schema: Any, base: str) -> Any:
+    """A copy of `schema` whose local references ("#", "#/...") point under `base`,
+    walking subschemas where check_schema walks them (data such as enum is kept as is)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        out["$ref"] = base + ref[1:]
+    for key in _ONE:
+        if key in schema:
+            out[key] = _rebase_refs(schema[key], base)
+    for key in (*_LIST, "items"):
+        if isinstance(schema.get(key), list):
+            out[key] = [_rebase_refs(s, base) for s in schema[key]]
+    for key in _MAP:
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: _rebase_refs(s, base) for name, s in schema[key].items()}
+    return out
 
 
 def tool_call_grammar(request: ToolRequest) -> ToolCallGrammar:
