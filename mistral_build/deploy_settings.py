@@ -23,7 +23,15 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mistral_serving.settings import ENV_PREFIX, Settings, unknown_settings
 
@@ -253,6 +261,13 @@ class DeploySettings(BaseModel):
     gateway_class: str = Field(
         "gke-l7-rilb", min_length=1, description="GatewayClass of the Gateway (internal L7)."
     )
+    gateway_objectives: dict[str, StrictInt] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="InferenceObjectives to render with the gateway: name -> priority "
+        "(higher first; a request without one is 0). Clients name one in the "
+        "`x-llm-d-inference-objective` header.",
+    )
 
     # Resources (per pod).
     cpu_request: str = "8"
@@ -286,6 +301,17 @@ class DeploySettings(BaseModel):
         for placeholder in _DOC_PLACEHOLDERS:
             if value and placeholder in value:
                 raise ValueError(f"{value!r} is a documentation placeholder: use your own")
+        return value
+
+    @field_validator("gateway_objectives")
+    @classmethod
+    def _objective_names(cls, value: dict[str, int]) -> dict[str, int]:
+        # Object names (and file names in k8s/gateway/); priorities are the CRD's int32.
+        for name, priority in value.items():
+            if not re.fullmatch(_NAME_PATTERN, name):
+                raise ValueError(f"objective {name[:80]!r}: a DNS-1035 label ([a-z0-9-], <= 63)")
+            if not -(2**31) <= priority < 2**31:
+                raise ValueError(f"objective {name!r}: priority {priority} is not an int32")
         return value
 
     @field_validator("artifact_revision")

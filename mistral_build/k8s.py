@@ -38,7 +38,7 @@ from mistral_build.deploy_settings import (
     add_settings_arguments,
     settings_from_args,
 )
-from mistral_build.gateway import render_gateway
+from mistral_build.gateway import engine_type_labels, render_gateway
 from mistral_build.k8s_objects import (
     GAUGE_RUNNING,
     GAUGE_WAITING,
@@ -239,7 +239,11 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
             },
             "selector": {"matchLabels": pod_labels},
             "template": {
-                "metadata": {"labels": pod_labels, "annotations": annotations},
+                # The engine type is the pods' only: never in a selector, which cannot change.
+                "metadata": {
+                    "labels": {**pod_labels, **engine_type_labels(s)},
+                    "annotations": annotations,
+                },
                 "spec": pod,
             },
         },
