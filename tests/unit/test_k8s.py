@@ -710,3 +710,26 @@ def test_the_verify_jobs_shell_says_the_limit_and_passes_its_args() -> None:
     assert re.fullmatch(r"open files: the container gives \d+ \(hard (\d+|unlimited)\)", out[0])
     assert re.fullmatch(r"open files \(ulimit -n\): \d+", out[1])
     assert out[2] == "build.py verify-gpu --kind all --out /tmp/verify-gpu"
+
+
+@pytest.mark.parametrize("engine", ["auto", "tensorrt_llm", "trtllm_pytorch", "pytorch", "replay"])
+def test_pmix_gets_a_short_hostname_for_the_tensorrt_llm_kinds(engine: str) -> None:
+    """Open MPI 5 fails on a long pod hostname unless PMIX_HOSTNAME names a short one: set
+    (a constant: a pod is one node) wherever a TensorRT-LLM engine may run, and in the
+    verify Job, which runs them too; nowhere MPI never starts."""
+    s = deployable(serving={"engine": engine}, name="a" * 63)
+    env = env_of(k8s.server_container(s))
+    job_env = {
+        e["name"]: e for e in k8s.verify_job(s)["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    if engine in ("pytorch", "replay"):
+        assert "PMIX_HOSTNAME" not in env and "PMIX_HOSTNAME" not in job_env
+        return
+    value = env["PMIX_HOSTNAME"]["value"]
+    assert value == job_env["PMIX_HOSTNAME"]["value"] == k8s.PMIX_HOSTNAME
+    assert re.fullmatch(r"[a-z][a-z0-9-]{0,15}", value)  # short and plain: no pod name in it
+    assert "valueFrom" not in env["PMIX_HOSTNAME"]
+
+
+def test_the_committed_deployment_sets_pmix_hostname() -> None:
+    assert env_of(container(rendered()))["PMIX_HOSTNAME"]["value"] == k8s.PMIX_HOSTNAME
