@@ -37,6 +37,7 @@ from mistral_serving.generation.admission import (
 from mistral_serving.generation.outcome import Outcome
 from mistral_serving.generation.service import Generation, GenerationService
 from mistral_serving.http.scope_keys import CUT_EXTENSION, HANDLED, LEFT_EXTENSION
+from mistral_serving.http.server_state import DEAD, DRAINING, READY, STARTING
 from mistral_serving.ops.collector import freeze_loaded_objects, time_collections
 from mistral_serving.ops.metrics import Metrics, default_metrics
 from mistral_serving.ops.record import REQUEST_ID_HEADER, RequestRecord, request_id_from
@@ -318,6 +319,15 @@ class Frontend:
             and service.is_healthy()
             and service.stalled() is None  # the watchdog: a hung engine is not ready
         )
+
+    def state(self) -> str:
+        """The lifecycle state every 503 and /health say (http/server_state.py)."""
+        service = self.service
+        if service is None:
+            return DEAD if self.load_error else STARTING
+        if not service.is_healthy() or service.stalled() is not None:
+            return DEAD
+        return DRAINING if self.drainer.draining else READY
 
     async def is_healthy(self) -> bool:
         self.drainer.install()  # here: the first call on the server's main-thread loop

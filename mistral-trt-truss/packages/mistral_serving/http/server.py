@@ -10,7 +10,8 @@ settings, and adds, before it starts:
   POST routes Truss has but this model does not serve (`/v1/embeddings`, `/hot-reload`)
   get 404 without their body being read.
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
-  ready; 503 while loading, draining, or with a dead or stalled engine),
+  ready; 503 while loading, draining, or with a dead or stalled engine); every 503 and
+  every /health answer says the server's state in `X-Server-State` (server_state.py),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects);
   `POST /v1/messages/count_tokens`, and `GET` / `DELETE /v1/responses/{id}` (stored
   Responses API answers), which Truss does not have.
@@ -63,6 +64,7 @@ from mistral_serving.http import listen_socket
 from mistral_serving.http.auth import ApiKeyGuard, configured_keys
 from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.http.scope_keys import HANDLED
+from mistral_serving.http.server_state import StateHeader, publish
 from mistral_serving.ops import console, driver
 from mistral_serving.ops.record import request_id_from
 from mistral_serving.ops.shutdown import exit_if_load_fails
@@ -390,7 +392,7 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
         refuse=frontend.early_refusal,
     )
     keys = configured_keys(settings.api_keys_file)  # the file's and the Truss secret's
-    if keys:  # outermost: an unauthenticated body is never read
+    if keys:  # outside the guards: an unauthenticated body is never read
         app.add_middleware(
             ApiKeyGuard,
             keys=keys,
@@ -398,6 +400,9 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
             error_json=error_json,
             guard_other=stored_route_of,
         )
+    # Outermost: every 503 (Truss's own while loading too) and /health say the state.
+    app.add_middleware(StateHeader, state=frontend.state)
+    publish(frontend.state)
     lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager
