@@ -1,6 +1,6 @@
-"""The server's lifecycle state, said on every 503 and on every `/health` answer in the
-`X-Server-State` header, so that a prober, a gateway or a client can tell why a pod
-refused without parsing a body:
+"""The server's lifecycle state, in `X-Server-State` on every 503 and `/health` answer.
+
+A prober, a gateway or a client can then tell why a pod refused without parsing a body:
 
 - `starting`: loading the model (nothing is served yet);
 - `ready`: serving (a 503 then means this pod is saturated: try another);
