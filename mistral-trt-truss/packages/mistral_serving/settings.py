@@ -188,7 +188,19 @@ class AdmissionSettings(_Concern):
     )
     max_inflight: int = Field(256, ge=1, le=65536, description="Requests generating at once.")
     max_waiting: int = Field(
-        512, ge=0, le=100_000, description="Requests waiting for a slot; more get 429."
+        512,
+        ge=0,
+        le=100_000,
+        description="Requests waiting for a slot; more get 503 with Retry-After (this "
+        "replica is saturated: a gateway or client retries another).",
+    )
+    max_inflight_per_key: int = Field(
+        0,
+        ge=0,
+        le=65536,
+        description="With API keys: requests one key may have running or waiting at once; "
+        "more get 429 with Retry-After (a tenant over its share, which no other replica "
+        "would grant either). 0: no per-key limit.",
     )
     drain_grace_seconds: float = Field(
         60.0, ge=0, le=3600, description="On SIGTERM, how long in-flight streams may finish."

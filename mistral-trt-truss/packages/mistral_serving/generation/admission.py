@@ -1,7 +1,7 @@
 """Admission control: a bounded number of requests in the engine and a bounded queue.
 
-Past both bounds a request is refused at once (429 with Retry-After) instead of queueing
-without limit; a waiting request whose client left is dropped; while draining (SIGTERM)
+Past both bounds a request is refused at once (503 with Retry-After: this replica is
+saturated) instead of queueing without limit; a waiting request whose client left is dropped; while draining (SIGTERM)
 new requests are refused with 503. Slots are handed to waiters in arrival order.
 """
 

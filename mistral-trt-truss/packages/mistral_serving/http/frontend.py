@@ -1,8 +1,8 @@
 """Between the Truss adapter and the wire formats: one place for what every route does.
 
 For each request: a bounded request id, the cheap refusals first (draining: 503; no slot
-and no queue place: 429, decided before the body is even decoded, so a 429 costs the
-same for any prompt), then the body (strict JSON, `protocols/body.py`) and the wire
+and no queue place: 503 with Retry-After, this replica being saturated, decided before
+the body is even decoded, so a refusal costs the same for any prompt), then the body (strict JSON, `protocols/body.py`) and the wire
 format's parse, a slot (admission), tokenization (in the service, off the event loop),
 and the answer: JSON, or a stream whose slot is released when it ends however it ends.
 Every request is counted once in `request_finished_total` with its reason. The drain
@@ -461,9 +461,9 @@ class Frontend:
         return _error_response(fmt, err, headers)
 
     def early_refusal(self) -> RequestError | None:
-        """503 while draining, 429 when no slot and no queue place is free: decided
-        before the body is read or decoded (the body guard asks too), so a refusal costs
-        the same for any body."""
+        """503 while draining or when no slot and no queue place is free: decided before
+        the body is read or decoded (the body guard asks too), so a refusal costs the
+        same for any body."""
         refused = self.admission.refusal()
         if isinstance(refused, Draining):
             return _draining()
@@ -486,11 +486,13 @@ class Frontend:
             raise RequestError("client disconnected while waiting", status=499) from None
 
     def _overloaded(self) -> RequestError:
+        # Saturation is this replica's state, not the client's fault: 503, which gateways
+        # retry on another pod (429 says a tenant is over its quota: http/key_limit.py).
         return RequestError(
-            f"server is at capacity ({self.admission.max_inflight} running, "
-            f"{self.admission.max_waiting} waiting); retry later",
-            status=429,
-            code="rate_limit_exceeded",
+            f"this replica is at capacity ({self.admission.max_inflight} running, "
+            f"{self.admission.max_waiting} waiting); retry, on another replica if you can",
+            status=503,
+            code="server_overloaded",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
 
