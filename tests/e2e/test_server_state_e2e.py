@@ -75,3 +75,29 @@ def test_a_dead_engine_says_dead(start_server) -> None:
     assert seen[-1] == (503, "dead"), seen[-1]
     server.process.wait(120)
     assert "the engine is dead" in server.log()
+
+
+def test_sigterm_says_draining_while_the_listener_is_still_open(start_server) -> None:
+    """SIGTERM with a stream in flight: /health and new requests get 503 `draining` (the
+    listener still answers), the stream runs to its end, and only later does the listener
+    close."""
+    server = start_server(drain_grace_seconds=60, drain_listen_seconds=15)
+    stream = requests.post(
+        server.url + PREDICT,
+        json={"prompt": "busy", "max_new_tokens": 300, "streaming": True},
+        stream=True,
+        timeout=120,
+    )
+    reader = stream.iter_content(chunk_size=None)
+    assert next(reader)
+    server.process.send_signal(signal.SIGTERM)
+    wait_for(lambda: health(server.url) != (200, "ready"), what="the drain to begin")
+    assert health(server.url) == (503, "draining")  # answered: the listener is open
+    refused = requests.post(server.url + PREDICT, json={"prompt": "late"}, timeout=30)
+    assert (refused.status_code, refused.headers[STATE]) == (503, "draining")
+    ready = requests.get(server.url + "/v1/models/model", timeout=30)  # the kubelet's probe
+    assert (ready.status_code, ready.headers[STATE]) == (503, "draining")
+    assert b"".join(reader)  # the stream in flight finished
+    wait_for(lambda: health(server.url) is None, what="the listener to close")
+    server.process.wait(120)
+    assert server.log().count('"finish_reason": "length"') == 1

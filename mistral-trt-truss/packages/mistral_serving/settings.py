@@ -205,6 +205,14 @@ class AdmissionSettings(_Concern):
     drain_grace_seconds: float = Field(
         60.0, ge=0, le=3600, description="On SIGTERM, how long in-flight streams may finish."
     )
+    drain_listen_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM the server is unready at once (503 `draining` to probes and "
+        "new requests) and keeps its listener open this long (at most the drain grace) "
+        "before closing it, so load balancers see the drain rather than refused connections.",
+    )
     request_timeout_seconds: float = Field(
         0.0,
         ge=0,

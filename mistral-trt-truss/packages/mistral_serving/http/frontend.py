@@ -257,7 +257,12 @@ class Frontend:
         self.settings = settings
         self.metrics = metrics or default_metrics(settings.metrics_prefix)
         self.admission = Admission(settings.max_inflight, settings.max_waiting, self.metrics)
-        self.drainer = Drainer(settings.drain_grace_seconds, self._stop_admitting, self._abort_all)
+        self.drainer = Drainer(
+            settings.drain_grace_seconds,
+            self._stop_admitting,
+            self._abort_all,
+            settings.drain_listen_seconds,
+        )
         self.service: GenerationService | None = None
         self.formats: dict[str, WireFormat] = {}
         self.load_error: str | None = None  # why load() failed: the process's last log line
