@@ -101,3 +101,32 @@ def test_sigterm_says_draining_while_the_listener_is_still_open(start_server) ->
     wait_for(lambda: health(server.url) is None, what="the listener to close")
     server.process.wait(120)
     assert server.log().count('"finish_reason": "length"') == 1
+
+
+def test_the_deep_probe_sees_a_hung_engine_that_plain_health_does_not(start_server) -> None:
+    """Process up, engine hung (its process stopped, nothing else pending): /health still
+    says ready, /health/generate says dead within its deadline, and ready again once the
+    engine moves."""
+    server = start_server(
+        engine_process="on",
+        health_generate_timeout_seconds=2,
+        engine_stall_unready_seconds=3600,  # the watchdog stays out of this test
+        engine_stall_exit_seconds=3600,
+    )
+    deep = requests.get(server.url + "/health/generate", timeout=60)
+    assert (deep.status_code, deep.headers[STATE]) == (200, "ready")
+    (child,) = engine_processes(server.process.pid)
+    os.kill(child, signal.SIGSTOP)
+    try:
+        deep = requests.get(server.url + "/health/generate", timeout=60)
+        assert (deep.status_code, deep.headers[STATE]) == (503, "dead")
+        assert deep.json()["reason"] == "no token within 2s"
+        assert health(server.url) == (200, "ready")  # the plain probe cannot tell
+    finally:
+        os.kill(child, signal.SIGCONT)
+    wait_for(
+        lambda: requests.get(server.url + "/health/generate", timeout=60).status_code == 200,
+        what="the engine to answer again",
+    )
+    assert "deep health probe failed: no token within 2s" in server.log()
+    server.stop()

@@ -512,6 +512,14 @@ class OpsSettings(_Concern):
         description="Past this long without engine progress while requests are pending, the "
         "server logs why and exits with status 1, so Kubernetes replaces the container.",
     )
+    health_generate_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="`GET /health/generate` generates one token, straight to the engine, and "
+        "answers 503 `dead` unless it comes within this; a probe for a hung engine that a "
+        "plain /health cannot see (as trtllm-serve's /health_generate).",
+    )
     driver_check: Literal["refuse", "warn"] = Field(
         "refuse",
         description="At start, an NVIDIA driver older than the image's CUDA needs (R580 for "

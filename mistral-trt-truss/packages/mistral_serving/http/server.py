@@ -12,6 +12,7 @@ settings, and adds, before it starts:
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
   ready; 503 while loading, draining, or with a dead or stalled engine); every 503 and
   every /health answer says the server's state in `X-Server-State` (server_state.py),
+  `GET /health/generate` (one token within a deadline: health.py),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects);
   `POST /v1/messages/count_tokens`, and `GET` / `DELETE /v1/responses/{id}` (stored
   Responses API answers), which Truss does not have.
@@ -63,6 +64,7 @@ from mistral_serving.errors import RequestError
 from mistral_serving.http import listen_socket
 from mistral_serving.http.auth import ApiKeyGuard, configured_keys
 from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
+from mistral_serving.http.health import DeepProbe
 from mistral_serving.http.key_limit import KeyConcurrency
 from mistral_serving.http.scope_keys import HANDLED
 from mistral_serving.http.server_state import StateHeader, publish
@@ -362,6 +364,7 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
     routes = [
         APIRoute("/v1/models", list_models, methods=["GET"]),
         APIRoute("/health", health, methods=["GET"]),
+        APIRoute("/health/generate", DeepProbe(frontend).answer, methods=["GET"]),
         APIRoute("/version", version, methods=["GET"]),
         APIRoute("/metrics", metrics, methods=["GET"]),
         APIRoute("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),

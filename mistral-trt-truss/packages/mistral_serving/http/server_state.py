@@ -47,8 +47,8 @@ def state_headers() -> list[tuple[bytes, bytes]]:
 
 
 class StateHeader:
-    """ASGI middleware: stamps the state on 503s and health answers (replacing one an
-    inner layer may have set, so there is one value, read when the answer starts)."""
+    """ASGI middleware: stamps the state on 503s and health answers, read when the answer
+    starts; an answer that already says one (the deep probe's verdict) keeps it, once."""
 
     def __init__(self, app: ASGIApp, state: Callable[[], str]) -> None:
         self.app = app
@@ -62,8 +62,10 @@ class StateHeader:
 
         async def stamped(message: Message) -> None:
             if message["type"] == "http.response.start" and (health or message["status"] == 503):
-                headers = [h for h in message.get("headers", ()) if h[0].lower() != _KEY]
-                headers.append((_KEY, self.state().encode()))
+                headers = list(message.get("headers", ()))
+                said = [v for k, v in headers if k.lower() == _KEY]
+                headers = [h for h in headers if h[0].lower() != _KEY]
+                headers.append((_KEY, said[0] if said else self.state().encode()))
                 message = {**message, "headers": headers}
             await send(message)
 
