@@ -17,6 +17,7 @@ be a 40-hex commit sha: a branch or tag name can move under a running deployment
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path, PurePosixPath
@@ -62,7 +63,12 @@ _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _DOC_PLACEHOLDERS = ("my-gcp-project", "my-hf-org")
 
 # Serving settings that are deploy fields of their own (they differ per deployment).
-_DEPLOY_OWNED = ("artifact", "artifact_revision", "artifact_manifest_sha256")
+_DEPLOY_OWNED = (
+    "artifact",
+    "artifact_revision",
+    "artifact_manifest_sha256",
+    "objective_priorities",  # from gateway_objectives: the router's and the pods' one map
+)
 
 # Where a mounted artifact (gcsfuse, volume) appears in the pod: MTT_ARTIFACT points here.
 ARTIFACT_MOUNT_PATH = "/models/artifact"
@@ -266,7 +272,8 @@ class DeploySettings(BaseModel):
         max_length=32,
         description="InferenceObjectives to render with the gateway: name -> priority "
         "(higher first; a request without one is 0). Clients name one in the "
-        "`x-llm-d-inference-objective` header.",
+        "`x-llm-d-inference-objective` header; the pods order their own queue by the same "
+        "map (serving setting objective_priorities).",
     )
 
     # Resources (per pod).
@@ -375,6 +382,8 @@ class DeploySettings(BaseModel):
                 env["artifact_revision"] = self.artifact_revision
         if self.artifact_manifest_sha256 is not None:
             env["artifact_manifest_sha256"] = self.artifact_manifest_sha256
+        if self.gateway_objectives:  # the pods order their queue as the router's objectives
+            env["objective_priorities"] = json.dumps(self.gateway_objectives, sort_keys=True)
         return {**env, **self.serving}
 
     @property

@@ -23,7 +23,7 @@ What is rendered, following the router's `llm-d-router-gateway` Helm chart with
   the Gateway API enabled);
 - `objective-<name>.yaml`: one InferenceObjective (`llm-d.ai/v1alpha2`) per entry of
   `gateway_objectives`: the priority the router's flow control gives requests that name it
-  in `x-llm-d-inference-objective`.
+  in `x-llm-d-inference-objective` (the pods order their own queue by the same map).
 
 The pods themselves carry the router's engine-type label (`engine_type_labels`): the router
 maps their metric names from it, so `metrics_names: vllm` or `trtllm` needs no engine

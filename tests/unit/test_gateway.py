@@ -6,6 +6,7 @@ enforces (the vendored CRDs of the pinned releases, with unknown fields refused 
 from __future__ import annotations
 
 import copy
+import json
 import re
 import typing
 from functools import cache
@@ -476,3 +477,17 @@ def test_objectives_are_rendered_valid_or_refused_with_a_message(objectives: Any
         obj = gateway.render_gateway(s)[f"objective-{name}.yaml"]
         validate(obj)
         assert obj["spec"]["priority"] == priority and type(priority) is int
+
+
+def test_the_pods_order_their_queue_by_the_same_objectives() -> None:
+    """One map: the router's InferenceObjectives and the pods' own queue priorities."""
+    (server,) = k8s.deployment(EXAMPLE)["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in server["env"]}
+    assert json.loads(env["MTT_OBJECTIVE_PRIORITIES"]) == EXAMPLE.gateway_objectives
+    assert EXAMPLE.serving_settings.objective_priorities == EXAMPLE.gateway_objectives
+    none = settings_for("trtllm", gateway_objectives={})
+    assert none.serving_settings.objective_priorities == {}
+    with pytest.raises(DeploySettingsError, match="gateway setting|deploy setting"):
+        load_deploy_settings(
+            k8s.EXAMPLE_VALUES_FILE, {"serving": {"objective_priorities": '{"a": 1}'}}
+        )

@@ -20,9 +20,19 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import EnvSettingsSource
+from pydantic_settings import SettingsError as PydanticSettingsError
 
+from mistral_serving.ops.gateway_headers import OBJECTIVE_NAME
 from mistral_serving.ops.metrics import prefix_for
 
 ENV_PREFIX = "MTT_"
@@ -194,6 +204,14 @@ class AdmissionSettings(_Concern):
         description="Requests waiting for a slot; more get 503 with Retry-After (this "
         "replica is saturated: a gateway or client retries another).",
     )
+    objective_priorities: dict[str, StrictInt] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="InferenceObjective name -> priority: a request whose "
+        "`x-llm-d-inference-objective` names one waits for a slot ahead of lower ones "
+        "(higher first, then arrival; unnamed or unknown: 0), as the router's flow control "
+        "orders them. As JSON in MTT_OBJECTIVE_PRIORITIES.",
+    )
     max_inflight_per_key: int = Field(
         0,
         ge=0,
@@ -222,6 +240,16 @@ class AdmissionSettings(_Concern):
         "may lower it. Past it: 504 before the answer began, else the engine request is "
         "aborted and the answer ends with finish_reason `timeout`.",
     )
+
+    @field_validator("objective_priorities")
+    @classmethod
+    def _objective_names(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, priority in value.items():
+            if not OBJECTIVE_NAME.fullmatch(name):
+                raise ValueError(f"{name[:80]!r} cannot name an InferenceObjective")
+            if not -(2**31) <= priority < 2**31:
+                raise ValueError(f"{name!r}: priority {priority} is not an int32")
+        return value
 
 
 class ResponseStoreSettings(_Concern):
@@ -623,6 +651,8 @@ class Settings(
             return cls(**(given | source()))
         except ValidationError as exc:
             raise SettingsError(f"invalid settings: {_one_line(exc)}") from None
+        except PydanticSettingsError as exc:  # a mapping setting's variable is not JSON
+            raise SettingsError(f"invalid settings: {exc} (expected JSON)") from None
 
 
 FIELDS = sorted(Settings.model_fields)

@@ -39,6 +39,7 @@ from mistral_serving.generation.service import Generation, GenerationService
 from mistral_serving.http.scope_keys import CUT_EXTENSION, HANDLED, LEFT_EXTENSION
 from mistral_serving.http.server_state import DEAD, DRAINING, READY, STARTING
 from mistral_serving.ops.collector import freeze_loaded_objects, time_collections
+from mistral_serving.ops.gateway_headers import gateway_context
 from mistral_serving.ops.metrics import Metrics, default_metrics
 from mistral_serving.ops.record import REQUEST_ID_HEADER, RequestRecord, request_id_from
 from mistral_serving.ops.shutdown import Drainer
@@ -380,6 +381,7 @@ class Frontend:
         ticket: Ticket | None = None
         try:
             self._refuse_early()
+            self._read_gateway(request, record)
             record.deadline = deadline.deadline_for(
                 request.headers, self.settings.request_timeout_seconds, record.arrived_at
             )
@@ -389,7 +391,8 @@ class Frontend:
                 ParseContext(self.settings.default_max_tokens),
             )
             record.parsed_at = time.monotonic()
-            ticket = await deadline.within(record.deadline, self._admit(request), "while queued")
+            admitted = self._admit(request, record.priority)
+            ticket = await deadline.within(record.deadline, admitted, "while queued")
             service.telemetry.admitted(record)
             prepared = await service.prepare(call.gen)
             deadline.check(record.deadline, "before generation began")
@@ -480,9 +483,19 @@ class Frontend:
         if (err := self.early_refusal()) is not None:
             raise err
 
-    async def _admit(self, request: Request) -> Ticket:
+    def _read_gateway(self, request: Request, record: RequestRecord) -> None:
+        """The gateway's headers, onto the record (logged, traced); the objective's priority
+        orders the queue (a name the settings do not know is 0, as with the router)."""
+        context = gateway_context(request.headers)
+        record.objective = context.objective
+        record.fairness_id = context.fairness_id
+        record.session_id = context.session_id
+        if context.objective is not None:
+            record.priority = self.settings.objective_priorities.get(context.objective, 0)
+
+    async def _admit(self, request: Request, priority: int = 0) -> Ticket:
         try:
-            return await self.admission.acquire(request.is_disconnected)
+            return await self.admission.acquire(request.is_disconnected, priority=priority)
         except Overloaded:
             raise self._overloaded() from None
         except Draining:
