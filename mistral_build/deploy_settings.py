@@ -291,12 +291,19 @@ class DeploySettings(BaseModel):
         "of an emptyDir (ReadWriteMany or one claim per replica).",
     )
 
-    # Start-up and shutdown (the drain itself is Settings.drain_grace_seconds).
+    # Start-up and shutdown (the drain itself is Settings.drain_grace_seconds, 45 s, and
+    # drain_listen_seconds inside it). The fleet's values: KServe (v0.19, llmisvc) and
+    # llm-d's guides sleep 15 s in preStop and drain 45 s (vLLM's --shutdown-timeout);
+    # llm-d adds 15 s for teardown (75 s), we keep 20 s (verify-gpu measures our exit
+    # against it) for 80 s. docs/deploy.md says why each.
     startup_timeout_seconds: int = Field(
         1800, ge=60, description="How long the engine may take to download and load."
     )
     pre_stop_sleep_seconds: int = Field(
-        10, ge=0, description="Keep serving while the endpoint removal propagates."
+        15,
+        ge=0,
+        description="Keep serving while the pod's removal reaches the endpoint picker and "
+        "load balancers (KServe's and llm-d's 15 s).",
     )
     shutdown_margin_seconds: int = Field(
         20, ge=5, description="Time after the drain for aborting, engine teardown and exit."

@@ -491,3 +491,17 @@ def test_the_pods_order_their_queue_by_the_same_objectives() -> None:
         load_deploy_settings(
             k8s.EXAMPLE_VALUES_FILE, {"serving": {"objective_priorities": '{"a": 1}'}}
         )
+
+
+def test_the_picker_outlasts_its_own_drain_and_every_pods() -> None:
+    """The router's chart: the picker's grace mirrors the longest grace of the pool's pods;
+    its own drain window (--drain-timeout, the release's default, not overridden) fits in."""
+    source = (ROUTER_DATA / gateway.ROUTER_VERSION / "epp_server_options.go").read_text()
+    found = re.search(r"DefaultDrainTimeout\s*=\s*(\d+) \* time\.Second", source)
+    assert found is not None
+    router_drain = int(found.group(1))
+    epp = committed()["epp-deployment.yaml"]["spec"]["template"]["spec"]
+    pods = yaml.safe_load((K8S_DIR / "deployment.yaml").read_text())["spec"]["template"]["spec"]
+    assert epp["terminationGracePeriodSeconds"] == pods["terminationGracePeriodSeconds"]
+    assert epp["terminationGracePeriodSeconds"] >= router_drain + EXAMPLE.shutdown_margin_seconds
+    assert "--drain-timeout" not in epp_flags(EXAMPLE)

@@ -733,3 +733,33 @@ def test_pmix_gets_a_short_hostname_for_the_tensorrt_llm_kinds(engine: str) -> N
 
 def test_the_committed_deployment_sets_pmix_hostname() -> None:
     assert env_of(container(rendered()))["PMIX_HOSTNAME"]["value"] == k8s.PMIX_HOSTNAME
+
+
+DRAIN_ROW = re.compile(r"^  \| `?(\w+)`? [^|]*\| (\d+) s \|", re.M)
+
+
+def test_drain_defaults_are_the_fleets_and_the_doc_says_them() -> None:
+    """preStop 15 s and drain 45 s as KServe's and llm-d's presets, a 20 s margin: 80 s of
+    grace; docs/deploy.md's drain table gives each value as the settings have it."""
+    s = DeploySettings()
+    served = Settings()
+    values = {
+        "pre_stop_sleep_seconds": s.pre_stop_sleep_seconds,
+        "drain_grace_seconds": served.drain_grace_seconds,
+        "drain_listen_seconds": served.drain_listen_seconds,
+        "shutdown_margin_seconds": s.shutdown_margin_seconds,
+        "terminationGracePeriodSeconds": s.termination_grace_period_seconds,
+    }
+    assert values == {
+        "pre_stop_sleep_seconds": 15,
+        "drain_grace_seconds": 45,
+        "drain_listen_seconds": 5,
+        "shutdown_margin_seconds": 20,
+        "terminationGracePeriodSeconds": 80,
+    }
+    table = dict(DRAIN_ROW.findall((REPO_ROOT / "docs" / "deploy.md").read_text()))
+    assert {k: int(v) for k, v in table.items() if k in values} == values
+    # The rendered pods, and the endpoint picker, carry the same grace.
+    objs = rendered()
+    assert pod_spec(objs)["terminationGracePeriodSeconds"] == 80
+    assert container(objs)["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "15"]

@@ -221,7 +221,11 @@ class AdmissionSettings(_Concern):
         "would grant either). 0: no per-key limit.",
     )
     drain_grace_seconds: float = Field(
-        60.0, ge=0, le=3600, description="On SIGTERM, how long in-flight streams may finish."
+        45.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM, how long in-flight streams may finish (45 s: KServe's and "
+        "llm-d's drain of vLLM, --shutdown-timeout).",
     )
     drain_listen_seconds: float = Field(
         5.0,
