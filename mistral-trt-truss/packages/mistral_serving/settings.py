@@ -216,9 +216,9 @@ class AdmissionSettings(_Concern):
         0,
         ge=0,
         le=65536,
-        description="With API keys: requests one key may have running or waiting at once; "
-        "more get 429 with Retry-After (a tenant over its share, which no other replica "
-        "would grant either). 0: no per-key limit.",
+        description="With API keys: requests one key may have running or waiting at once "
+        "on this server; more get 429 with Retry-After (a tenant over its share: the client "
+        "slows down). 0: no per-key limit.",
     )
     drain_grace_seconds: float = Field(
         45.0,

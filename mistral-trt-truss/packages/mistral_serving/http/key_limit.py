@@ -1,10 +1,11 @@
 """An optional per-API-key concurrency limit (`max_inflight_per_key`): 429 for a quota.
 
 A key that already has that many generation requests running or waiting gets 429 with
-`Retry-After`, before its body is read: the tenant is over its share, which another replica
-would refuse the same way. A saturated replica answers 503 instead (frontend.py), which a
-gateway retries elsewhere. Counted per process (as the other admission limits) and keyed
-by a digest of the token, never the token itself. Only requests the API-key guard (outside
+`Retry-After`, before its body is read: the tenant is over its share of this replica, and
+it is the client that should slow down. A saturated replica answers 503 instead
+(frontend.py), which a gateway may retry on another pod. Counted per process (as the other
+admission limits: a fleet-wide quota per tenant is the router's flow control's, by
+fairness id) and keyed by a digest of the token, never the token itself. Only requests the API-key guard (outside
 this one) let through reach it, so only keys it accepted are ever counted.
 """
 
