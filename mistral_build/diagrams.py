@@ -155,16 +155,7 @@ def drain_timeline(values: dict[str, Any], path: Path, digest: str) -> None:
         fontsize=7.5,
         style="italic",
     )
-    marks = [  # (second, label, alignment): the two close ones lean apart
-        (0, "pod deleted", "center"),
-        (sigterm, f"SIGTERM ({sigterm} s): unready", "right"),
-        (closes, f"listener closes ({closes:g} s)", "left"),
-        (aborts, f"drain over ({aborts:g} s)", "center"),
-        (grace, f"SIGKILL ({grace} s)", "center"),
-    ]
-    for x, label, align in marks:
-        ax.axvline(x, color="#555555", linestyle="--", linewidth=0.8)
-        ax.text(x, 3.55, label, ha=align, va="bottom", fontsize=8)
+    _marks(ax, sigterm, closes, aborts, grace)
     ax.set_yticks(list(rows.values()), list(rows.keys()))
     ax.set_xlim(-2, grace + 3)
     ax.set_ylim(-0.6, 4.3)
@@ -179,6 +170,20 @@ def drain_timeline(values: dict[str, Any], path: Path, digest: str) -> None:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     _save(fig, path, digest)
+
+
+def _marks(ax: Any, sigterm: float, closes: float, aborts: float, grace: float) -> None:
+    """The drain's moments as dashed lines; the two close ones lean apart."""
+    marks = [
+        (0, "pod deleted", "center"),
+        (sigterm, f"SIGTERM ({sigterm:g} s): unready", "right"),
+        (closes, f"listener closes ({closes:g} s)", "left"),
+        (aborts, f"drain over ({aborts:g} s)", "center"),
+        (grace, f"SIGKILL ({grace:g} s)", "center"),
+    ]
+    for x, label, align in marks:
+        ax.axvline(x, color="#555555", linestyle="--", linewidth=0.8)
+        ax.text(x, 3.55, label, ha=align, va="bottom", fontsize=8)
 
 
 def _save(fig: Any, path: Path, digest: str) -> None:
