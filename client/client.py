@@ -41,8 +41,9 @@ def _transport_error(exc: httpx.HTTPError, url: str) -> ClientError:
     return ClientError(f"transport error on {url}: {exc!r}")
 
 
-# Failures where generation certainly did not start: no connection, 503 (loading or
-# draining) and 429 (queue full). A timeout while reading, a 4xx or another 5xx is final.
+# Failures where generation certainly did not start: no connection, 503 (loading,
+# draining or saturated) and 429 (a key over its limit). A timeout while reading, a 4xx or
+# another 5xx is final.
 RETRYABLE = (ClientConnectionError, ServiceUnavailableError, RateLimitedError)
 MAX_RETRY_AFTER = 60.0
 

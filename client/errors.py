@@ -55,11 +55,13 @@ class BadRequestError(ClientError):
 
 
 class RateLimitedError(ClientError):
-    """429: the server's queue is full. ``retry_after`` holds its Retry-After, if any."""
+    """429: over a quota (the API key's request limit). ``retry_after`` holds its
+    Retry-After, if any."""
 
 
 class ServiceUnavailableError(ClientError):
-    """503: the model is still loading (or the server is draining)."""
+    """503: the model is still loading, the server is draining, or it is saturated (no slot
+    and no queue place; with Retry-After). ``retry_after`` holds its Retry-After, if any."""
 
 
 class ServerError(ClientError):

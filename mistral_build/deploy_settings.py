@@ -17,13 +17,22 @@ be a 40-hex commit sha: a branch or tag name can move under a running deployment
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mistral_serving.settings import ENV_PREFIX, Settings, unknown_settings
 
@@ -54,7 +63,12 @@ _COMMIT_SHA = re.compile(r"^[0-9a-f]{40}$")
 _DOC_PLACEHOLDERS = ("my-gcp-project", "my-hf-org")
 
 # Serving settings that are deploy fields of their own (they differ per deployment).
-_DEPLOY_OWNED = ("artifact", "artifact_revision", "artifact_manifest_sha256")
+_DEPLOY_OWNED = (
+    "artifact",
+    "artifact_revision",
+    "artifact_manifest_sha256",
+    "objective_priorities",  # from gateway_objectives: the router's and the pods' one map
+)
 
 # Where a mounted artifact (gcsfuse, volume) appears in the pod: MTT_ARTIFACT points here.
 ARTIFACT_MOUNT_PATH = "/models/artifact"
@@ -253,6 +267,14 @@ class DeploySettings(BaseModel):
     gateway_class: str = Field(
         "gke-l7-rilb", min_length=1, description="GatewayClass of the Gateway (internal L7)."
     )
+    gateway_objectives: dict[str, StrictInt] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="InferenceObjectives to render with the gateway: name -> priority "
+        "(higher first; a request without one is 0). Clients name one in the "
+        "`x-llm-d-inference-objective` header; the pods order their own queue by the same "
+        "map (serving setting objective_priorities).",
+    )
 
     # Resources (per pod).
     cpu_request: str = "8"
@@ -269,12 +291,19 @@ class DeploySettings(BaseModel):
         "of an emptyDir (ReadWriteMany or one claim per replica).",
     )
 
-    # Start-up and shutdown (the drain itself is Settings.drain_grace_seconds).
+    # Start-up and shutdown (the drain itself is Settings.drain_grace_seconds, 45 s, and
+    # drain_listen_seconds inside it). The fleet's values: KServe (v0.19, llmisvc) and
+    # llm-d's guides sleep 15 s in preStop and drain 45 s (vLLM's --shutdown-timeout);
+    # llm-d adds 15 s for teardown (75 s), we keep 20 s (verify-gpu measures our exit
+    # against it) for 80 s. docs/deploy.md says why each.
     startup_timeout_seconds: int = Field(
         1800, ge=60, description="How long the engine may take to download and load."
     )
     pre_stop_sleep_seconds: int = Field(
-        10, ge=0, description="Keep serving while the endpoint removal propagates."
+        15,
+        ge=0,
+        description="Keep serving while the pod's removal reaches the endpoint picker and "
+        "load balancers (KServe's and llm-d's 15 s).",
     )
     shutdown_margin_seconds: int = Field(
         20, ge=5, description="Time after the drain for aborting, engine teardown and exit."
@@ -286,6 +315,17 @@ class DeploySettings(BaseModel):
         for placeholder in _DOC_PLACEHOLDERS:
             if value and placeholder in value:
                 raise ValueError(f"{value!r} is a documentation placeholder: use your own")
+        return value
+
+    @field_validator("gateway_objectives")
+    @classmethod
+    def _objective_names(cls, value: dict[str, int]) -> dict[str, int]:
+        # Object names (and file names in k8s/gateway/); priorities are the CRD's int32.
+        for name, priority in value.items():
+            if not re.fullmatch(_NAME_PATTERN, name):
+                raise ValueError(f"objective {name[:80]!r}: a DNS-1035 label ([a-z0-9-], <= 63)")
+            if not -(2**31) <= priority < 2**31:
+                raise ValueError(f"objective {name!r}: priority {priority} is not an int32")
         return value
 
     @field_validator("artifact_revision")
@@ -349,6 +389,8 @@ class DeploySettings(BaseModel):
                 env["artifact_revision"] = self.artifact_revision
         if self.artifact_manifest_sha256 is not None:
             env["artifact_manifest_sha256"] = self.artifact_manifest_sha256
+        if self.gateway_objectives:  # the pods order their queue as the router's objectives
+            env["objective_priorities"] = json.dumps(self.gateway_objectives, sort_keys=True)
         return {**env, **self.serving}
 
     @property

@@ -30,8 +30,6 @@ from mistral_build.paths import K8S_DIR, REPO_ROOT  # noqa: E402
 IMAGES_DIR = REPO_ROOT / "docs" / "images"
 PIPELINE_PNG = "pipeline.png"
 DRAIN_PNG = "drain-timeline.png"
-# After SIGTERM uvicorn closes its listener at once (measured ~0.1 s): drawn at this offset.
-LISTENER_CLOSE_S = 0.1
 
 
 def inputs() -> dict[str, Any]:
@@ -40,6 +38,9 @@ def inputs() -> dict[str, Any]:
     return {
         "pre_stop_s": s.pre_stop_sleep_seconds,
         "drain_s": s.serving_settings.drain_grace_seconds,
+        "listen_s": min(
+            s.serving_settings.drain_listen_seconds, s.serving_settings.drain_grace_seconds
+        ),
         "margin_s": s.shutdown_margin_seconds,
         "grace_s": s.termination_grace_period_seconds,
         "trtllm": TRTLLM_VERSION,
@@ -116,7 +117,7 @@ def pipeline(values: dict[str, Any], path: Path, digest: str) -> None:
 
 def drain_timeline(values: dict[str, Any], path: Path, digest: str) -> None:
     pre, drain, grace = values["pre_stop_s"], values["drain_s"], values["grace_s"]
-    sigterm, aborts = pre, pre + drain
+    sigterm, aborts, closes = pre, pre + drain, pre + values["listen_s"]
     fig, ax = plt.subplots(figsize=(13, 4.2))
     rows = {"Kubernetes": 3, "Endpoints": 2, "Server": 1, "Requests": 0}
     bars = [
@@ -124,12 +125,13 @@ def drain_timeline(values: dict[str, Any], path: Path, digest: str) -> None:
         ("Kubernetes", pre, grace - pre, "#fbe8ea", f"SIGTERM; grace period ends at {grace} s"),
         ("Endpoints", 0, pre, "#e8f1fb", "removal\npropagates"),
         ("Server", 0, sigterm, "#e9f6ea", "serving,\naccepting"),
+        ("Server", sigterm, closes - sigterm, "#fdf0dc", "unready:\n503 draining"),
         (
             "Server",
-            sigterm,
-            aborts - sigterm,
+            closes,
+            aborts - closes,
             "#f3e8fb",
-            "listener closed: readiness fails, no new connections",
+            "listener closed: no new connections",
         ),
         ("Server", aborts, grace - aborts, "#eeeeee", "abort, engine teardown, exit"),
         (
@@ -153,15 +155,7 @@ def drain_timeline(values: dict[str, Any], path: Path, digest: str) -> None:
         fontsize=7.5,
         style="italic",
     )
-    marks = [
-        (0, "pod deleted"),
-        (sigterm, f"SIGTERM ({sigterm} s)\nlistener closes ~{LISTENER_CLOSE_S} s later"),
-        (aborts, f"drain over ({aborts:g} s)"),
-        (grace, f"SIGKILL ({grace} s)"),
-    ]
-    for x, label in marks:
-        ax.axvline(x, color="#555555", linestyle="--", linewidth=0.8)
-        ax.text(x, 3.55, label, ha="center", va="bottom", fontsize=8)
+    _marks(ax, sigterm, closes, aborts, grace)
     ax.set_yticks(list(rows.values()), list(rows.keys()))
     ax.set_xlim(-2, grace + 3)
     ax.set_ylim(-0.6, 4.3)
@@ -176,6 +170,20 @@ def drain_timeline(values: dict[str, Any], path: Path, digest: str) -> None:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     _save(fig, path, digest)
+
+
+def _marks(ax: Any, sigterm: float, closes: float, aborts: float, grace: float) -> None:
+    """The drain's moments as dashed lines; the two close ones lean apart."""
+    marks = [
+        (0, "pod deleted", "center"),
+        (sigterm, f"SIGTERM ({sigterm:g} s): unready", "right"),
+        (closes, f"listener closes ({closes:g} s)", "left"),
+        (aborts, f"drain over ({aborts:g} s)", "center"),
+        (grace, f"SIGKILL ({grace:g} s)", "center"),
+    ]
+    for x, label, align in marks:
+        ax.axvline(x, color="#555555", linestyle="--", linewidth=0.8)
+        ax.text(x, 3.55, label, ha=align, va="bottom", fontsize=8)
 
 
 def _save(fig: Any, path: Path, digest: str) -> None:

@@ -20,7 +20,14 @@ What is rendered, following the router's `llm-d-router-gateway` Helm chart with
   regional L7 load balancer, `gke-l7-rilb`) and an HTTPRoute sending `/` to the pool;
 - `gke-healthcheckpolicy.yaml`, `gke-backendpolicy.yaml`: the load balancer's health check
   on `/health` and its backend timeout (GKE's own CRDs, present on any GKE cluster with
-  the Gateway API enabled).
+  the Gateway API enabled);
+- `objective-<name>.yaml`: one InferenceObjective (`llm-d.ai/v1alpha2`) per entry of
+  `gateway_objectives`: the priority the router's flow control gives requests that name it
+  in `x-llm-d-inference-objective` (the pods order their own queue by the same map).
+
+The pods themselves carry the router's engine-type label (`engine_type_labels`): the router
+maps their metric names from it, so `metrics_names: vllm` or `trtllm` needs no engine
+config of ours.
 """
 
 from __future__ import annotations
@@ -41,7 +48,8 @@ from mistral_build.k8s_objects import (
 )
 from mistral_build.truss_config import truss_config
 
-# llm-d's router: the endpoint picker image and the chart its objects follow.
+# llm-d's router: the endpoint picker image and the chart its objects follow. The newest
+# release (2026-08-17); its config types and CRDs are vendored in tests/data/.
 ROUTER_VERSION = "v0.10.0"
 EPP_IMAGE = f"ghcr.io/llm-d/llm-d-router-endpoint-picker:{ROUTER_VERSION}"
 # The Gateway API Inference Extension release whose CRDs the pool is validated against
@@ -49,7 +57,15 @@ EPP_IMAGE = f"ghcr.io/llm-d/llm-d-router-endpoint-picker:{ROUTER_VERSION}"
 INFERENCE_EXTENSION_VERSION = "v1.6.0"
 INFERENCE_POOL_API = "inference.networking.k8s.io/v1"
 GATEWAY_API = "gateway.networking.k8s.io/v1"
-PICKER_CONFIG_API = "llm-d.ai/v1alpha1"  # EndpointPickerConfig at ROUTER_VERSION
+# The EndpointPickerConfig version ROUTER_VERSION decodes. The router's main branch adds
+# `llm-d.ai/v1` (same fields for all we set; only dataLayer's sync/discovery keys move), which
+# v0.10.0 refuses to load: the version moves with the first release that has it.
+PICKER_CONFIG_API = "llm-d.ai/v1alpha1"
+OBJECTIVE_API = "llm-d.ai/v1alpha2"  # InferenceObjective at ROUTER_VERSION
+# The pod label the router reads a model server's type from, and the key it falls back to
+# (the Inference Extension's, deprecated since router v0.8; older pickers read only it).
+ENGINE_TYPE_LABEL = "llm-d.ai/engine-type"
+LEGACY_ENGINE_TYPE_LABEL = "inference.networking.k8s.io/engine-type"
 
 EPP_GRPC_PORT = 9002  # ext-proc: the load balancer asks the EPP where to send a request
 EPP_HEALTH_PORT = 9003  # GKE's controller health-checks the EPP here by default
@@ -115,6 +131,13 @@ def picker_engine(names: str) -> str:
     return PICKER_ENGINES[names]
 
 
+def engine_type_labels(s: DeploySettings) -> dict[str, str]:
+    """The pod labels that type our server for the router (both keys: a picker before the
+    rename reads only the old one). Not in any selector: they may change with the names."""
+    engine = picker_engine(s.serving_settings.metrics_names)
+    return {ENGINE_TYPE_LABEL: engine, LEGACY_ENGINE_TYPE_LABEL: engine}
+
+
 def engine_config(s: DeploySettings) -> dict[str, Any]:
     """Our `mtt:` names as a model-server type: the three gauges the scorers read, and the
     KV-cache block size and count (`cache_config_info` labels, which the TensorRT-LLM engines
@@ -130,11 +153,12 @@ def engine_config(s: DeploySettings) -> dict[str, Any]:
 
 def picker_config(s: DeploySettings) -> dict[str, Any]:
     """The EndpointPickerConfig: the chart's default scheduling profile (queue length,
-    KV-cache use, prefix-cache affinity) over metrics scraped from our metrics path and
-    read as our model-server type."""
-    names = s.serving_settings.metrics_names
-    extractor: dict[str, Any] = {"defaultEngine": picker_engine(names)}
-    if names == "mtt":
+    KV-cache use, prefix-cache affinity) over metrics scraped from our metrics path. The
+    pods' engine-type label picks the metric mapping: the router's own for vllm and
+    trtllm-serve names; for our `mtt:` names (no built-in mapping can know them) the one
+    engine config we declare, under the name the label gives."""
+    extractor: dict[str, Any] = {}
+    if s.serving_settings.metrics_names == "mtt":
         extractor["engineConfigs"] = [engine_config(s)]
     scorers = ["queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"]
     return {
@@ -146,7 +170,7 @@ def picker_config(s: DeploySettings) -> dict[str, Any]:
                 "type": "metrics-data-source",
                 "parameters": {"scheme": "http", "path": METRICS_PATH, "insecureSkipVerify": True},
             },
-            {"type": "core-metrics-extractor", "parameters": extractor},
+            {"type": "core-metrics-extractor", **({"parameters": extractor} if extractor else {})},
         ],
         "schedulingProfiles": [
             {
@@ -387,9 +411,28 @@ def backend_policy(s: DeploySettings) -> dict[str, Any]:
     }
 
 
+def inference_objective(s: DeploySettings, name: str, priority: int) -> dict[str, Any]:
+    """A named priority for requests that carry `x-llm-d-inference-objective: <name>` (the
+    router's flow control serves higher priorities first; no objective is priority 0)."""
+    return {
+        "apiVersion": OBJECTIVE_API,
+        "kind": "InferenceObjective",
+        "metadata": meta(s, name),
+        "spec": {
+            "priority": priority,
+            "poolRef": {"group": INFERENCE_POOL_API.split("/")[0], "name": pool_name(s)},
+        },
+    }
+
+
 def render_gateway(s: DeploySettings) -> dict[str, dict[str, Any]]:
     """File name inside k8s/gateway/ -> the object it holds."""
+    objectives = {
+        f"objective-{name}.yaml": inference_objective(s, name, priority)
+        for name, priority in sorted(s.gateway_objectives.items())
+    }
     return {
+        **objectives,
         "inferencepool.yaml": inference_pool(s),
         "epp-serviceaccount.yaml": epp_service_account(s),
         "epp-role.yaml": epp_role(s),

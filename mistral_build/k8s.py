@@ -38,7 +38,7 @@ from mistral_build.deploy_settings import (
     add_settings_arguments,
     settings_from_args,
 )
-from mistral_build.gateway import render_gateway
+from mistral_build.gateway import engine_type_labels, render_gateway
 from mistral_build.k8s_objects import (
     GAUGE_RUNNING,
     GAUGE_WAITING,
@@ -118,6 +118,13 @@ def _resources(s: DeploySettings) -> dict[str, Any]:
 # the same by default; we found no TensorRT-LLM guidance for it. Unverified on a
 # multi-GPU pod.
 MULTI_GPU_ENV = {"NCCL_CUMEM_ENABLE": "0"}
+# Open MPI 5, which TensorRT-LLM's newer release images ship, refuses to spawn its workers
+# when the hostname is long (a pod's name easily is); PMIx then needs a short name of its
+# own (TensorRT-LLM's installation guide, upstream PR 19019). A constant is right within
+# one node, and a pod is one: its ranks are all local. The PyTorch and replay engines use
+# no MPI.
+PMIX_HOSTNAME = "trtllm-node"
+MPI_ENGINES = ("auto", "tensorrt_llm", "trtllm_pytorch")  # auto: an engine dir's kind
 GKE_DRIVER_LABEL = "cloud.google.com/gke-gpu-driver-version"
 PIN_ENV = ENV_PREFIX + "ARTIFACT_MANIFEST_SHA256"
 VERIFY_JOB_FILE = "verify/job.yaml"  # in a subfolder: `kubectl apply -f k8s/` skips it
@@ -135,6 +142,8 @@ def server_env(s: DeploySettings) -> list[dict[str, Any]]:
     ]
     if s.gpu_count > 1:
         env += [{"name": k, "value": v} for k, v in MULTI_GPU_ENV.items()]
+    if s.serving_settings.engine in MPI_ENGINES:
+        env.append({"name": "PMIX_HOSTNAME", "value": PMIX_HOSTNAME})
     if s.mounted:
         # The artifact is a read-only mount: no token, and the Hub is never asked.
         env.append({"name": "HF_HUB_OFFLINE", "value": "1"})
@@ -239,7 +248,11 @@ def deployment(s: DeploySettings) -> dict[str, Any]:
             },
             "selector": {"matchLabels": pod_labels},
             "template": {
-                "metadata": {"labels": pod_labels, "annotations": annotations},
+                # The engine type is the pods' only: never in a selector, which cannot change.
+                "metadata": {
+                    "labels": {**pod_labels, **engine_type_labels(s)},
+                    "annotations": annotations,
+                },
                 "spec": pod,
             },
         },

@@ -68,8 +68,8 @@ def concern_of(name: str) -> type:
 
 
 def _default(field: FieldInfo) -> str:
-    value = field.default
-    if value is None or value == "":
+    value = field.get_default(call_default_factory=True)
+    if value is None or value == "" or value == {}:  # an empty map names nothing
         return "unset"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"

@@ -22,6 +22,9 @@ the stand-in is given one, is required for writes and for reading private repos;
 token is answered 401 "Invalid credentials in Authorization header", as the Hub does. Every
 request is recorded (`requests`) so tests can check what the client sent.
 
+A slow Hub on demand: `hub.hold_downloads()` makes every file download wait until
+`hub.release_downloads()`.
+
 Faults on demand: `hub.answer_with(500)` (or 403, or 200 with a body that is not JSON)
 answers every request whose path starts with `prefix` that way until
 `hub.answer_normally()`, so tests can see how a client reports a Hub that misbehaves.
@@ -103,6 +106,8 @@ class HubState:
         self.lock = threading.Lock()
         self.counter = 0
         self.fault: Fault | None = None
+        self.downloads = threading.Event()  # cleared: file downloads wait (hold_downloads)
+        self.downloads.set()
 
     def new_commit(self, repo: Repo, tree: dict[str, StoredFile], message: str) -> str:
         self.counter += 1
@@ -377,6 +382,8 @@ class Handler(BaseHTTPRequestHandler):
         if f is None:
             raise HttpError(404, f"Entry not found: {path}", "EntryNotFound")
         headers = {"X-Repo-Commit": sha, "ETag": f'"{f.etag}"'}
+        if not head:
+            self.state.downloads.wait(300)  # held: a client that loads stays loading
         if f.lfs:
             headers |= {"X-Linked-Etag": f'"{f.etag}"', "X-Linked-Size": str(len(f.content))}
         self.send(200, f.content, headers, "application/octet-stream", head=head)
@@ -418,6 +425,13 @@ class HubStandIn:
 
     def answer_normally(self) -> None:
         self.state.fault = None
+
+    def hold_downloads(self) -> None:
+        """File downloads wait from now on until `release_downloads()` (a slow Hub)."""
+        self.state.downloads.clear()
+
+    def release_downloads(self) -> None:
+        self.state.downloads.set()
 
     def __enter__(self) -> HubStandIn:
         self.thread.start()

@@ -12,7 +12,7 @@ For each engine kind asked for it
    (FAIL): the NVIDIA driver against the image's CUDA (`driver.py`), streaming equals
    non-streaming, stop strings, penalties, concurrency, a prompt longer than
    max_num_tokens, logprobs, the KV-cache gauge, abort on disconnect, abort of a
-   streamed-logprobs request, 429 past the queue, /health and /v1/models; a short benchmark
+   streamed-logprobs request, 503 past the queue, /health and /v1/models; a short benchmark
    (`bench.py`); and last the drain on SIGTERM, timed;
 4. writes one report (`report.py`: report.json and report.md with checks, figures,
    versions, GPU) and exits 1 if any check failed (a WARN does not fail it).

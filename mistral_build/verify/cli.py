@@ -315,7 +315,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--long-tokens",
         type=_positive,
         default=4000,
-        help="Length of the streams the abort and 429 checks hold open.",
+        help="Length of the streams the abort and 503 checks hold open.",
     )
     p.add_argument(
         "--drain-tokens", type=_positive, default=512, help="Length of the drained streams."

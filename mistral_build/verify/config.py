@@ -39,7 +39,7 @@ ENGINE_LIMITS = {
 }
 
 # Server settings every kind gets (model_metadata keys): small admission limits so the
-# 429 check fills them with a handful of streams; a grace period the drain check can wait.
+# 503 check fills them with a handful of streams; a grace period the drain check can wait.
 MAX_INFLIGHT = 8
 MAX_WAITING = 2
 DRAIN_GRACE_S = 20.0

@@ -1,5 +1,5 @@
 """The checks of the server's state over a request's life: the KV-cache gauge, abort on
-disconnect, the abort of a streamed-logprobs request, 429 past the queue, and last the
+disconnect, the abort of a streamed-logprobs request, 503 past the queue, and last the
 drain on SIGTERM. Each takes the `Context` and returns its detail line, or raises
 CheckFailed / CheckWarned."""
 
@@ -155,7 +155,7 @@ def _fill_to_the_limit(ctx: Context, held: list[Any], waiters: list[socket.socke
         raise CheckFailed(f"{wire.waiting(ctx.url)} waiting, expected {ctx.max_waiting}")
 
 
-def check_overload_429(ctx: Context) -> str:
+def check_overload_503(ctx: Context) -> str:
     held: list[Any] = []
     waiters: list[socket.socket] = []
     try:
@@ -164,7 +164,7 @@ def check_overload_429(ctx: Context) -> str:
             ctx.url + PREDICT, json={"prompt": "one too many", "max_new_tokens": 4}, timeout=30
         )
         still = wire.running(ctx.url)
-        if r.status_code != 429:
+        if r.status_code != 503:  # saturation: a gateway retries another replica
             raise CheckFailed(f"request past max_inflight+max_waiting got {r.status_code}")
         if still != ctx.max_inflight:
             raise CheckFailed(
@@ -173,7 +173,7 @@ def check_overload_429(ctx: Context) -> str:
             )
         retry = r.headers.get("retry-after")
         if not retry:
-            raise CheckFailed("429 without a Retry-After header")
+            raise CheckFailed("503 without a Retry-After header")
     finally:
         for sock in waiters:
             sock.close()
@@ -182,7 +182,7 @@ def check_overload_429(ctx: Context) -> str:
     if not wire.wait_until(lambda: wire.running(ctx.url) == 0 and wire.waiting(ctx.url) == 0, 60):
         raise CheckFailed("running/waiting gauges did not return to 0 after the streams closed")
     return (
-        f"{ctx.max_inflight} running + {ctx.max_waiting} waiting: the next request got 429 "
+        f"{ctx.max_inflight} running + {ctx.max_waiting} waiting: the next request got 503 "
         f"(Retry-After {retry}); gauges back to 0"
     )
 
@@ -244,5 +244,5 @@ LIFECYCLE_CHECKS: list[tuple[str, LifecycleCheck]] = [
     ("kv_gauge", check_kv_gauge),
     ("abort_on_disconnect", check_abort_on_disconnect),
     ("abort_streamed_logprobs", check_abort_streamed_logprobs),
-    ("overload_429", check_overload_429),
+    ("overload_503", check_overload_503),
 ]

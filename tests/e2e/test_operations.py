@@ -1,4 +1,4 @@
-"""Operations end to end: /metrics, admission control (429 with Retry-After), dropping
+"""Operations end to end: /metrics, admission control (503 with Retry-After), dropping
 waiters whose client left, and the drain on SIGTERM."""
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def _stream(url: str, n_tokens: int) -> requests.Response:
     )
 
 
-def test_overload_is_refused_at_once_with_429_and_retry_after(start_server):
+def test_overload_is_refused_at_once_with_503_and_retry_after(start_server):
     server = start_server(max_inflight=2, max_waiting=2)
     # Two long streams hold both slots; two short requests wait for them.
     holders = [_stream(server.url, 100_000) for _ in range(2)]
@@ -94,8 +94,9 @@ def test_overload_is_refused_at_once_with_429_and_retry_after(start_server):
         )
         for n in (1, 10, 1000, 100_000, 1, 1)
     ]
-    assert [r.status_code for r in refused] == [429] * 6
+    assert [r.status_code for r in refused] == [503] * 6  # saturated: retry another pod
     assert all(r.headers["retry-after"] == "1" and "capacity" in r.json()["error"] for r in refused)
+    assert all(r.headers["x-server-state"] == "ready" for r in refused)
     assert value(server.url, "mtt:request_rejected_total", reason="queue_full") == 6
     for h in holders:
         h.close()  # the slots free up: the waiters are served

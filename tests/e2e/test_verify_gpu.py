@@ -45,7 +45,7 @@ CHECKS = [
     "kv_gauge",
     "abort_on_disconnect",
     "abort_streamed_logprobs",
-    "overload_429",
+    "overload_503",
     "benchmark",
     "drain_on_sigterm",
 ]

@@ -232,7 +232,7 @@ def test_waiter_cancelled_after_hand_off_passes_the_slot_on() -> None:
 
 
 def test_full_means_acquire_would_refuse_at_once() -> None:
-    """`full` lets the frontend answer 429 before reading the body: it must agree with
+    """`full` lets the frontend answer 503 before reading the body: it must agree with
     what `acquire` would do."""
     adm, _ = make(1, 1)
 

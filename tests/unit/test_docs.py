@@ -31,8 +31,9 @@ def test_every_setting_is_in_the_settings_page_with_its_variable_and_default() -
     assert sorted(name for name, _, _ in rows) == sorted(Settings.model_fields)
     for name, variable, cell in rows:
         assert variable == f"{ENV_PREFIX}{name.upper()}"
-        default, shown = Settings.model_fields[name].default, cell.strip().strip("`")
-        if default in (None, ""):
+        field = Settings.model_fields[name]
+        default, shown = field.get_default(call_default_factory=True), cell.strip().strip("`")
+        if default in (None, "", {}):
             assert shown == "unset", name
         elif isinstance(default, bool):
             assert shown == str(default).lower(), name

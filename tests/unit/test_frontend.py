@@ -1,7 +1,7 @@
 """Frontend.handle, driven as the ASGI server drives it (a real starlette Request over a
 scripted client, the response played into a recording `send`), with a GenerationService
 on a scripted engine and the dev model's tokenizer: the cheap refusals first (503
-draining, 429 decided before the body is read), X-Request-Id bounds, one count per
+draining, and saturation, decided before the body is read), X-Request-Id bounds, one count per
 request with its reason, streams cut short, and engine failures kept to their request."""
 
 from __future__ import annotations
@@ -348,7 +348,9 @@ def test_bad_openai_bodies_get_openais_error_shape(tok: Tokenizer, route: str) -
     assert served.counts(route) == {"invalid": 1}
 
 
-def test_full_server_answers_429_before_reading_the_body(tok: Tokenizer) -> None:
+def test_full_server_answers_503_before_reading_the_body(tok: Tokenizer) -> None:
+    """No slot and no queue place: this replica is saturated, a 503 a gateway retries on
+    another pod (429 is for a key over its quota), with Retry-After for a client alone."""
     served = serve(tok, max_inflight=1, max_waiting=0)
     client = Client(b"{ not json", route="chat_completions")
 
@@ -359,11 +361,12 @@ def test_full_server_answers_429_before_reading_the_body(tok: Tokenizer) -> None
         held.release()
 
     asyncio.run(main())
-    assert client.status == 429
-    assert client.receives == 0  # the body was never read: a 429 costs the same for all
+    assert client.status == 503
+    assert client.receives == 0  # the body was never read: a refusal costs the same for all
     assert client.response_headers["retry-after"] == "1"
     error = client.json()["error"]
-    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
+    assert (error["type"], error["code"]) == ("service_unavailable", "server_overloaded")
+    assert "capacity" in error["message"]
     assert served.counts("chat_completions") == {"rejected": 1}
     assert served.rejected("queue_full") == 1
     assert served.engine.calls == []

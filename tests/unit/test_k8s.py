@@ -459,7 +459,10 @@ def test_service_is_cluster_ip_on_8080_and_selects_the_pods() -> None:
     assert svc["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
     pod_labels = objs["deployment.yaml"]["spec"]["template"]["metadata"]["labels"]
     assert svc["selector"].items() <= pod_labels.items()
-    assert objs["deployment.yaml"]["spec"]["selector"]["matchLabels"] == pod_labels
+    # The selector is the pods' labels but the engine type (which may change with the names).
+    assert objs["deployment.yaml"]["spec"]["selector"]["matchLabels"] == {
+        k: v for k, v in pod_labels.items() if not k.endswith("/engine-type")
+    }
     assert container(objs)["ports"][0]["containerPort"] == 8080
     assert env_of(container(objs))["INFERENCE_SERVER_PORT"]["value"] == "8080"
 
@@ -707,3 +710,56 @@ def test_the_verify_jobs_shell_says_the_limit_and_passes_its_args() -> None:
     assert re.fullmatch(r"open files: the container gives \d+ \(hard (\d+|unlimited)\)", out[0])
     assert re.fullmatch(r"open files \(ulimit -n\): \d+", out[1])
     assert out[2] == "build.py verify-gpu --kind all --out /tmp/verify-gpu"
+
+
+@pytest.mark.parametrize("engine", ["auto", "tensorrt_llm", "trtllm_pytorch", "pytorch", "replay"])
+def test_pmix_gets_a_short_hostname_for_the_tensorrt_llm_kinds(engine: str) -> None:
+    """Open MPI 5 fails on a long pod hostname unless PMIX_HOSTNAME names a short one: set
+    (a constant: a pod is one node) wherever a TensorRT-LLM engine may run, and in the
+    verify Job, which runs them too; nowhere MPI never starts."""
+    s = deployable(serving={"engine": engine}, name="a" * 63)
+    env = env_of(k8s.server_container(s))
+    job_env = {
+        e["name"]: e for e in k8s.verify_job(s)["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    if engine in ("pytorch", "replay"):
+        assert "PMIX_HOSTNAME" not in env and "PMIX_HOSTNAME" not in job_env
+        return
+    value = env["PMIX_HOSTNAME"]["value"]
+    assert value == job_env["PMIX_HOSTNAME"]["value"] == k8s.PMIX_HOSTNAME
+    assert re.fullmatch(r"[a-z][a-z0-9-]{0,15}", value)  # short and plain: no pod name in it
+    assert "valueFrom" not in env["PMIX_HOSTNAME"]
+
+
+def test_the_committed_deployment_sets_pmix_hostname() -> None:
+    assert env_of(container(rendered()))["PMIX_HOSTNAME"]["value"] == k8s.PMIX_HOSTNAME
+
+
+DRAIN_ROW = re.compile(r"^  \| `?(\w+)`? [^|]*\| (\d+) s \|", re.M)
+
+
+def test_drain_defaults_are_the_fleets_and_the_doc_says_them() -> None:
+    """preStop 15 s and drain 45 s as KServe's and llm-d's presets, a 20 s margin: 80 s of
+    grace; docs/deploy.md's drain table gives each value as the settings have it."""
+    s = DeploySettings()
+    served = Settings()
+    values = {
+        "pre_stop_sleep_seconds": s.pre_stop_sleep_seconds,
+        "drain_grace_seconds": served.drain_grace_seconds,
+        "drain_listen_seconds": served.drain_listen_seconds,
+        "shutdown_margin_seconds": s.shutdown_margin_seconds,
+        "terminationGracePeriodSeconds": s.termination_grace_period_seconds,
+    }
+    assert values == {
+        "pre_stop_sleep_seconds": 15,
+        "drain_grace_seconds": 45,
+        "drain_listen_seconds": 5,
+        "shutdown_margin_seconds": 20,
+        "terminationGracePeriodSeconds": 80,
+    }
+    table = dict(DRAIN_ROW.findall((REPO_ROOT / "docs" / "deploy.md").read_text()))
+    assert {k: int(v) for k, v in table.items() if k in values} == values
+    # The rendered pods, and the endpoint picker, carry the same grace.
+    objs = rendered()
+    assert pod_spec(objs)["terminationGracePeriodSeconds"] == 80
+    assert container(objs)["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "15"]

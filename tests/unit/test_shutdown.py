@@ -168,6 +168,74 @@ def test_engine_died_signals_the_process_and_drains_once(restore_sigterm: None) 
     assert drainer.draining and calls.stop_admitting == 1
 
 
+def listening_drainer(listen: float) -> tuple[Drainer, Calls, list[tuple[int, bool]]]:
+    """A drainer with a listen window over a recording 'uvicorn' handler: each call says
+    whether the drain had begun when the listener was told to close."""
+    calls = Calls()
+    drainer = Drainer(10, calls.stop, calls.abort, listen_seconds=listen)
+    closed: list[tuple[int, bool]] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: closed.append((signum, drainer.draining)))
+    return drainer, calls, closed
+
+
+async def until(check: object, bound_s: float = 10.0) -> None:
+    """Yield to the loop until `check()` holds (a bound, not a measurement)."""
+    for _ in range(int(bound_s / 0.005)):
+        if check():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("not reached within the bound")
+
+
+def test_sigterm_makes_the_server_unready_before_its_listener_closes(
+    restore_sigterm: None,
+) -> None:
+    drainer, calls, closed = listening_drainer(0.05)
+
+    async def main() -> None:
+        drainer.install()
+        signal.raise_signal(signal.SIGTERM)
+        await until(lambda: drainer.draining)
+        assert calls.stop_admitting == 1 and closed == []  # unready, still listening
+        await until(lambda: closed)
+        assert closed == [(signal.SIGTERM, True)]  # told to close only once draining
+
+    asyncio.run(main())
+
+
+def test_a_second_sigterm_closes_at_once_and_only_once(restore_sigterm: None) -> None:
+    drainer, _, closed = listening_drainer(3600)  # the window would outlast the test
+
+    async def main() -> None:
+        drainer.install()
+        signal.raise_signal(signal.SIGTERM)
+        await until(lambda: drainer.draining)
+        assert closed == []
+        signal.raise_signal(signal.SIGTERM)
+        assert closed == [(signal.SIGTERM, True)]  # in the handler itself
+
+    asyncio.run(main())
+
+
+def test_a_dead_engine_closes_without_the_listen_window(restore_sigterm: None) -> None:
+    drainer, calls, closed = listening_drainer(3600)
+
+    async def main() -> None:
+        drainer.install()
+        drainer.engine_died()  # SIGTERMs the process: nothing left to drain towards
+        await until(lambda: closed)
+        assert drainer.draining and calls.stop_admitting == 1
+
+    asyncio.run(main())
+    assert len(closed) == 1
+
+
+def test_the_listen_window_never_outlasts_the_grace_period() -> None:
+    assert Drainer(2, Calls().stop, Calls().abort, listen_seconds=30).listen_seconds == 2
+    assert Drainer(60, Calls().stop, Calls().abort, listen_seconds=5).listen_seconds == 5
+    assert Drainer(60, Calls().stop, Calls().abort).listen_seconds == 0  # the default: at once
+
+
 EXIT_SCRIPT = """
 import logging, sys, threading, time
 from mistral_serving.ops.shutdown import exit_now

@@ -20,9 +20,19 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import EnvSettingsSource
+from pydantic_settings import SettingsError as PydanticSettingsError
 
+from mistral_serving.ops.gateway_headers import OBJECTIVE_NAME
 from mistral_serving.ops.metrics import prefix_for
 
 ENV_PREFIX = "MTT_"
@@ -188,10 +198,42 @@ class AdmissionSettings(_Concern):
     )
     max_inflight: int = Field(256, ge=1, le=65536, description="Requests generating at once.")
     max_waiting: int = Field(
-        512, ge=0, le=100_000, description="Requests waiting for a slot; more get 429."
+        512,
+        ge=0,
+        le=100_000,
+        description="Requests waiting for a slot; more get 503 with Retry-After (this "
+        "replica is saturated: a gateway or client retries another).",
+    )
+    objective_priorities: dict[str, StrictInt] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="InferenceObjective name -> priority: a request whose "
+        "`x-llm-d-inference-objective` names one waits for a slot ahead of lower ones "
+        "(higher first, then arrival; unnamed or unknown: 0), as the router's flow control "
+        "orders them. As JSON in MTT_OBJECTIVE_PRIORITIES.",
+    )
+    max_inflight_per_key: int = Field(
+        0,
+        ge=0,
+        le=65536,
+        description="With API keys: requests one key may have running or waiting at once "
+        "on this server; more get 429 with Retry-After (a tenant over its share: the client "
+        "slows down). 0: no per-key limit.",
     )
     drain_grace_seconds: float = Field(
-        60.0, ge=0, le=3600, description="On SIGTERM, how long in-flight streams may finish."
+        45.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM, how long in-flight streams may finish (45 s: KServe's and "
+        "llm-d's drain of vLLM, --shutdown-timeout).",
+    )
+    drain_listen_seconds: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="On SIGTERM the server is unready at once (503 `draining` to probes and "
+        "new requests) and keeps its listener open this long (at most the drain grace) "
+        "before closing it, so load balancers see the drain rather than refused connections.",
     )
     request_timeout_seconds: float = Field(
         0.0,
@@ -202,6 +244,16 @@ class AdmissionSettings(_Concern):
         "may lower it. Past it: 504 before the answer began, else the engine request is "
         "aborted and the answer ends with finish_reason `timeout`.",
     )
+
+    @field_validator("objective_priorities")
+    @classmethod
+    def _objective_names(cls, value: dict[str, int]) -> dict[str, int]:
+        for name, priority in value.items():
+            if not OBJECTIVE_NAME.fullmatch(name):
+                raise ValueError(f"{name[:80]!r} cannot name an InferenceObjective")
+            if not -(2**31) <= priority < 2**31:
+                raise ValueError(f"{name!r}: priority {priority} is not an int32")
+        return value
 
 
 class ResponseStoreSettings(_Concern):
@@ -492,6 +544,14 @@ class OpsSettings(_Concern):
         description="Past this long without engine progress while requests are pending, the "
         "server logs why and exits with status 1, so Kubernetes replaces the container.",
     )
+    health_generate_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="`GET /health/generate` generates one token, straight to the engine, and "
+        "answers 503 `dead` unless it comes within this; a probe for a hung engine that a "
+        "plain /health cannot see (as trtllm-serve's /health_generate).",
+    )
     driver_check: Literal["refuse", "warn"] = Field(
         "refuse",
         description="At start, an NVIDIA driver older than the image's CUDA needs (R580 for "
@@ -595,6 +655,8 @@ class Settings(
             return cls(**(given | source()))
         except ValidationError as exc:
             raise SettingsError(f"invalid settings: {_one_line(exc)}") from None
+        except PydanticSettingsError as exc:  # a mapping setting's variable is not JSON
+            raise SettingsError(f"invalid settings: {exc} (expected JSON)") from None
 
 
 FIELDS = sorted(Settings.model_fields)

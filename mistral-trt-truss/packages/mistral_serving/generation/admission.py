@@ -1,14 +1,17 @@
 """Admission control: a bounded number of requests in the engine and a bounded queue.
 
-Past both bounds a request is refused at once (429 with Retry-After) instead of queueing
-without limit; a waiting request whose client left is dropped; while draining (SIGTERM)
-new requests are refused with 503. Slots are handed to waiters in arrival order.
+Past both bounds a request is refused at once (503 with Retry-After: this replica is
+saturated) instead of queueing without limit; a waiting request whose client left is
+dropped; while draining (SIGTERM) new requests are refused with 503. Slots are handed to
+waiters by priority (higher first: the gateway's objective, `objective_priorities`), and
+in arrival order within one priority.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import bisect
+import itertools
 from collections.abc import Awaitable, Callable
 
 from mistral_serving.ops.metrics import Metrics
@@ -47,7 +50,9 @@ class Admission:
         self.max_waiting = max_waiting
         self._metrics = metrics
         self._inflight = 0
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # (-priority, arrival, future), sorted: the first is served next.
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._arrivals = itertools.count()
         self.draining = False
 
     @property
@@ -76,7 +81,10 @@ class Admission:
         return None
 
     async def acquire(
-        self, is_disconnected: Callable[[], Awaitable[bool]] | None = None, poll_s: float = 0.5
+        self,
+        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+        poll_s: float = 0.5,
+        priority: int = 0,
     ) -> Ticket:
         if (refused := self.refusal()) is not None:
             raise refused
@@ -84,7 +92,8 @@ class Admission:
             self._take()
             return Ticket(self)
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        entry = (-priority, next(self._arrivals), waiter)
+        bisect.insort(self._waiters, entry, key=lambda e: e[:2])
         self._metrics.waiting.set(len(self._waiters))
         try:
             while True:
@@ -101,7 +110,7 @@ class Admission:
                 self._release()  # we were handed a slot but will not use it
             else:
                 waiter.cancel()
-                self._waiters.remove(waiter)
+                self._waiters.remove(entry)
             raise
         finally:
             self._metrics.waiting.set(len(self._waiters))
@@ -112,7 +121,7 @@ class Admission:
 
     def _release(self) -> None:
         while self._waiters:  # hand the slot straight to the next waiter
-            waiter = self._waiters.popleft()
+            _, _, waiter = self._waiters.pop(0)
             if not waiter.done():
                 waiter.set_result(None)
                 self._metrics.waiting.set(len(self._waiters))

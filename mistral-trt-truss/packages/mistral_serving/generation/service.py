@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -53,6 +54,7 @@ INLINE_TOKENIZE_CHARS = 2048
 # (at a space) can change in the count; the prefix is cut before a space, where
 # SentencePiece and byte-level BPE pieces start anyway.
 PROBE_MARGIN_TOKENS = 8
+_PROBES = itertools.count(1)  # health probes' engine ids
 
 
 @dataclass(frozen=True)
@@ -189,6 +191,31 @@ class GenerationService:
     def stalled(self) -> str | None:
         """Why readiness must fail although the engine lives (it stalled), or None."""
         return self.watchdog.stall()
+
+    async def probe(self, timeout_s: float) -> float:
+        """One greedy token from a two-token prompt, straight to the engine (no queue, no
+        request metrics): the seconds it took. TimeoutError past `timeout_s`; EngineError
+        if the engine fails it. The deep health probe: a process can be up, its engine
+        hung, and a plain /health none the wiser."""
+        engine_id = f"health-probe-{next(_PROBES)}"
+        prompt = self.tokenizer.encode("ok", bos=True)
+        started = time.monotonic()
+        tokens = self.engine.generate(engine_id, prompt, SamplingOptions(1, top_k=1))
+        self.live.add(engine_id)  # a drain's abort_all ends it too
+        done = False
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for delta in tokens:
+                    if delta.token_ids or delta.finish_reason is not None:
+                        done = delta.finish_reason is not None
+                        break
+        finally:
+            if not done:
+                self.engine.abort(engine_id)
+            if isinstance(tokens, AsyncGenerator):
+                await tokens.aclose()
+            self.live.discard(engine_id)
+        return time.monotonic() - started
 
     def abort_all(self) -> int:
         """Abort every request in the engine (end of a drain); returns how many."""

@@ -1,8 +1,8 @@
 """Between the Truss adapter and the wire formats: one place for what every route does.
 
 For each request: a bounded request id, the cheap refusals first (draining: 503; no slot
-and no queue place: 429, decided before the body is even decoded, so a 429 costs the
-same for any prompt), then the body (strict JSON, `protocols/body.py`) and the wire
+and no queue place: 503 with Retry-After, this replica being saturated, decided before
+the body is even decoded, so a refusal costs the same for any prompt), then the body (strict JSON, `protocols/body.py`) and the wire
 format's parse, a slot (admission), tokenization (in the service, off the event loop),
 and the answer: JSON, or a stream whose slot is released when it ends however it ends.
 Every request is counted once in `request_finished_total` with its reason. The drain
@@ -37,7 +37,9 @@ from mistral_serving.generation.admission import (
 from mistral_serving.generation.outcome import Outcome
 from mistral_serving.generation.service import Generation, GenerationService
 from mistral_serving.http.scope_keys import CUT_EXTENSION, HANDLED, LEFT_EXTENSION
+from mistral_serving.http.server_state import DEAD, DRAINING, READY, STARTING
 from mistral_serving.ops.collector import freeze_loaded_objects, time_collections
+from mistral_serving.ops.gateway_headers import gateway_context
 from mistral_serving.ops.metrics import Metrics, default_metrics
 from mistral_serving.ops.record import REQUEST_ID_HEADER, RequestRecord, request_id_from
 from mistral_serving.ops.shutdown import Drainer
@@ -256,7 +258,12 @@ class Frontend:
         self.settings = settings
         self.metrics = metrics or default_metrics(settings.metrics_prefix)
         self.admission = Admission(settings.max_inflight, settings.max_waiting, self.metrics)
-        self.drainer = Drainer(settings.drain_grace_seconds, self._stop_admitting, self._abort_all)
+        self.drainer = Drainer(
+            settings.drain_grace_seconds,
+            self._stop_admitting,
+            self._abort_all,
+            settings.drain_listen_seconds,
+        )
         self.service: GenerationService | None = None
         self.formats: dict[str, WireFormat] = {}
         self.load_error: str | None = None  # why load() failed: the process's last log line
@@ -319,6 +326,15 @@ class Frontend:
             and service.stalled() is None  # the watchdog: a hung engine is not ready
         )
 
+    def state(self) -> str:
+        """The lifecycle state every 503 and /health say (http/server_state.py)."""
+        service = self.service
+        if service is None:
+            return DEAD if self.load_error else STARTING
+        if not service.is_healthy() or service.stalled() is not None:
+            return DEAD
+        return DRAINING if self.drainer.draining else READY
+
     async def is_healthy(self) -> bool:
         self.drainer.install()  # here: the first call on the server's main-thread loop
         if self.service is None:
@@ -365,6 +381,7 @@ class Frontend:
         ticket: Ticket | None = None
         try:
             self._refuse_early()
+            self._read_gateway(request, record)
             record.deadline = deadline.deadline_for(
                 request.headers, self.settings.request_timeout_seconds, record.arrived_at
             )
@@ -374,7 +391,8 @@ class Frontend:
                 ParseContext(self.settings.default_max_tokens),
             )
             record.parsed_at = time.monotonic()
-            ticket = await deadline.within(record.deadline, self._admit(request), "while queued")
+            admitted = self._admit(request, record.priority)
+            ticket = await deadline.within(record.deadline, admitted, "while queued")
             service.telemetry.admitted(record)
             prepared = await service.prepare(call.gen)
             deadline.check(record.deadline, "before generation began")
@@ -451,9 +469,9 @@ class Frontend:
         return _error_response(fmt, err, headers)
 
     def early_refusal(self) -> RequestError | None:
-        """503 while draining, 429 when no slot and no queue place is free: decided
-        before the body is read or decoded (the body guard asks too), so a refusal costs
-        the same for any body."""
+        """503 while draining or when no slot and no queue place is free: decided before
+        the body is read or decoded (the body guard asks too), so a refusal costs the
+        same for any body."""
         refused = self.admission.refusal()
         if isinstance(refused, Draining):
             return _draining()
@@ -465,9 +483,19 @@ class Frontend:
         if (err := self.early_refusal()) is not None:
             raise err
 
-    async def _admit(self, request: Request) -> Ticket:
+    def _read_gateway(self, request: Request, record: RequestRecord) -> None:
+        """The gateway's headers, onto the record (logged, traced); the objective's priority
+        orders the queue (a name the settings do not know is 0, as with the router)."""
+        context = gateway_context(request.headers)
+        record.objective = context.objective
+        record.fairness_id = context.fairness_id
+        record.session_id = context.session_id
+        if context.objective is not None:
+            record.priority = self.settings.objective_priorities.get(context.objective, 0)
+
+    async def _admit(self, request: Request, priority: int = 0) -> Ticket:
         try:
-            return await self.admission.acquire(request.is_disconnected)
+            return await self.admission.acquire(request.is_disconnected, priority=priority)
         except Overloaded:
             raise self._overloaded() from None
         except Draining:
@@ -476,11 +504,13 @@ class Frontend:
             raise RequestError("client disconnected while waiting", status=499) from None
 
     def _overloaded(self) -> RequestError:
+        # Saturation is this replica's state, not the client's fault: 503, which gateways
+        # retry on another pod (429 says a tenant is over its quota: http/key_limit.py).
         return RequestError(
-            f"server is at capacity ({self.admission.max_inflight} running, "
-            f"{self.admission.max_waiting} waiting); retry later",
-            status=429,
-            code="rate_limit_exceeded",
+            f"this replica is at capacity ({self.admission.max_inflight} running, "
+            f"{self.admission.max_waiting} waiting); retry, on another replica if you can",
+            status=503,
+            code="server_overloaded",
             headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
         )
 

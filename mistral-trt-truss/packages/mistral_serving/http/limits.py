@@ -48,6 +48,7 @@ from uvicorn.protocols.http import httptools_impl
 
 from mistral_serving.errors import RequestError
 from mistral_serving.http.scope_keys import CUT_EXTENSION, LEFT_EXTENSION
+from mistral_serving.http.server_state import state_headers
 from mistral_serving.protocols.openai.types import openai_error_body
 from mistral_serving.settings import Settings
 
@@ -169,6 +170,8 @@ def refusal_parts(status: int, message: str) -> tuple[list[tuple[bytes, bytes]],
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
     ]
+    if status == 503:  # every 503 says the server's state (server_state.py)
+        headers += state_headers()
     return headers, body
 
 

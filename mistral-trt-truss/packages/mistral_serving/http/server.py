@@ -4,13 +4,15 @@
 and `make serve` do) runs Truss's own `TrussServer` with its own app, routes and uvicorn
 settings, and adds, before it starts:
 - `BodyGuard`, an ASGI middleware in front of the POST routes: when the frontend refuses
-  at once (429 when no slot and no queue place is free, 503 while draining) it answers
+  at once (503 when no slot and no queue place is free, or while draining) it answers
   before reading one body byte; a body larger than `max_body_bytes` gets 413, one that
   does not arrive within `body_timeout_seconds` gets 408, all in the route's error shape;
   POST routes Truss has but this model does not serve (`/v1/embeddings`, `/hot-reload`)
   get 404 without their body being read.
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
-  ready; 503 while loading, draining, or with a dead or stalled engine),
+  ready; 503 while loading, draining, or with a dead or stalled engine); every 503 and
+  every /health answer says the server's state in `X-Server-State` (server_state.py),
+  `GET /health/generate` (one token within a deadline: health.py),
   `GET /version`, and `GET /metrics` answered directly (Truss's mount redirects);
   `POST /v1/messages/count_tokens`, and `GET` / `DELETE /v1/responses/{id}` (stored
   Responses API answers), which Truss does not have.
@@ -62,7 +64,10 @@ from mistral_serving.errors import RequestError
 from mistral_serving.http import listen_socket
 from mistral_serving.http.auth import ApiKeyGuard, configured_keys
 from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
+from mistral_serving.http.health import DeepProbe
+from mistral_serving.http.key_limit import KeyConcurrency
 from mistral_serving.http.scope_keys import HANDLED
+from mistral_serving.http.server_state import StateHeader, publish
 from mistral_serving.ops import console, driver
 from mistral_serving.ops.record import request_id_from
 from mistral_serving.ops.shutdown import exit_if_load_fails
@@ -145,7 +150,7 @@ class BodyGuard:
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
         self.count = count  # (route, reason): every refusal here is counted
-        self.refuse = refuse  # 429/503 before the body is read: the same cost for any body
+        self.refuse = refuse  # 503s before the body is read: the same cost for any body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -359,6 +364,7 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
     routes = [
         APIRoute("/v1/models", list_models, methods=["GET"]),
         APIRoute("/health", health, methods=["GET"]),
+        APIRoute("/health/generate", DeepProbe(frontend).answer, methods=["GET"]),
         APIRoute("/version", version, methods=["GET"]),
         APIRoute("/metrics", metrics, methods=["GET"]),
         APIRoute("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
@@ -370,6 +376,25 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
         r for r in app.router.routes if getattr(r, "path", None) != app.openapi_url
     ]
     app.openapi_url = None
+
+
+def limit_keys(app: FastAPI, frontend: Frontend, keyed: bool) -> None:
+    """The per-key concurrency limit, inside the API-key guard (it counts accepted keys)."""
+    limit = frontend.settings.max_inflight_per_key
+    if not limit:
+        return
+    if not keyed:
+        log.warning("max_inflight_per_key=%d has no effect: no API keys are configured", limit)
+        return
+    metrics = frontend.metrics
+
+    def count(route: str) -> None:
+        metrics.rejected.labels("key_limit").inc()
+        metrics.finished.labels(route, "rejected").inc()
+
+    app.add_middleware(
+        KeyConcurrency, limit=limit, route_of=route_of, error_json=error_json, count=count
+    )
 
 
 def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
@@ -390,7 +415,8 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
         refuse=frontend.early_refusal,
     )
     keys = configured_keys(settings.api_keys_file)  # the file's and the Truss secret's
-    if keys:  # outermost: an unauthenticated body is never read
+    limit_keys(app, frontend, bool(keys))
+    if keys:  # outside the guards: an unauthenticated body is never read
         app.add_middleware(
             ApiKeyGuard,
             keys=keys,
@@ -398,6 +424,9 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
             error_json=error_json,
             guard_other=stored_route_of,
         )
+    # Outermost: every 503 (Truss's own while loading too) and /health say the state.
+    app.add_middleware(StateHeader, state=frontend.state)
+    publish(frontend.state)
     lifespan = app.router.lifespan_context
 
     @contextlib.asynccontextmanager

@@ -291,7 +291,7 @@ class Metrics:
         )
         self.rejected = Counter(
             name("request_rejected"),
-            "Requests refused before generating (queue_full, draining).",
+            "Requests refused before generating (queue_full, draining: 503; key_limit: 429).",
             ["reason"],
             registry=registry,
         )

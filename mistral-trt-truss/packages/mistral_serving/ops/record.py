@@ -56,6 +56,11 @@ class RequestRecord:
     )
     traceparent: str | None = None  # the caller's W3C trace context, continued by tracing
     tracestate: str | None = None
+    # What a gateway said of it (ops/gateway_headers.py), and the queue priority it got.
+    objective: str | None = None
+    fairness_id: str | None = None
+    session_id: str | None = None
+    priority: int = 0
     tokens_counted: int = 0  # output tokens already in generation_tokens_total
     # How it ended: set once, by Telemetry.finished.
     finish_reason: str | None = None  # stop, length, abort, timeout, error; or a refusal's

@@ -1,11 +1,15 @@
 """Graceful shutdown, and the two ways the server ends at once.
 
-On SIGTERM stop admitting, let in-flight requests finish for up to
-`drain_grace_seconds`, then abort what is left so the server can exit.
+On SIGTERM stop admitting (readiness and /health go false at once, new requests get a
+503 that says `draining`), let in-flight requests finish for up to `drain_grace_seconds`,
+then abort what is left so the server can exit.
 
 uvicorn (under the Truss server) handles SIGTERM by closing its listener and waiting for
 open responses (Truss allows 3600 s), so without this a long stream would hold the pod
-until Kubernetes' SIGKILL. We chain in front of uvicorn's handler.
+until Kubernetes' SIGKILL. We chain in front of uvicorn's handler, and call it only
+`drain_listen_seconds` later: until then the listener stays open, so a probe or a request
+a load balancer sent before it saw the pod go sees `draining` instead of a refused
+connection (as the router's own endpoint picker drains: NotServing at once, serving on).
 
 `exit_now` ends the process with a status and one reason as the last log line (the
 watchdog's exit and a failed load use it); `exit_if_load_fails` makes a failed load do so
@@ -26,15 +30,27 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 
+Handler = Callable[[int, FrameType | None], Any]
+
+
 class Drainer:
     def __init__(
-        self, grace_seconds: float, stop_admitting: Callable[[], None], abort_all: Callable[[], int]
+        self,
+        grace_seconds: float,
+        stop_admitting: Callable[[], None],
+        abort_all: Callable[[], int],
+        listen_seconds: float = 0.0,
     ) -> None:
         self.grace_seconds = grace_seconds
+        # The listener's close waits this long after SIGTERM (never past the grace period).
+        self.listen_seconds = min(listen_seconds, grace_seconds)
         self._stop_admitting = stop_admitting
         self._abort_all = abort_all
         self.draining = False
         self._installed = False
+        self._signalled = False
+        self._closed = False
+        self._close_now = False  # a dead engine: nothing to wait for
 
     def install(self) -> None:
         """Chain our SIGTERM handler before the current one (uvicorn's). Must run on the
@@ -43,14 +59,30 @@ class Drainer:
             return
         loop = asyncio.get_running_loop()
         previous = signal.getsignal(signal.SIGTERM)
+        chained: Handler | None = previous if callable(previous) else None
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
             loop.call_soon_threadsafe(self.begin)
-            if callable(previous):
-                previous(signum, frame)
+            if chained is None:
+                return
+            # A second SIGTERM, or a dead engine's, closes at once.
+            wait = 0.0 if self._signalled or self._close_now else self.listen_seconds
+            self._signalled = True
+            if wait <= 0:
+                self._close(chained, signum, frame)
+            else:
+                loop.call_soon_threadsafe(
+                    loop.call_later, wait, self._close, chained, signum, frame
+                )
 
         signal.signal(signal.SIGTERM, on_sigterm)
         self._installed = True
+
+    def _close(self, chained: Handler, signum: int, frame: FrameType | None) -> None:
+        """The previous handler (uvicorn's: the listener closes), once."""
+        if not self._closed:
+            self._closed = True
+            chained(signum, frame)
 
     def begin(self) -> None:
         """Start draining (idempotent); call on the event loop."""
@@ -58,7 +90,12 @@ class Drainer:
             return
         self.draining = True
         self._stop_admitting()
-        log.info("SIGTERM: draining; in-flight requests have %.0fs to finish", self.grace_seconds)
+        log.info(
+            "SIGTERM: draining (unready); in-flight requests have %.0fs to finish, the "
+            "listener closes in %.0fs",
+            self.grace_seconds,
+            0 if self._close_now else self.listen_seconds,
+        )
         asyncio.get_running_loop().call_later(self.grace_seconds, self._grace_over)
 
     def engine_died(self) -> None:
@@ -68,6 +105,7 @@ class Drainer:
         if self.draining:
             return
         log.error("the engine is dead: shutting down so that the container is restarted")
+        self._close_now = True
         os.kill(os.getpid(), signal.SIGTERM)
         self.begin()
 

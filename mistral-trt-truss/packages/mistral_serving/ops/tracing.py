@@ -6,7 +6,8 @@ One trace per request, continuing the caller's W3C `traceparent` (and `tracestat
 attributes) with one child per phase, in order: `parse` (body read, decoded, checked),
 `queue` (waiting for a slot), `tokenize`, `prefill` (engine submission to the first output
 text), `decode` (first to last output), and `stream` for a streamed answer (its first event
-to its last output). A phase the request never reached has no span.
+to its last output). A phase the request never reached has no span. What a gateway said
+of the request (its objective and priority, fairness id, session) rides on `request`.
 
 The spans are made when the request ends, from the times its `RequestRecord` already
 keeps, so tracing costs the request path nothing while a request runs and nothing at all
@@ -74,6 +75,7 @@ class Tracing:
                 "request.finish_reason": record.finish_reason or "error",
                 "gen_ai.usage.input_tokens": record.prompt_tokens,
                 "gen_ai.usage.output_tokens": record.completion_tokens,
+                **gateway_attributes(record),
             },
         )
         if record.finish_reason not in ("stop", "length"):
@@ -95,6 +97,19 @@ class Tracing:
             self.provider.shutdown()
         except Exception:  # exiting anyway: never raise from the shutdown path
             log.warning("flushing the trace exporter failed", exc_info=True)
+
+
+def gateway_attributes(record: RequestRecord) -> dict[str, str | int]:
+    """The gateway's objective, fairness id and session (OpenTelemetry's `session.id`),
+    and the queue priority, where the request had them."""
+    attributes: dict[str, str | int] = {}
+    if record.objective is not None:
+        attributes |= {"llm_d.objective": record.objective, "request.priority": record.priority}
+    if record.fairness_id is not None:
+        attributes["llm_d.fairness_id"] = record.fairness_id
+    if record.session_id is not None:
+        attributes["session.id"] = record.session_id
+    return attributes
 
 
 def _phases(record: RequestRecord, end: float) -> Sequence[tuple[str, float, float]]:
