@@ -1,14 +1,18 @@
 """API keys on the real Truss server: the openai SDK with a listed key is served, without
 one (or with another) it gets OpenAI's 401, predict gets its own 401 shape, probes and
-/metrics stay open, and no key reaches the server's log."""
+/metrics stay open, no key reaches the server's log, and a path spelled so that only
+Truss's router matches it (a trailing `%0A`) gets no generation and no body read."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 
 import openai
 import pytest
 import requests
+
+from mistral_build.local_server import LocalServer
 
 pytestmark = pytest.mark.e2e
 
@@ -53,3 +57,38 @@ def test_predict_refuses_in_its_own_shape_and_probes_stay_open(guarded) -> None:
     log = guarded.log()  # type: ignore[attr-defined]
     assert not any(key in log for key in KEYS)
     assert "sk-not-listed" not in log
+
+
+BYPASSES = [
+    "/v1/chat/completions%0A",
+    "/v1/completions%0a",
+    "/invocations%0A",
+    "/v1/models/model:predict%0A",
+    "/hot-reload%0A",
+]
+
+
+@pytest.mark.parametrize("path", BYPASSES)
+def test_a_path_ending_in_an_encoded_newline_gets_past_no_guard(guarded, path: str) -> None:
+    url = guarded.url  # type: ignore[attr-defined]
+    body = {"messages": [{"role": "user", "content": "hi"}], "prompt": "hi", "max_tokens": 2}
+    assert requests.post(url + path, json=body, timeout=30).status_code == 401
+    auth = {"Authorization": f"Bearer {KEYS[0]}"}
+    answer = requests.post(url + path, json=body, headers=auth, timeout=30)
+    assert answer.status_code == 400, answer.text  # refused before any route
+    assert "control character" in answer.json()["error"]["message"]
+    # A body that never completes is not waited for: answered and closed at once.
+    server: LocalServer = guarded
+    for headers in (b"", b"Authorization: Bearer " + KEYS[0].encode() + b"\r\n"):
+        with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+            sock.sendall(
+                b"POST "
+                + path.encode()
+                + b" HTTP/1.1\r\nHost: x\r\n"
+                + headers
+                + b"Content-Length: 60000000\r\n\r\n{"
+            )
+            answer_bytes = b""
+            while part := sock.recv(65536):  # to the server's close (a timeout: never)
+                answer_bytes += part
+        assert answer_bytes.startswith((b"HTTP/1.1 401 ", b"HTTP/1.1 400 ")), answer_bytes[:100]

@@ -5,9 +5,11 @@ Secret), and/or in the Truss secret `api_keys` (found as Truss finds a secret:
 `/secrets/api_keys`, else `TRUSS_SECRET_api_keys`; an empty one is unset, as for Truss).
 One key per line, blank lines and `#` comments ignored, several keys allowed (for
 rotation); the keys of both sources are accepted, as `Authorization: Bearer <key>` or
-`x-api-key: <key>`. Only the POST generation routes (and reads of stored Responses API
-answers) are guarded; probes, `/metrics` and the rest stay open so that the
-kubelet and Prometheus need no key. Keys are compared with `hmac.compare_digest` and never
+`x-api-key: <key>`. Default-deny: every request but a GET or HEAD needs a key, whatever
+its path (a route Truss adds later, or a path spelled so that only its router matches it,
+is guarded too), and so do reads of stored Responses API answers; GETs and HEADs reach no
+model (the body guard refuses them on the generation routes), so probes, `/metrics` and
+`/v1/models` stay open for the kubelet and Prometheus. Keys are compared with `hmac.compare_digest` and never
 logged: a refusal says only that the key was missing or wrong.
 """
 
@@ -122,9 +124,14 @@ def key_matches(token: bytes, keys: Sequence[bytes]) -> bool:
     return found
 
 
+# What passes without a key: methods that reach no model on any route (the body guard
+# refuses them on the generation routes).
+OPEN_METHODS = frozenset({"GET", "HEAD"})
+
+
 class ApiKeyGuard:
-    """Answers 401 (route's error shape, `WWW-Authenticate: Bearer`) to a guarded POST
-    without a valid key; everything else passes through untouched."""
+    """Answers 401 (route's error shape, `WWW-Authenticate: Bearer`) to any request but a
+    GET or HEAD without a valid key; those pass through untouched."""
 
     def __init__(
         self,
@@ -145,10 +152,11 @@ class ApiKeyGuard:
             await self.app(scope, receive, send)
             return
         method, path = scope.get("method", ""), scope.get("path", "")
-        route = self.route_of(path) if method == "POST" else self.guard_other(method, path)
-        if route is None:
+        guarded = self.guard_other(method, path)
+        if method in OPEN_METHODS and guarded is None:
             await self.app(scope, receive, send)
             return
+        route = self.route_of(path) or guarded  # the refusal's shape
         token = presented_key(scope)
         if token is not None and key_matches(token, self.keys):
             await self.app(scope, receive, send)
