@@ -207,8 +207,14 @@ class GenerationService:
 
     # ---- requests ----
 
-    async def prepare(self, req: GenerationRequest) -> PreparedRequest:
-        """Tokenize (off the event loop when long) and check against the engine."""
+    async def prepare(
+        self,
+        req: GenerationRequest,
+        deadline_at: float | None = None,
+        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> PreparedRequest:
+        """Tokenize (off the event loop when long) and check against the engine; a
+        schema's check waits at most until `deadline_at` and while the client is there."""
         limits = self.engine.limits
         ids = await self.prompt_ids(req)
         try:
@@ -217,7 +223,12 @@ class GenerationService:
             raise RequestError(str(exc), param=req.param) from None
         sampling = req.sampling
         if sampling.guided is not None:  # a bad or too costly schema: a 4xx, never a 5xx
-            await self.grammar.check(sampling.guided)
+            check = self.grammar.check(sampling.guided)
+            if deadline_at is None and is_disconnected is None:
+                await check
+            else:  # a compile may queue behind others': not past the request's end
+                where = "while its schema waited for its compile"
+                await deadline.while_present(deadline_at, check, where, is_disconnected)
         if sampling.max_new_tokens != max_new:
             sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
         # The model's other end-of-turn tokens (generation_config's eos_token_id list);

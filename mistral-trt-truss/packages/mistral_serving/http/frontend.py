@@ -376,7 +376,7 @@ class Frontend:
             record.parsed_at = time.monotonic()
             ticket = await deadline.within(record.deadline, self._admit(request), "while queued")
             service.telemetry.admitted(record)
-            prepared = await service.prepare(call.gen)
+            prepared = await service.prepare(call.gen, record.deadline, request.is_disconnected)
             deadline.check(record.deadline, "before generation began")
         except RequestError as err:
             if ticket is not None:
