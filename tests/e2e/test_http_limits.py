@@ -331,9 +331,48 @@ def end_header_too_large(server: LocalServer) -> None:
 
 
 def end_answer_before_body(server: LocalServer) -> None:
+    """A body byte after the early answer stopped every timer: the server now closes."""
     with connect(server) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\nx")
-        assert read_to_close(sock).startswith(b"HTTP/1.1 200 ")  # closed: no timer would run
+        answer = b""
+        while b"\r\n\r\n" not in answer and (part := sock.recv(4096)):
+            answer += part
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        with contextlib.suppress(OSError):  # it may have closed already
+            sock.sendall(b"y")
+        read_to_close(sock)  # a timeout here: the connection was kept with no timer
+
+
+def test_a_client_reset_mid_stream_logs_no_error(limited: LocalServer) -> None:
+    """Clients that reset while their stream is written: counted, and no ERROR line (any
+    client could write them into the log)."""
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s"
+    )
+    payload = json.dumps(
+        {"prompt": "Hello", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    ).encode()
+
+    def total() -> float:
+        return sum(
+            v
+            for (name, labels), v in scrape(limited.url).items()
+            if name == "mtt:request_finished_total" and ("route", "completions") in labels
+        )
+
+    before = total()
+    for _ in range(10):
+        sock = connect(limited)
+        sock.sendall(request % (len(payload), payload))
+        assert sock.recv(12).startswith(b"HTTP/1.1")  # the stream has begun
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        wait_for(lambda: value(limited.url, "mtt:num_requests_running") == 0, what="the abort")
+    wait_for(lambda: total() >= before + 10, timeout=PATIENCE_S, what="10 requests counted")
+    log = limited.log()
+    assert "Exception in ASGI application" not in log
+    assert " ERROR " not in log and "ERROR:" not in log, log[-3000:]
 
 
 ENDINGS: dict[str, Callable[[LocalServer], None]] = {
