@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from pathlib import Path
 
 import openai
 import pytest
 import requests
 
 from mistral_build.local_server import LocalServer
+from tests.e2e.util import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -20,10 +22,15 @@ KEYS = ("sk-first-key-0123456789", "sk-second-key-9876543210")
 
 
 @pytest.fixture(scope="module")
-def guarded(start_server: Callable[..., object], tmp_path_factory: pytest.TempPathFactory):
+def keys_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     keys = tmp_path_factory.mktemp("keys") / "api_keys"
     keys.write_text("# rotated keys\n" + "\n".join(KEYS) + "\n")
-    return start_server(api_keys_file=str(keys))
+    return keys
+
+
+@pytest.fixture(scope="module")
+def guarded(start_server: Callable[..., object], keys_file: Path):
+    return start_server(api_keys_file=str(keys_file))
 
 
 def test_the_sdk_with_a_listed_key_is_served_and_without_one_is_refused(guarded) -> None:
@@ -92,3 +99,31 @@ def test_a_path_ending_in_an_encoded_newline_gets_past_no_guard(guarded, path: s
             while part := sock.recv(65536):  # to the server's close (a timeout: never)
                 answer_bytes += part
         assert answer_bytes.startswith((b"HTTP/1.1 401 ", b"HTTP/1.1 400 ")), answer_bytes[:100]
+
+
+def test_a_rotated_key_file_takes_effect_without_a_restart(guarded, keys_file: Path) -> None:
+    """The file swapped as the kubelet updates a mounted Secret: the removed key is refused
+    and the new one served, without a restart (then the keys are put back)."""
+    url = guarded.url  # type: ignore[attr-defined]
+    body = {"prompt": "x", "max_new_tokens": 2}
+
+    def status(key: str) -> int:
+        headers = {"Authorization": f"Bearer {key}"}
+        path = f"{url}/v1/models/model:predict"
+        return requests.post(path, json=body, headers=headers, timeout=60).status_code
+
+    def swap(text: str) -> None:
+        new = keys_file.with_suffix(".new")
+        new.write_text(text)
+        new.replace(keys_file)
+
+    rotated = "sk-rotated-in-4242424242"
+    try:
+        swap(f"{KEYS[1]}\n{rotated}\n")
+        wait_for(lambda: status(KEYS[0]) == 401, what="the removed key refused")
+        assert status(rotated) == 200 and status(KEYS[1]) == 200
+        assert "API keys reloaded" in guarded.log()  # type: ignore[attr-defined]
+        assert rotated not in guarded.log()  # type: ignore[attr-defined]
+    finally:
+        swap("\n".join(KEYS) + "\n")
+        wait_for(lambda: status(KEYS[0]) == 200, what="the keys put back")
