@@ -52,14 +52,23 @@ def _seconds(raw: str, name: str, scale: float) -> float:
     return value
 
 
+def _values(headers: Mapping[str, str], name: str) -> list[str]:
+    """Every value of a header sent more than once (Starlette's `getlist`), else the one."""
+    getlist = getattr(headers, "getlist", None)
+    if getlist is not None:
+        return list(getlist(name))
+    raw = headers.get(name)
+    return [] if raw is None else [raw]
+
+
 def deadline_for(headers: Mapping[str, str], default_s: float, arrived_at: float) -> float | None:
-    """The monotonic time the request must be done by, or None (no limit)."""
+    """The monotonic time the request must be done by, or None (no limit). A header sent
+    more than once counts with every value: a client's own larger timeout before a
+    gateway's smaller one cannot lift it."""
     limits = [default_s] if default_s > 0 else []
-    raw = headers.get(TIMEOUT_HEADER)
-    if raw is not None:
+    for raw in _values(headers, TIMEOUT_HEADER):
         limits.append(_seconds(raw, TIMEOUT_HEADER, 1.0))
-    raw = headers.get(ENVOY_TIMEOUT_HEADER)
-    if raw is not None:
+    for raw in _values(headers, ENVOY_TIMEOUT_HEADER):
         limits.append(_seconds(raw, ENVOY_TIMEOUT_HEADER, 0.001))
     return arrived_at + min(limits) if limits else None
 
