@@ -61,9 +61,15 @@ def test_predict_refuses_in_its_own_shape_and_probes_stay_open(guarded) -> None:
     assert ok.status_code == 200, ok.text
     for path in ("/v1/models/model", "/health", "/metrics"):
         assert requests.get(url + path, timeout=30).status_code == 200, path
+    in_query = "sk-sent-in-the-query-5150"
+    r = requests.post(f"{url}/v1/completions?api_key={in_query}", json={}, timeout=30)
+    assert r.status_code == 401
+    assert requests.get(f"{url}/version?token={in_query}", timeout=30).status_code == 200
     log = guarded.log()  # type: ignore[attr-defined]
     assert not any(key in log for key in KEYS)
     assert "sk-not-listed" not in log
+    assert "/version?token=[redacted]" in log  # the access line, without the value
+    assert in_query not in log
 
 
 BYPASSES = [

@@ -19,8 +19,10 @@ from mistral_serving.http.auth import (
     ApiKeyError,
     ApiKeyGuard,
     KeySource,
+    RedactedAccessLine,
     key_matches,
     load_keys,
+    redacted_query,
 )
 from mistral_serving.http.frontend import Frontend
 from mistral_serving.http.server import error_json, extend, route_of
@@ -147,3 +149,23 @@ def test_a_changed_key_file_takes_effect_without_a_restart(
     now[0] += RELOAD_CHECK_S
     assert status("new-key") == 200
     assert "keys in force stay" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("path", "shown"),
+    [
+        ("/v1/completions?api_key=sk-1", "/v1/completions?api_key=[redacted]"),
+        ("/x?a=1&Token=t&b=2&api%5Fkey=k", "/x?a=1&Token=[redacted]&b=2&api%5Fkey=[redacted]"),
+        ("/x?password=p&sig=s&debug", "/x?password=[redacted]&sig=[redacted]&debug"),
+        ("/health", "/health"),
+        ("/v1/models?limit=3", "/v1/models?limit=3"),
+    ],
+)
+def test_secret_query_values_never_reach_the_access_line(path: str, shown: str) -> None:
+    assert redacted_query(path) == shown
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:1", "POST", path, "1.1", 401), None,
+    )  # fmt: skip
+    assert RedactedAccessLine().filter(record)
+    assert record.getMessage() == f'127.0.0.1:1 - "POST {shown} HTTP/1.1" 401'

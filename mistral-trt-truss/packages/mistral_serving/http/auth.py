@@ -20,7 +20,9 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import re
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,37 @@ SECRET_NAME = "api_keys"  # the Truss secret (config.yaml `secrets:`) that may h
 # truss/templates/shared/secrets_resolver.py::SecretsResolver: where a secret is found.
 SECRETS_MOUNT_DIR = Path("/secrets")
 SECRET_ENV_PREFIX = "TRUSS_SECRET_"
+
+
+# Query parameters whose values are never written to the access log (a key sent as
+# `?api_key=` would be, verbatim): any name holding one of these words.
+_SECRET_NAMES = re.compile(r"key|token|secret|passw|auth|sig|credential|session", re.IGNORECASE)
+
+
+def redacted_query(path: str) -> str:
+    """`path` (with its query string, as uvicorn's access line has it) with the values of
+    secret-looking query parameters replaced."""
+    base, mark, query = path.partition("?")
+    if not mark:
+        return path
+    parts = []
+    for item in query.split("&"):
+        name, eq, _ = item.partition("=")
+        if eq and _SECRET_NAMES.search(urllib.parse.unquote_plus(name)):
+            item = f"{name}=[redacted]"
+        parts.append(item)
+    return f"{base}?{'&'.join(parts)}"
+
+
+class RedactedAccessLine(logging.Filter):
+    """On uvicorn's access logger: the logged path's secret-looking query values redacted
+    (the record's args are uvicorn's (client, method, path, version, status))."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) == 5 and "?" in str(args[2]):
+            record.args = (args[0], args[1], redacted_query(str(args[2])), args[3], args[4])
+        return True
 
 
 class ApiKeyError(ValueError):

@@ -61,7 +61,7 @@ from mistral_serving.artifacts.manifest import ArtifactError
 from mistral_serving.engines import fallback
 from mistral_serving.errors import RequestError
 from mistral_serving.http import listen_socket
-from mistral_serving.http.auth import OPEN_METHODS, ApiKeyGuard, KeySource
+from mistral_serving.http.auth import OPEN_METHODS, ApiKeyGuard, KeySource, RedactedAccessLine
 from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.http.scope_keys import HANDLED
 from mistral_serving.ops import console, driver
@@ -406,6 +406,9 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
         count=count,
         refuse=frontend.early_refusal,
     )
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactedAccessLine) for f in access.filters):
+        access.addFilter(RedactedAccessLine())  # no `?api_key=` value in the access log
     keys = KeySource(settings.api_keys_file)  # the file's and the Truss secret's, kept fresh
     if keys.keys:  # outermost: an unauthenticated body is never read
         app.add_middleware(
