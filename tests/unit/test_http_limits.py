@@ -16,7 +16,14 @@ from prometheus_client import CollectorRegistry
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from mistral_serving.http.limits import Limits, is_probe, protocol_class, raise_fd_limit
+from mistral_serving.http.limits import (
+    FD_HEADROOM,
+    Limits,
+    fit_connections,
+    is_probe,
+    protocol_class,
+    raise_fd_limit,
+)
 from mistral_serving.http.scope_keys import LEFT_EXTENSION
 from mistral_serving.settings import Settings
 
@@ -426,3 +433,21 @@ def test_an_answer_before_the_body_arrived_closes_the_connection(method: bytes) 
         assert transport.written.startswith(b"HTTP/1.1 404 ") and not transport.closing
     finally:
         w.close()
+
+
+def test_the_cap_is_clamped_to_what_the_open_file_limit_holds(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hard open-file limit of 1000: max_connections 2048 becomes 1000 - FD_HEADROOM
+    (past it accepts would fail for everyone, probes included), with a warning."""
+    import resource
+
+    limit = [(256, 1000)]
+    monkeypatch.setattr(resource, "getrlimit", lambda what: limit[0])
+    monkeypatch.setattr(resource, "setrlimit", lambda what, value: limit.__setitem__(0, value))
+    assert fit_connections(2048, 16) == 1000 - FD_HEADROOM
+    assert limit[0] == (1000, 1000)  # raised as far as the hard limit lets it
+    assert "max_connections 2048 is lowered to 744" in caplog.text
+    assert fit_connections(500, 16) == 500  # it fits: untouched
+    limits = Limits.from_settings(Settings(), CollectorRegistry(), max_connections=744)
+    assert limits.max_connections == 744 and limits.regular == 744 - 16

@@ -97,14 +97,21 @@ class Limits:
     connections: dict[Any, None] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, settings: Settings, registry: CollectorRegistry = REGISTRY) -> Limits:
+    def from_settings(
+        cls,
+        settings: Settings,
+        registry: CollectorRegistry = REGISTRY,
+        max_connections: int | None = None,
+    ) -> Limits:
+        """`max_connections`: the cap in force when the open-file limit holds fewer than
+        the setting's (`fit_connections`)."""
         closed, open_ = _metrics(settings.metrics_prefix, registry)
         return cls(
             max_header_bytes=settings.max_header_bytes,
             max_header_count=settings.max_header_count,
             header_timeout_s=settings.header_timeout_seconds,
             keepalive_timeout_s=settings.keepalive_timeout_seconds,
-            max_connections=settings.max_connections,
+            max_connections=max_connections or settings.max_connections,
             probe_reserve=settings.probe_reserve_connections,
             send_buffer_bytes=settings.stream_buffer_bytes,
             closed=closed,
@@ -145,22 +152,35 @@ class Limits:
 def raise_fd_limit(max_connections: int) -> int:
     """Raise this process's soft RLIMIT_NOFILE (up to the hard limit, which needs no
     privilege) so that `max_connections` fit with room for the rest; returns the soft
-    limit now in force (a warning says so when it is still too low)."""
+    limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = max_connections + FD_HEADROOM
     if soft != resource.RLIM_INFINITY and soft < need:
         new = need if hard == resource.RLIM_INFINITY else min(need, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
         soft = new
-    if soft != resource.RLIM_INFINITY and soft < need:
-        log.warning(
-            "open-file limit %d is below max_connections %d + %d: raise `ulimit -n` "
-            "(nofile) for the container, or lower max_connections",
-            soft,
-            max_connections,
-            FD_HEADROOM,
-        )
     return soft
+
+
+def fit_connections(max_connections: int, probe_reserve: int) -> int:
+    """The connection cap this process can honour: `max_connections`, or fewer (with a
+    warning) when the open-file limit, raised as far as it goes, holds fewer. A cap past
+    the limit would fail accepts (EMFILE) for everyone, the kubelet's probes included,
+    instead of answering the probes from their reserve."""
+    soft = raise_fd_limit(max_connections)
+    if soft == resource.RLIM_INFINITY or soft >= max_connections + FD_HEADROOM:
+        return max_connections
+    cap = max(soft - FD_HEADROOM, probe_reserve + 1)
+    log.warning(
+        "open-file limit %d holds %d connections besides %d other descriptors: "
+        "max_connections %d is lowered to %d (raise `ulimit -n` (nofile) for the container)",
+        soft,
+        cap,
+        FD_HEADROOM,
+        max_connections,
+        cap,
+    )
+    return cap
 
 
 def refusal_parts(status: int, message: str) -> tuple[list[tuple[bytes, bytes]], bytes]:

@@ -451,9 +451,9 @@ def serve(
     import uvicorn
     import uvloop
 
-    from mistral_serving.http.limits import Limits, protocol_class, raise_fd_limit
+    from mistral_serving.http.limits import Limits, fit_connections, protocol_class
 
-    raise_fd_limit(settings.max_connections)
+    cap = fit_connections(settings.max_connections, settings.probe_reserve_connections)
 
     runtime = server._config.get("runtime") or {}
     transport = runtime.get("transport") or {}
@@ -464,7 +464,7 @@ def serve(
     level = "DEBUG" if runtime.get("enable_debug_logs", False) else "INFO"
     config = uvicorn.Config(
         server.create_application(),
-        http=protocol_class(Limits.from_settings(settings)),
+        http=protocol_class(Limits.from_settings(settings, max_connections=cap)),
         timeout_keep_alive=settings.keepalive_timeout_seconds,  # type: ignore[arg-type]
         host=settings.host,
         port=server._http_port,
