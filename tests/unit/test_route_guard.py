@@ -13,6 +13,7 @@ import json
 import string
 import urllib.parse
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -60,6 +61,22 @@ def truss_route_table() -> list[tuple[str, str, tuple[str, ...]]]:
 TABLE = truss_route_table()
 
 
+class _LoadedService:
+    """What our own GET routes read of a loaded service (the model is never reached)."""
+
+    engine = SimpleNamespace(
+        limits=SimpleNamespace(max_seq_len=64), info=SimpleNamespace(name="stub", details={})
+    )
+    startup: dict[str, float] = {}
+    tokenizer = SimpleNamespace(chat_format="none", tool_format="none")
+
+    def is_healthy(self) -> bool:
+        return True
+
+    def stalled(self) -> None:
+        return None
+
+
 class World:
     """Truss's routes (model endpoints recording their calls) behind our guards."""
 
@@ -78,7 +95,7 @@ class World:
             return JSONResponse({"route": route})
 
         frontend.handle = handle  # type: ignore[method-assign]
-        frontend.service = object()  # type: ignore[assignment]  # loaded: DirectRoutes serves
+        frontend.service = _LoadedService()  # type: ignore[assignment]  # DirectRoutes serves
         self.app = extend(app, frontend)
 
     def _endpoint(self, name: str) -> Any:
@@ -183,6 +200,16 @@ def test_known_bypasses_are_refused_unread(world: World, raw: bytes) -> None:
         status, taken = world.call("POST", raw, b"{}", key=key)
         assert status == (400 if key and b"%0" in raw.lower() else 401 if not key else 404)
         assert taken == 0 and world.reached == []
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+@pytest.mark.parametrize("raw", [b"/health", b"/v1/models", b"/version", b"/", b"/metrics"])
+def test_gets_stay_open_and_reach_no_model(world: World, raw: bytes, method: str) -> None:
+    world.reached.clear()
+    status, taken = world.call(method, raw, b"", key=False)
+    # Truss's liveness route `/` is GET only: its 405 to HEAD is Truss's.
+    assert status == (405 if (raw, method) == (b"/", "HEAD") else 200) and taken == 0
+    assert world.reached in ([], [("<lambda>", "/")])
 
 
 SUFFIXES = ["", "\n", "\r", "\t", " ", "/", "//", ".", "%0A", "%0D", "%00", "%20", "%2F", "?x"]
