@@ -364,3 +364,16 @@ def mutated(valid: dict[str, Any], field: str, value: object, drop: bool) -> dic
         if isinstance(body.get(key), int) and not isinstance(body[key], bool):
             body[key] = min(body[key], 4)
     return body
+
+
+def test_probes_answer_head_and_generation_routes_refuse_get(server_url: str) -> None:
+    """HEAD on the GET routes (a probe or scraper may use it) is 200 (/metrics was 405); a
+    GET on a generation route is a 405 (GET /v1/models/model:predict was Truss's readiness
+    route: 200 `{}`)."""
+    for path in ("/metrics", "/health", "/version", "/v1/models"):
+        r = requests.head(server_url + path, timeout=30)
+        assert r.status_code == 200, (path, r.status_code)
+    for path in OUR_ROUTES:
+        r = requests.get(server_url + path, timeout=30)
+        assert r.status_code == 405, (path, r.status_code, r.text[:200])
+        assert r.headers["allow"] == "POST"

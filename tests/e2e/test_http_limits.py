@@ -1,7 +1,8 @@
 """HTTP attacks on raw sockets against the real Truss server (uvicorn's httptools parser):
 header floods (many lines, one huge value in pieces, too many lines), slowloris, idle
 connections, a full connection cap (probes still answered), clients that never read a
-stream, and clients that close right after sending.
+stream, clients that close right after sending, protocol upgrades and every other way a
+connection ends (each gives its place in the cap back), and a pipelining flood.
 
 Each server runs with tiny limits so that the attacks are cheap; every assertion is on
 what the server did (a status, a closed connection, a counter), never on elapsed time.
@@ -9,10 +10,14 @@ what the server did (a status, a closed connection, a counter), never on elapsed
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import requests
@@ -270,3 +275,188 @@ def test_generation_tokens_are_counted_as_they_stream(limited: LocalServer) -> N
         # The stream is still going (3000 tokens): the counter moved already.
         assert value(limited.url, "mtt:generation_tokens_total") > before
         assert value(limited.url, "mtt:num_requests_running") == 1
+
+
+# ---- every way a connection ends gives its place in the cap back ----
+
+WEBSOCKET = (
+    b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+def end_websocket(server: LocalServer, path: bytes) -> None:
+    with connect(server) as sock:
+        sock.sendall(WEBSOCKET % path)
+        answer = read_to_close(sock)
+    assert not answer.startswith(b"HTTP/1.1 101 "), answer[:200]
+    assert answer.startswith(b"HTTP/1.1 "), answer[:200]
+
+
+def end_h2c(server: LocalServer) -> None:
+    with connect(server) as sock:
+        sock.sendall(
+            b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+            b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n"
+        )
+        assert read_to_close(sock).startswith(b"HTTP/1.1 200 ")
+
+
+def end_client_close(server: LocalServer) -> None:
+    with connect(server) as sock:
+        sock.sendall(HEAD + b"\r\n")
+        answer = b""
+        while not answer.endswith(b"\r\n\r\n") and (part := sock.recv(1)):
+            answer += part
+        assert answer.startswith(b"HTTP/1.1 200 ")
+
+
+def end_client_reset(server: LocalServer) -> None:
+    sock = connect(server)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()  # a reset, mid-body
+
+
+def end_bad_request(server: LocalServer) -> None:
+    with connect(server) as sock:
+        sock.sendall(b"\x16\x03\x01 not http at all\r\n\r\n")
+        assert read_to_close(sock).startswith(b"HTTP/1.1 400 ")
+
+
+def end_header_too_large(server: LocalServer) -> None:
+    with connect(server) as sock:
+        send_until_refused(sock, iter([HEAD, *[b"X-F: " + b"a" * 500 + b"\r\n"] * 40]))
+        assert read_to_close(sock).startswith(b"HTTP/1.1 431 ")
+
+
+def end_answer_before_body(server: LocalServer) -> None:
+    """A body byte after the early answer stopped every timer: the server now closes."""
+    with connect(server) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\nx")
+        answer = b""
+        while b"\r\n\r\n" not in answer and (part := sock.recv(4096)):
+            answer += part
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        with contextlib.suppress(OSError):  # it may have closed already
+            sock.sendall(b"y")
+        read_to_close(sock)  # a timeout here: the connection was kept with no timer
+
+
+def test_a_client_reset_mid_stream_logs_no_error(limited: LocalServer) -> None:
+    """Clients that reset while their stream is written: counted, and no ERROR line (any
+    client could write them into the log)."""
+    request = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s"
+    )
+    payload = json.dumps(
+        {"prompt": "Hello", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    ).encode()
+
+    def total() -> float:
+        return sum(
+            v
+            for (name, labels), v in scrape(limited.url).items()
+            if name == "mtt:request_finished_total" and ("route", "completions") in labels
+        )
+
+    before = total()
+    for _ in range(10):
+        sock = connect(limited)
+        sock.sendall(request % (len(payload), payload))
+        assert sock.recv(12).startswith(b"HTTP/1.1")  # the stream has begun
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+        wait_for(lambda: value(limited.url, "mtt:num_requests_running") == 0, what="the abort")
+    wait_for(lambda: total() >= before + 10, timeout=PATIENCE_S, what="10 requests counted")
+    log = limited.log()
+    assert "Exception in ASGI application" not in log
+    assert " ERROR " not in log and "ERROR:" not in log, log[-3000:]
+
+
+ENDINGS: dict[str, Callable[[LocalServer], None]] = {
+    "websocket": lambda s: end_websocket(s, b"/v1/websocket"),
+    "websocket_on_a_probe": lambda s: end_websocket(s, b"/health"),
+    "websocket_on_a_generation_route": lambda s: end_websocket(s, b"/v1/completions"),
+    "h2c": end_h2c,
+    "client_close": end_client_close,
+    "client_reset": end_client_reset,
+    "bad_request": end_bad_request,
+    "header_too_large": end_header_too_large,
+    "answer_before_body": end_answer_before_body,
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_every_way_a_connection_ends_gives_its_place_back(
+    limited: LocalServer, ending: str
+) -> None:
+    """More connections than the cap, one after another, each ending this way: every new
+    one is served, and the open-connection gauge comes back down (only the scrape's own)."""
+    for _ in range(MAX_CONNECTIONS + 4):
+        ENDINGS[ending](limited)
+    wait_for(
+        lambda: value(limited.url, "mtt:http_connections") <= 1,
+        timeout=PATIENCE_S,
+        what="every place given back",
+    )
+    healthy(limited)
+
+
+# ---- a pipelining flood ----
+
+FLOOD_BYTES = 3 * 2**20
+FLOOD_SECONDS = 30  # the sending is bounded in time as well as in bytes
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_a_pipelining_flood_is_held_not_queued(limited: LocalServer) -> None:
+    """3 MB of back-to-back `GET /health` on one connection (read as it is answered): the
+    server answers them in order and holds the rest unparsed with reading paused, so its
+    memory stays flat (uvicorn's httptools protocol queued every request at once, ~120
+    bytes of memory per byte sent)."""
+    one = HEAD + b"\r\n"
+    flood = one * (FLOOD_BYTES // len(one))
+    pid = limited.process.pid
+    before = rss_bytes(pid)
+    peak = before
+    answered = 0
+    done = threading.Event()
+    with connect(limited) as sock:
+        sock.settimeout(0.5)
+
+        def read() -> None:
+            nonlocal answered
+            while not done.is_set():
+                try:
+                    part = sock.recv(65536)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not part:
+                    return
+                answered += part.count(b" 200 OK")
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        view = memoryview(flood)
+        sent = 0
+        deadline = time.monotonic() + FLOOD_SECONDS
+        while sent < len(flood) and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):  # blocked: the server holds the rest
+                sent += sock.send(view[sent : sent + 65536])
+            peak = max(peak, rss_bytes(pid))
+        wait_for(lambda: answered >= 200, timeout=PATIENCE_S, what="answers to the flood")
+        peak = max(peak, rss_bytes(pid))
+        done.set()
+        reader.join(timeout=PATIENCE_S)
+    assert peak - before < 64 * 2**20, (sent, peak - before)
+    healthy(limited)

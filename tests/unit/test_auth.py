@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -12,9 +14,18 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from mistral_serving.http.auth import ApiKeyError, key_matches, load_keys
+from mistral_serving.http.auth import (
+    RELOAD_CHECK_S,
+    ApiKeyError,
+    ApiKeyGuard,
+    KeySource,
+    RedactedAccessLine,
+    key_matches,
+    load_keys,
+    redacted_query,
+)
 from mistral_serving.http.frontend import Frontend
-from mistral_serving.http.server import extend
+from mistral_serving.http.server import error_json, extend, route_of
 from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
 
@@ -100,3 +111,61 @@ def test_an_x_api_key_header_is_a_key_and_stored_responses_are_guarded(tmp_path:
         held = client.request(method, "/v1/responses/resp_1", headers={"x-api-key": "key-one"})
         assert held.status_code == 503  # through the guard; the model is not loaded
     assert client.get("/v1/models/model").status_code == 200
+
+
+def test_a_changed_key_file_takes_effect_without_a_restart(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A mounted Secret is updated in place (a new file swapped in): a revoked key is
+    refused and a new one accepted within RELOAD_CHECK_S; a file that becomes unusable
+    keeps the keys in force."""
+    caplog.set_level(logging.INFO, logger="mistral_serving.http.auth")
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> dict[str, str]:
+        return {"ok": "chat"}
+
+    keys = tmp_path / "keys"
+    keys.write_text("old-key\n")
+    now = [0.0]
+    source = KeySource(str(keys), tmp_path / "no-secret", {}, clock=lambda: now[0])
+    client = TestClient(ApiKeyGuard(app, source, route_of, error_json))
+
+    def status(key: str) -> int:
+        headers = {"Authorization": f"Bearer {key}"}
+        return client.post("/v1/chat/completions", json={}, headers=headers).status_code
+
+    assert (status("old-key"), status("new-key")) == (200, 401)
+    swapped = tmp_path / "keys.new"
+    swapped.write_text("new-key\n")
+    os.replace(swapped, keys)
+    assert status("old-key") == 200  # not looked at again yet
+    now[0] += RELOAD_CHECK_S
+    assert (status("old-key"), status("new-key")) == (401, 200)
+    assert "API keys reloaded: 1 in force" in caplog.text
+    keys.write_text("# emptied mid-update\n")
+    os.utime(keys, ns=(1, 1))
+    now[0] += RELOAD_CHECK_S
+    assert status("new-key") == 200
+    assert "keys in force stay" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("path", "shown"),
+    [
+        ("/v1/completions?api_key=sk-1", "/v1/completions?api_key=[redacted]"),
+        ("/x?a=1&Token=t&b=2&api%5Fkey=k", "/x?a=1&Token=[redacted]&b=2&api%5Fkey=[redacted]"),
+        ("/x?password=p&sig=s&debug", "/x?password=[redacted]&sig=[redacted]&debug"),
+        ("/health", "/health"),
+        ("/v1/models?limit=3", "/v1/models?limit=3"),
+    ],
+)
+def test_secret_query_values_never_reach_the_access_line(path: str, shown: str) -> None:
+    assert redacted_query(path) == shown
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:1", "POST", path, "1.1", 401), None,
+    )  # fmt: skip
+    assert RedactedAccessLine().filter(record)
+    assert record.getMessage() == f'127.0.0.1:1 - "POST {shown} HTTP/1.1" 401'

@@ -230,3 +230,21 @@ def test_the_service_counts_a_timeout_once_with_its_reason(tok: Tokenizer) -> No
         registry.get_sample_value("mtt:e2e_request_latency_seconds_count", {"route": "completions"})
         == 1.0
     )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [(b"x-request-timeout", b"3600"), (b"x-request-timeout", b"2")],
+        [(b"x-request-timeout", b"2"), (b"x-request-timeout", b"3600")],
+        [
+            (b"x-envoy-expected-rq-timeout-ms", b"9000000"),
+            (b"x-envoy-expected-rq-timeout-ms", b"2000"),
+        ],
+    ],
+)
+def test_a_header_sent_twice_counts_with_its_smallest_value(raw: list[tuple[bytes, bytes]]) -> None:
+    """A client's larger timeout sent before a gateway's smaller one does not lift it."""
+    from starlette.datastructures import Headers
+
+    assert deadline.deadline_for(Headers(raw=raw), 0, 100.0) == 102.0

@@ -63,6 +63,76 @@ def test_pattern_repeat_counts_the_expansion(pattern: str, cost: int) -> None:
     assert pattern_repeat(pattern) == cost
 
 
+# Seconds xgrammar 0.2.9 took to compile `{"type": "string", "pattern": ...}` with the
+# Mistral vocabulary on the 2-core development machine (one run each; docs/reliability.md):
+# what the price must keep out (over ~1 s, most far over) and let in.
+SLOW = {
+    "(.{0,9}){0,9}": 9.0,  # 13 bytes: the issue's 118-byte schema nests these
+    "(.{0,9}){0,9}x": 18.1,
+    ".{0,9}" * 10: 13.8,
+    "(.{1,9}){1,9}": 6.2,
+    "(\\w{0,9}){0,9}": 4.7,
+    "(.{0,2}){0,20}": 3.9,
+    ".{0,9}" * 5: 2.9,
+    "(.?){0,30}": 2.1,
+    ".{0,3}" * 10: 1.6,
+    "([a-z]{0,9}){0,9}": 1.6,
+    "(.{0,3}){0,9}": 1.4,
+    "([^a]{0,9}){0,9}": 6.9,
+}
+FAST = {
+    ".{0,128}": 0.62,
+    "(x.{0,9}){0,9}": 0.55,
+    ".{0,18}.{0,18}": 0.51,
+    "^[^@]{1,64}@[^@]{1,255}$": 0.51,
+    "^[a-z0-9-]{1,63}(\\.[a-z0-9-]{1,63}){0,4}$": 0.51,
+    "[^x]{0,1000}": 0.47,
+    "^[A-Za-z]{1,30}( [A-Za-z]{1,30}){0,5}$": 0.44,
+    "(.{9}){9}": 0.39,
+    "(.{0,9})*": 0.31,
+    "a.{0,9}a.{0,9}a.{0,9}a.{0,9}a.{0,9}": 0.31,
+    "^\\w{1,20}(\\.\\w{1,20}){0,3}@\\w{1,20}\\.\\w{2,6}$": 0.29,
+    "(.{2}){0,40}": 0.23,
+    "\\w{0,1000}": 0.11,
+    "(.{0,3}){0,3}": 0.08,
+    "([0-9a-f]{0,9}){0,9}": 0.04,
+}
+
+
+@pytest.mark.parametrize("pattern", sorted(SLOW))
+def test_a_slow_pattern_of_a_broad_class_is_priced_over_the_bound(pattern: str) -> None:
+    """`.`, negated classes and other broad ones priced by what they cost: variable runs
+    of them that meet (nested or side by side) are ambiguous, each split a parse. Priced
+    as a literal, `(.{0,9}){0,9}` was 81 and ran the compile worker to its kill."""
+    message = refusal({"type": "string", "pattern": pattern})
+    assert "grammar_max_pattern_repeat" in message
+
+
+@pytest.mark.parametrize("pattern", sorted(FAST))
+def test_a_fast_pattern_is_within_the_bound(pattern: str) -> None:
+    passes({"type": "string", "pattern": pattern})
+
+
+PATTERN_PIECES = st.sampled_from(
+    ["a", "b", ".", "[^a]", "\\w", "\\d", "[a-z]", "[0-9]", "(", ")", "|", "?", "*", "+",
+     "{0,3}", "{2}", "{1,9}", "{0,30}", "x"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(PATTERN_PIECES, max_size=24), where=st.integers(0, 23))
+def test_a_broad_class_never_prices_below_a_literal(pieces: list[str], where: int) -> None:
+    """Replacing a literal by `.` or a negated class never lowers the price."""
+    literal = [i for i, p in enumerate(pieces) if p in ("a", "b", "x")]
+    if not literal:
+        return
+    i = literal[where % len(literal)]
+    before = pattern_repeat("".join(pieces))
+    for broad in (".", "[^a]"):
+        after = pattern_repeat("".join([*pieces[:i], broad, *pieces[i + 1 :]]))
+        assert after >= before, (pieces, i, broad)
+
+
 def test_the_nested_quantifier_bomb_is_refused_naming_the_limit() -> None:
     message = refusal({"type": "string", "pattern": BOMB})
     assert "grammar_max_pattern_repeat" in message and "27000" in message

@@ -16,7 +16,14 @@ from prometheus_client import CollectorRegistry
 from uvicorn.config import Config
 from uvicorn.server import ServerState
 
-from mistral_serving.http.limits import Limits, is_probe, protocol_class, raise_fd_limit
+from mistral_serving.http.limits import (
+    FD_HEADROOM,
+    Limits,
+    fit_connections,
+    is_probe,
+    protocol_class,
+    raise_fd_limit,
+)
 from mistral_serving.http.scope_keys import LEFT_EXTENSION
 from mistral_serving.settings import Settings
 
@@ -29,6 +36,7 @@ class FakeTransport:
         self.closing = False
         self.eof = False
         self.aborted = False
+        self.paused = False
 
     def write(self, data: bytes) -> None:
         self.written += data
@@ -55,10 +63,10 @@ class FakeTransport:
         self.high = high
 
     def pause_reading(self) -> None:
-        pass
+        self.paused = True
 
     def resume_reading(self) -> None:
-        pass
+        self.paused = False
 
 
 async def ok_app(scope: dict, receive: Any, send: Any) -> None:
@@ -271,3 +279,175 @@ def test_a_response_is_told_once_when_its_client_leaves(case: str) -> None:
             assert told == []
     finally:
         w.close()
+
+
+# ---- pipelining, upgrades, early answers ----
+
+
+class HeldApp:
+    """Answers each request when the test says so: a response stays in progress."""
+
+    def __init__(self) -> None:
+        self.scopes: list[dict[str, Any]] = []
+        self.release: list[asyncio.Event] = []
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        self.scopes.append(scope)
+        event = asyncio.Event()
+        self.release.append(event)
+        await event.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+
+def answers(transport: FakeTransport) -> list[bytes]:
+    return [
+        line.split(b" ")[1]
+        for line in bytes(transport.written).split(b"\r\n")
+        if line.startswith(b"HTTP/1.1 ")
+    ]
+
+
+def test_pipelined_requests_are_parsed_one_at_a_time() -> None:
+    """10,000 heads in one read: one request is parsed (and its task made) while its
+    answer is in progress; the rest waits unparsed with reading paused, then each is
+    answered in order. uvicorn's own protocol queued all 10,000 at once."""
+    app = HeldApp()
+    w = World(make_limits(), app)
+    try:
+        proto, transport = w.connect()
+        flood = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 10_000
+        proto.data_received(flood)
+        w.settle()
+        assert len(app.scopes) == 1 and not proto.pipeline
+        assert transport.paused
+        assert len(proto._held) < len(flood)  # the one head it parsed is gone
+        proto.data_received(b"GET /more HTTP/1.1\r\nHost: x\r\n\r\n")  # still held
+        w.settle()
+        assert len(app.scopes) == 1
+        for n in range(1, 4):
+            app.release[n - 1].set()
+            w.settle()
+            assert len(app.scopes) == n + 1 and answers(transport) == [b"200"] * n
+        assert not transport.closing
+        proto.connection_lost(None)
+        assert not w.limits.connections
+    finally:
+        w.close()
+
+
+def test_a_head_split_across_reads_is_still_one_request_at_a_time() -> None:
+    app = HeldApp()
+    w = World(make_limits(), app)
+    try:
+        proto, _ = w.connect()
+        one = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        data = one * 50
+        for cut in range(0, len(data), 7):  # every split of CRLFCRLF comes up
+            proto.data_received(data[cut : cut + 7])
+        w.settle()
+        assert len(app.scopes) == 1 and not proto.pipeline
+        for event in app.release[:]:
+            event.set()
+        for _ in range(60):
+            w.settle()
+            for event in app.release:
+                event.set()
+        assert len(app.scopes) == 50
+    finally:
+        w.close()
+
+
+def test_a_pipelined_oversize_head_is_answered_after_the_answer_before_it() -> None:
+    app = HeldApp()
+    w = World(make_limits(), app)
+    try:
+        proto, transport = w.connect()
+        proto.data_received(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n" + head(3 * MAX_BYTES))
+        w.settle()
+        assert transport.written == b""
+        app.release[0].set()
+        w.settle()
+        assert answers(transport) == [b"200", b"431"]
+    finally:
+        w.close()
+
+
+UPGRADES = [
+    b"GET /v1/websocket HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+    b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: upgrade\r\nUpgrade: websocket\r\n"
+    b"Content-Length: 0\r\n\r\n",
+]
+
+
+@pytest.mark.parametrize("request_bytes", UPGRADES)
+def test_an_upgrade_is_answered_as_http_then_closed_and_its_place_freed(
+    request_bytes: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The server speaks no WebSocket: the request is answered as HTTP/1.1, the connection
+    closes, and its place in the connection cap is given back; nothing is logged."""
+    w = World(make_limits())
+    try:
+        proto, transport = w.connect()
+        proto.data_received(request_bytes + b"\x81\x85garbage after the upgrade")
+        w.settle()
+        assert transport.written.startswith(b"HTTP/1.1 200 "), bytes(transport.written[:80])
+        assert b"connection: close" in transport.written.lower()
+        assert transport.closing
+        assert type(proto).__mro__[0] is w.cls  # still our protocol, not a WebSocket one
+        proto.connection_lost(None)
+        assert not w.limits.connections
+        assert w.limits.closed.labels("upgrade")._value.get() == 1
+        assert not [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")]
+    finally:
+        w.close()
+
+
+async def early_404(scope: dict, receive: Any, send: Any) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 404, "headers": []})
+    await send({"type": "http.response.body", "body": b"no"})
+
+
+@pytest.mark.parametrize("method", [b"POST", b"GET"])
+def test_an_answer_before_the_body_arrived_closes_the_connection(method: bytes) -> None:
+    """The rest of an unread body would arrive with no timer running (the keep-alive
+    timer stops at every byte, the header timer only runs for heads)."""
+    w = World(make_limits(), early_404)
+    try:
+        proto, transport = w.connect()
+        proto.data_received(method + b" /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nx")
+        w.settle()
+        assert transport.written.startswith(b"HTTP/1.1 404 ")
+        assert transport.closing
+        # A body that did arrive whole keeps the connection open.
+        proto, transport = w.connect()
+        proto.data_received(method + b" /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx")
+        w.settle()
+        assert transport.written.startswith(b"HTTP/1.1 404 ") and not transport.closing
+    finally:
+        w.close()
+
+
+def test_the_cap_is_clamped_to_what_the_open_file_limit_holds(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hard open-file limit of 1000: max_connections 2048 becomes 1000 - FD_HEADROOM
+    (past it accepts would fail for everyone, probes included), with a warning."""
+    import resource
+
+    limit = [(256, 1000)]
+    monkeypatch.setattr(resource, "getrlimit", lambda what: limit[0])
+    monkeypatch.setattr(resource, "setrlimit", lambda what, value: limit.__setitem__(0, value))
+    assert fit_connections(2048, 16) == 1000 - FD_HEADROOM
+    assert limit[0] == (1000, 1000)  # raised as far as the hard limit lets it
+    assert "max_connections 2048 is lowered to 744" in caplog.text
+    assert fit_connections(500, 16) == 500  # it fits: untouched
+    limits = Limits.from_settings(Settings(), CollectorRegistry(), max_connections=744)
+    assert limits.max_connections == 744 and limits.regular == 744 - 16

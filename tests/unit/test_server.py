@@ -302,17 +302,35 @@ def test_routes_not_served_are_404_unread(path: str) -> None:
     assert counted == []  # not one of our routes: nothing to count under
 
 
-@pytest.mark.parametrize(
-    ("path", "method"),
-    [("/v1/models", "GET"), ("/v1/chat/completions", "GET"), ("/v1/models/model", "POST")],
-)
-def test_other_requests_pass_through_untouched(path: str, method: str) -> None:
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_gets_and_heads_pass_through_untouched(method: str) -> None:
     peer = Peer([chunk(b"x" * (MAX * 3))])  # over the limit, but not ours to read
-    app, counted = drive(path, peer, length=MAX * 3, method=method)
+    app, counted = drive("/v1/models", peer, length=MAX * 3, method=method)
     assert len(app.calls) == 1 and peer.status == 200
-    if method == "POST":
-        assert app.body == b"x" * (MAX * 3)
     assert counted == []
+
+
+@pytest.mark.parametrize(
+    ("path", "method", "status"),
+    [
+        ("/v1/chat/completions", "GET", 405),  # Truss's 405; its readiness route's 200 {}
+        ("/v1/models/model:predict", "GET", 405),  # for GET /v1/models/model:predict
+        ("/v1/completions", "PUT", 405),
+        ("/v1/models/model", "POST", 404),
+        ("/v1/chat/completions/", "POST", 404),
+        ("/nowhere", "DELETE", 404),
+        ("/v1/chat/completions\n", "POST", 400),  # Starlette's `$` matches before a newline
+        ("/health\x00", "GET", 400),
+    ],
+)
+def test_everything_else_is_refused_unread(path: str, method: str, status: int) -> None:
+    """Default-deny: only a GET/HEAD or a POST to one of our routes reaches the app."""
+    peer = Peer([chunk(b"x" * 10)])
+    app, counted = drive(path, peer, length=10, method=method)
+    assert peer.status == status and peer.receives == 0 and app.calls == []
+    assert counted == []
+    if status == 405:
+        assert dict(peer.sent[0]["headers"])[b"allow"] == b"POST"
 
 
 def test_non_http_scopes_pass_through() -> None:
@@ -552,11 +570,11 @@ def test_direct_routes_answer_without_truss_route(answering: Frontend) -> None:
     extend(app, frontend)
     with TestClient(app) as client:
         answer = client.post("/v1/completions", json=COMPLETION)
-        assert client.get("/v1/completions").json() == {"truss": True}  # not a POST
+        assert client.get("/v1/completions").status_code == 405  # the guard's, not Truss's
     assert answer.status_code == 200
     assert answer.json()["object"] == "text_completion"
     assert answer.headers["x-request-id"]
-    assert reached == ["GET"]
+    assert reached == []
 
 
 def test_both_agent_apis_and_their_side_routes_are_served(answering: Frontend) -> None:

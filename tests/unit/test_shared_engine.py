@@ -13,6 +13,9 @@ import os
 import shutil
 import signal
 import socket
+import struct
+import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -365,4 +368,75 @@ def test_an_owner_that_breaks_the_protocol_stops_the_engine_process(dev_model, t
         assert not guest.is_healthy()
     finally:
         guest.shutdown()
+        owner.shutdown()
+
+
+def test_a_half_sent_message_holds_no_other_front_end(dev_model, tok, address):
+    """A guest that sends the start of a message and no more: the others' requests are
+    served meanwhile (the engine read it whole, blocking every front-end's intake), and
+    the guest is cut off once FRAME_TIMEOUT_S has passed."""
+    owner = start_owner(dev_model, tok, address)
+    try:
+        half = raw_guest(address)
+        half.send_bytes(ipc.encode(ipc.Join()))
+        assert isinstance(ipc.decode_from_engine(half.recv_bytes()), ipc.Ready)
+        frame = ipc.encode(ipc.Add(0, "r", [1, 2], SamplingOptions(max_new_tokens=4)))
+        with socket.socket(fileno=os.dup(half.fileno())) as raw:
+            raw.sendall(struct.pack("!i", len(frame)) + frame[:3])
+
+        async def served() -> list[int]:
+            async with asyncio.timeout(DEADLINE_S):
+                return await collect(owner, "o", [1, 2], 5)
+
+        assert len(asyncio.run(served())) == 5
+        assert closed_by_the_engine(half)
+        half.close()
+        assert owner.is_healthy()
+    finally:
+        owner.shutdown()
+
+
+HUNG_GUEST = """
+import socket, sys, time
+from multiprocessing.connection import Connection
+from mistral_gpu_fallback.process import ipc
+from mistral_serving.engines.base import SamplingOptions
+
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect(sys.argv[1])
+conn = Connection(sock.detach())
+conn.send_bytes(ipc.encode(ipc.Join()))
+conn.recv_bytes()
+for i in range(64):
+    add = ipc.Add(i, f"h{i}", [1, 2], SamplingOptions(max_new_tokens=10**6, ignore_eos=True))
+    conn.send_bytes(ipc.encode(add))
+print("asked", flush=True)
+time.sleep(600)  # never reads again: its steps pile up in the engine's socket
+"""
+
+
+def test_a_guest_that_stops_reading_holds_no_other_front_end(dev_model, tok, address):
+    """A front-end process that stops reading (hung, stopped): the engine's writes to it
+    never hold its step thread, so the owner's stream goes on; the hung one is cut off and
+    killed (so that the launcher notices) once OUTBOX_STALL_S has passed."""
+    owner = start_owner(dev_model, tok, address)
+    packages = Path(__file__).resolve().parents[2] / "mistral-trt-truss" / "packages"
+    env = os.environ | {"PYTHONPATH": str(packages)}
+    hung = subprocess.Popen(
+        [sys.executable, "-c", HUNG_GUEST, address], stdout=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        assert hung.stdout is not None and hung.stdout.readline().strip() == "asked"
+
+        async def served() -> list[int]:
+            async with asyncio.timeout(DEADLINE_S):  # its steps filled the buffers long before
+                return await collect(owner, "o", [1, 2], 2000)
+
+        assert len(asyncio.run(served())) == 2000
+        assert hung.wait(DEADLINE_S) == -signal.SIGKILL
+        assert owner.is_healthy()
+    finally:
+        if hung.poll() is None:
+            hung.kill()
+            hung.wait()
         owner.shutdown()

@@ -1,12 +1,16 @@
 """The bounded tokenization of `GenerationService.prepare`, with the real Mistral
 tokenizer, measured by what the tokenizer is asked to encode (never by time): a prompt far
 over the token limit but under the character bound is refused after tokenizing about
-twice the limit's worth of text, not all of it; and the refusal is exact (hypothesis: a
-prompt or chat is refused if and only if its real token count is over the limit)."""
+twice the limit's worth of text, not all of it; every text that reaches the prompt (tool
+descriptions and schemas, earlier calls' arguments) counts toward the character bound
+and is tokenized off the event loop; and the refusal is exact (hypothesis: a prompt or
+chat is refused if and only if its real token count is over the limit)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -22,8 +26,15 @@ from mistral_serving.generation.service import (
 )
 from mistral_serving.ops.metrics import Metrics
 from mistral_serving.settings import Settings
-from mistral_serving.text.chat import ChatMessage, encode_chat
+from mistral_serving.text.chat import (
+    ChatMessage,
+    HistoryCall,
+    ToolCallsMessage,
+    ToolResultMessage,
+    encode_chat,
+)
 from mistral_serving.text.tokenizer import Tokenizer
+from mistral_serving.tools.tool_calls import Tool
 from tests.doubles.scripted_engine import ScriptedEngine
 
 PROSE = (
@@ -38,11 +49,13 @@ class Counting:
 
     def __init__(self, tok: Tokenizer) -> None:
         self.calls: list[int] = []
+        self.threads: set[int] = set()
         self._inner = tok._encode
         tok._encode = self
 
     def __call__(self, text: str) -> list[int]:
         self.calls.append(len(text))
+        self.threads.add(threading.get_ident())
         return self._inner(text)
 
 
@@ -160,3 +173,67 @@ def test_refusal_is_exact_for_chats(tok: Tokenizer, turns: list[list[str]], limi
             prepare(service, messages=messages, param="messages")
     else:
         assert len(prepare(service, messages=messages, param="messages").prompt_ids) == n
+
+
+# ---- every text that reaches the prompt ----
+
+HI = (ChatMessage(role="user", content="hi"),)
+NO_PARAMETERS: dict[str, object] = {"type": "object", "properties": {}}
+
+
+def tool(description: str = "", parameters: dict[str, object] | None = None) -> Tool:
+    return Tool("lookup", description, parameters or NO_PARAMETERS, False)
+
+
+def over_bound(service: GenerationService) -> str:
+    bound = service.engine.limits.max_input_len * service._max_token_chars
+    return "x" * (bound + 1)
+
+
+def history_with(arguments: str) -> tuple[object, ...]:
+    call = HistoryCall(id="call_1", name="lookup", arguments=arguments)
+    return (
+        *HI,
+        ToolCallsMessage(tool_calls=(call,)),
+        ToolResultMessage(content="42", tool_call_id="call_1"),
+    )
+
+
+@pytest.mark.parametrize("where", ["description", "parameters", "arguments"])
+def test_a_huge_tool_text_is_refused_before_any_tokenizing(
+    tok: Tokenizer, counting: Counting, where: str
+) -> None:
+    """A tool's description or schema, or an earlier call's arguments, past the character
+    bound: 400 with nothing tokenized (only message contents were counted; the rest was
+    tokenized in full, on the event loop)."""
+    service = service_for(tok, 64)
+    huge = over_bound(service)
+    fields: dict[str, object] = {"messages": HI, "param": "messages"}
+    if where == "description":
+        fields["tools"] = (tool(description=huge),)
+    elif where == "parameters":
+        schema = {"type": "object", "properties": {"q": {"type": "string", "description": huge}}}
+        fields["tools"] = (tool(parameters=schema),)
+    else:
+        fields["messages"] = history_with('{"q": "' + huge + '"}')
+        fields["tools"] = (tool(),)
+    with pytest.raises(RequestError) as err:
+        prepare(service, **fields)
+    assert err.value.status == 400 and "characters" in err.value.message
+    assert counting.calls == []
+
+
+def test_tool_texts_are_tokenized_off_the_event_loop(tok: Tokenizer, counting: Counting) -> None:
+    """Short messages but a long tool description: tokenized in a worker thread."""
+    service = service_for(tok, 4096)
+    prepare(service, messages=HI, tools=(tool(description=PROSE * 20),), param="messages")
+    assert counting.calls and threading.get_ident() not in counting.threads
+
+
+def test_a_long_history_argument_is_tokenized_off_the_event_loop(
+    tok: Tokenizer, counting: Counting
+) -> None:
+    service = service_for(tok, 4096)
+    arguments = json.dumps({"q": PROSE * 20})
+    prepare(service, messages=history_with(arguments), param="messages")
+    assert counting.calls and threading.get_ident() not in counting.threads

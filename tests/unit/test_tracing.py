@@ -5,14 +5,15 @@ request id as an attribute; a refusal's spans; off by default."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Iterator, Sequence
 
 import pytest
 from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -20,6 +21,8 @@ from mistral_serving.ops.tracing import Tracing, tracing_for
 from mistral_serving.settings import Settings
 from mistral_serving.text.tokenizer import Tokenizer
 from tests.unit.test_frontend import TEXT, Client, Served, body, run, serve
+
+PATIENCE_S = 60
 
 TRACE_ID = 0x0AF7651916CD43DD8448EB211C80319C
 PARENT_ID = 0xB7AD6B7169203331
@@ -111,3 +114,39 @@ def test_any_traceparent_header_is_served(tok: Tokenizer, header: str) -> None:
     root = by_name(exporter.get_finished_spans())["request"]
     if root.parent is not None:  # a valid one is continued, anything else starts a trace
         assert f"{root.parent.span_id:016x}" in header.lower()
+
+
+class HungExporter(SpanExporter):
+    """A collector that never answers: every export waits until the test ends it."""
+
+    def __init__(self) -> None:
+        self.exporting = threading.Event()
+        self.release = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.exporting.set()
+        self.release.wait()
+        return SpanExportResult.FAILURE
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_a_hung_collector_holds_the_stop_for_a_bounded_time(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The stop waits SHUTDOWN_FLUSH_S at most for a collector that never answers (it
+    waited for the exporter's timeouts and retries: ~30 s a stop)."""
+    exporter = HungExporter()
+    tracing = Tracing.with_exporter(exporter)
+    span = tracing.tracer.start_span("request")
+    span.end()
+    stopper = threading.Thread(target=tracing.shutdown, daemon=True)
+    try:
+        stopper.start()
+        assert exporter.exporting.wait(PATIENCE_S)
+        stopper.join(PATIENCE_S)  # a bound on a wait that must end, not a measurement
+        assert not stopper.is_alive()
+        assert "did not flush" in caplog.text
+    finally:
+        exporter.release.set()

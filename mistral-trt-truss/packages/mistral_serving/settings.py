@@ -499,8 +499,10 @@ class GrammarSettings(_Concern):
         1000,
         ge=1,
         le=10**9,
-        description="Largest expansion of one schema `pattern` (bounded repetitions multiply "
-        "when nested); 10x this for all of a schema's patterns; more: 400.",
+        description="Largest price of one schema `pattern`: its expansion (bounded "
+        "repetitions multiply when nested), or 16x the overlap of variable-length runs of a "
+        "broad class (`.`, negated classes, `\\w`) that meet; 10x this for all of a "
+        "schema's patterns; more: 400.",
     )
     grammar_compile_timeout_seconds: float = Field(
         10.0,
@@ -510,7 +512,11 @@ class GrammarSettings(_Concern):
         "when it overruns); else 400. The verdict is cached.",
     )
     grammar_compile_workers: int = Field(
-        1, ge=1, le=16, description="Child processes compiling new schemas at once."
+        2,
+        ge=1,
+        le=16,
+        description="Child processes compiling new schemas at once; 4 schemas a worker "
+        "may wait for one, more get 429.",
     )
 
 

@@ -25,6 +25,7 @@ SIGTERM) for at most the Start's `guests_wait_s`; the owner's EOF stops the engi
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import json
@@ -32,6 +33,7 @@ import logging
 import os
 import signal
 import socket
+import struct
 import sys
 import threading
 import time
@@ -54,6 +56,15 @@ log = logging.getLogger("mistral_gpu_fallback.process.worker")  # not __main__ w
 GAUGE_POLL_S = 0.05  # how often the gauges (and the engine's health) are checked
 HEARTBEAT_S = ipc.HEARTBEAT_S
 _SHUTDOWN_JOIN_S = 30.0
+# A front-end that takes nothing written to it for this long, or lets this much wait for
+# it, is cut off (a guest is also killed, so that the launcher notices): its writes must
+# never hold the engine's step thread, which serves every front-end.
+OUTBOX_STALL_S = 10.0
+OUTBOX_MAX_BYTES = 256 * 2**20
+# A message begun must arrive whole within this; a longer one is not ours.
+FRAME_TIMEOUT_S = 10.0
+MAX_FRAME_BYTES = 256 * 2**20
+FLUSH_S = 5.0  # how long an exit waits for what is still queued to a front-end
 
 
 class _RequestOut:
@@ -80,7 +91,9 @@ class Outbox:
     (`base.deliver`), so each step becomes one message to each front-end with requests
     in it, with the gauges read as it is sent."""
 
-    def __init__(self, conn: Connection, engine: ServedEngine | None = None) -> None:
+    def __init__(
+        self, conn: Connection, engine: ServedEngine | None = None, guest: bool = False
+    ) -> None:
         self._conn = conn
         self._lock = threading.Lock()  # the engine thread, the main thread, the monitor
         self.pending: list[ipc.Event] = []
@@ -89,6 +102,16 @@ class Outbox:
         # key -> the engine's request id, until the request's last event: what to abort
         # when a guest front-end leaves with requests still running.
         self.live: dict[int, str] = {}
+        # Frames wait here for this front-end's own writer thread: a front-end that stops
+        # reading holds only that thread, never the engine's step thread.
+        self._guest = guest
+        self._frames: collections.deque[bytes] = collections.deque()
+        self._queued = 0
+        self._writing_since: float | None = None
+        self._idle = threading.Condition()
+        self._closed = False
+        self.cut = False
+        threading.Thread(target=self._write_all, name="outbox-writer", daemon=True).start()
 
     def call_soon_threadsafe(self, callback: Callable[..., object], *args: Any) -> None:
         with self._lock:
@@ -124,9 +147,93 @@ class Outbox:
         return (0.0, 0) if engine is None else (engine.kv_cache_usage(), engine.num_running())
 
     def _send(self, message: ipc.FromEngine) -> None:
-        # OSError: that front-end is gone; the main thread reads its EOF.
+        frame = ipc.encode(message)
+        with self._idle:
+            if self.cut or self._closed:
+                return
+            self._frames.append(frame)
+            self._queued += len(frame)
+            self._idle.notify_all()
+            overfull = self._queued > OUTBOX_MAX_BYTES
+        if overfull:
+            self.cut_off(f"{OUTBOX_MAX_BYTES} bytes waited for it")
+
+    def _write_all(self) -> None:
+        """The writer thread: frames in order, each write blocking only this thread."""
+        while True:
+            with self._idle:
+                while not self._frames and not self._closed and not self.cut:
+                    self._idle.wait()
+                if not self._frames or self.cut:
+                    return
+                frame = self._frames.popleft()
+                self._writing_since = time.monotonic()
+            try:
+                self._conn.send_bytes(frame)
+            except (OSError, ValueError):  # gone (the main thread reads its EOF) or closed
+                with self._idle:
+                    self.cut = True
+                    self._frames.clear()
+                    self._idle.notify_all()
+                return
+            with self._idle:
+                self._queued -= len(frame)
+                self._writing_since = None
+                self._idle.notify_all()
+
+    def stalled(self, now: float) -> bool:
+        """A write to it has waited OUTBOX_STALL_S: it stopped reading."""
+        since = self._writing_since
+        return since is not None and now - since >= OUTBOX_STALL_S and not self.cut
+
+    def cut_off(self, why: str) -> None:
+        """Stop writing to this front-end: what waits is dropped, its connection shut (so
+        a blocked write fails and the main thread reads its end, and lets it go), and a
+        guest's process is killed: hung, it would never notice, nor would the launcher."""
+        with self._idle:
+            if self.cut:
+                return
+            self.cut = True
+            self._frames.clear()
+            self._idle.notify_all()
+        pid = _peer_pid(self._conn)
+        log.error("a front-end (pid %s) stopped reading (%s): cutting it off", pid, why)
         with contextlib.suppress(OSError):
-            self._conn.send_bytes(ipc.encode(message))
+            dup = socket.socket(fileno=os.dup(self._conn.fileno()))
+            dup.shutdown(socket.SHUT_RDWR)
+            dup.close()
+        if self._guest and pid and pid not in (os.getpid(), os.getppid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+    def flush(self, timeout_s: float) -> None:
+        """Wait (at most `timeout_s`) until what is queued is written, then stop the
+        writer: the process is about to close the connection or exit."""
+        deadline = time.monotonic() + timeout_s
+        with self._idle:
+            while (self._frames or self._writing_since is not None) and not self.cut:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._idle.wait(left)
+            self._closed = True
+            self._idle.notify_all()
+
+
+def _peer_pid(conn: Connection) -> int | None:
+    """The process at the other end of a Unix socket (its credentials, from the kernel)."""
+    try:
+        dup = socket.socket(fileno=os.dup(conn.fileno()))
+    except OSError:
+        return None
+    try:
+        creds = dup.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    finally:
+        dup.close()
+    pid, _, _ = struct.unpack("3i", creds)
+    return pid if pid > 0 else None
 
 
 class Fanout:
@@ -148,8 +255,16 @@ class Fanout:
             outbox.send(message)
 
     def send_gauges_if_changed(self) -> None:
+        now = time.monotonic()
         for outbox in self.outboxes:
+            if outbox.stalled(now):
+                outbox.cut_off(f"no write to it went through in {OUTBOX_STALL_S:g}s")
             outbox.send_gauges_if_changed()
+
+    def flush(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for outbox in self.outboxes:
+            outbox.flush(max(0.0, deadline - time.monotonic()))
 
 
 class _Monitored(Protocol):
@@ -186,6 +301,7 @@ class ServedEngine(_Monitored, Protocol):
 class _MonitorOut(Protocol):
     def send(self, message: ipc.FromEngine) -> None: ...
     def send_gauges_if_changed(self) -> None: ...
+    def flush(self, timeout_s: float) -> None: ...
 
 
 def _monitor(engine: _Monitored, outbox: _MonitorOut, stopping: threading.Event) -> None:
@@ -200,6 +316,7 @@ def _monitor(engine: _Monitored, outbox: _MonitorOut, stopping: threading.Event)
         if not engine.is_healthy() and not stopping.is_set():
             engine.shutdown()  # waits for the dying loop to fail its streams, frees memory
             outbox.send(ipc.Fatal("the engine's step loop died (see the engine log)"))
+            outbox.flush(FLUSH_S)
             os._exit(1)
         outbox.send_gauges_if_changed()
         if time.monotonic() >= next_beat:
@@ -247,6 +364,7 @@ def serve(conn: Connection) -> int:
     except BaseException as exc:  # noqa: BLE001 - any start-up failure goes to the server
         log.exception("the engine could not start")
         outbox.send(ipc.Failed(type(exc).__name__, str(exc)))
+        outbox.flush(FLUSH_S)
         _close(listener, start.guests_address)
         return 1
     outbox.engine = engine
@@ -273,6 +391,7 @@ def serve(conn: Connection) -> int:
         stopping.set()
         _close(listener, start.guests_address)
         engine.shutdown()  # pending streams end with EngineError("the engine shut down")
+        fanout.flush(FLUSH_S)  # the streams' last events, before the connections close
         thaw_loaded_objects()  # else nanobind reports the frozen objects as leaked at exit
     return 0
 
@@ -318,12 +437,78 @@ def _detail(value: object) -> ipc.Detail:
     return value if value is None or isinstance(value, str | int | float | bool) else str(value)
 
 
+class _Frames:
+    """A front-end's messages as they arrive, read without ever blocking on one that has
+    only partly arrived (the main thread serves every front-end's intake): the framing of
+    `multiprocessing.connection.Connection` (a 4-byte big-endian length, or -1 and an
+    8-byte one), parsed here from what the socket has."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._sock = socket.socket(fileno=os.dup(conn.fileno()))
+        self._buf = bytearray()
+        self.since: float | None = None  # when the message now partly here began
+
+    def read(self) -> tuple[list[bytes], bool]:
+        """The messages complete so far, and whether the input has ended (the messages
+        before its end come first). OSError from the socket; `frames` raises IpcError
+        for a length no message of ours has."""
+        ended = False
+        while True:
+            try:
+                chunk = self._sock.recv(1 << 16, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not chunk:
+                ended = True
+                break
+            self._buf += chunk
+            if len(chunk) < 1 << 16:
+                break
+        return self.frames(), ended
+
+    def frames(self) -> list[bytes]:
+        frames = []
+        while (frame := self._take()) is not None:
+            frames.append(frame)
+        if not self._buf:
+            self.since = None
+        elif frames or self.since is None:
+            self.since = time.monotonic()
+        return frames
+
+    def _take(self) -> bytes | None:
+        buf = self._buf
+        if len(buf) < 4:
+            return None
+        (size,) = struct.unpack("!i", buf[:4])
+        head = 4
+        if size == -1:
+            if len(buf) < 12:
+                return None
+            (size,) = struct.unpack("!Q", buf[4:12])
+            head = 12
+        if not 0 <= size <= MAX_FRAME_BYTES:
+            raise ipc.IpcError(f"a message of {size} bytes announced")
+        if len(buf) < head + size:
+            return None
+        frame = bytes(buf[head : head + size])
+        del buf[: head + size]
+        return frame
+
+    def overdue(self, now: float) -> bool:
+        return self.since is not None and now - self.since >= FRAME_TIMEOUT_S
+
+    def close(self) -> None:
+        self._sock.close()
+
+
 class _Peer:
     """One front-end's connection. Index 0 is the owner (the server that started this
     process); the others are guests that joined on the shared engine's socket."""
 
     def __init__(self, conn: Connection, index: int, outbox: Outbox) -> None:
         self.conn, self.index, self.outbox = conn, index, outbox
+        self.frames = _Frames(conn)
         self.joined = index == 0  # a guest is served once it has said Join
 
     def engine_id(self, request_id: str) -> str:
@@ -341,48 +526,47 @@ class _Requests:
         self.engine, self.ready, self.fanout, self.owner = engine, ready, fanout, owner
         self.peers: dict[Connection, _Peer] = {owner.conn: owner}
         self._indexes = itertools.count(1)
-        self._owner_gone = False  # the owner broke the protocol: stop, as for its EOF
+        self._owner_gone = False  # the owner broke the protocol or left: stop
+        self._listener: socket.socket | None = None
+        self._leave_by: float | None = None  # set by the owner's Shutdown
 
     def serve(self, listener: socket.socket | None, guests_wait_s: float) -> None:
         """Until the owner says Shutdown (then until the guests have left, or for at most
         `guests_wait_s`: their streams drain on their own clocks) or its connection
         ends."""
-        leave_by: float | None = None
-        while True:
+        self._listener = listener
+        self._guests_wait_s = guests_wait_s
+        while not self._owner_gone:
+            leave_by = self._leave_by
             if leave_by is not None and (not self.peers or time.monotonic() >= leave_by):
                 if self.peers:
                     log.warning("%d front-end(s) still joined: stopping", len(self.peers))
                 return
-            waitables: list[Any] = [*self.peers, *([listener] if listener else [])]
-            timeout = None if leave_by is None else max(0.0, leave_by - time.monotonic())
-            for ready in wait(waitables, timeout):
-                if ready is listener:
-                    self._accept(listener)
+            waitables: list[Any] = [*self.peers, *([self._listener] if self._listener else [])]
+            for ready in wait(waitables, self._timeout()):
+                if ready is self._listener:
+                    self._accept(ready)
                     continue
                 peer = self.peers.get(ready)  # type: ignore[call-overload]
-                if peer is None:
-                    continue
-                message = self._receive(peer)
-                if message is None:
-                    if peer is self.owner:
-                        return
-                    continue
-                if isinstance(message, ipc.Shutdown) and peer is self.owner:
-                    del self.peers[peer.conn]  # its requests have ended: it drained first
-                    if listener is not None:
-                        listener.close()
-                        listener = None
-                    if self.peers:
-                        log.info(
-                            "waiting up to %.0fs for %d front-end(s) to leave",
-                            guests_wait_s,
-                            len(self.peers),
-                        )
-                    leave_by = time.monotonic() + guests_wait_s
-                else:
-                    self._handle(peer, message)
+                if peer is not None:
+                    self._intake(peer)
                 if self._owner_gone:
                     return
+            now = time.monotonic()
+            for peer in [p for p in self.peers.values() if p.frames.overdue(now)]:
+                log.error(
+                    "front-end %d: a message did not arrive whole within %gs",
+                    peer.index,
+                    FRAME_TIMEOUT_S,
+                )
+                self._leave(peer)
+
+    def _timeout(self) -> float | None:
+        """Until the next thing to check: the owner's leave-by, a partial message's bound."""
+        ends = [p.frames.since + FRAME_TIMEOUT_S for p in self.peers.values() if p.frames.since]
+        if self._leave_by is not None:
+            ends.append(self._leave_by)
+        return max(0.0, min(ends) - time.monotonic()) if ends else None
 
     def _accept(self, listener: socket.socket) -> None:
         try:
@@ -390,26 +574,59 @@ class _Requests:
         except OSError:
             return
         conn = Connection(sock.detach())
-        peer = _Peer(conn, next(self._indexes), Outbox(conn, self.engine))
+        peer = _Peer(conn, next(self._indexes), Outbox(conn, self.engine, guest=True))
         self.peers[conn] = peer
 
-    def _receive(self, peer: _Peer) -> ipc.ToEngine | None:
-        """The peer's next message, or None once it has gone (then it is let go)."""
+    def _intake(self, peer: _Peer) -> None:
+        """Every whole message the peer has sent, handled in order; then its end."""
         try:
-            return ipc.decode_to_engine(peer.conn.recv_bytes())
-        except (EOFError, OSError):
-            if peer is self.owner:
-                log.warning("the server closed the connection: shutting the engine down")
+            frames, ended = peer.frames.read()
+        except OSError:
+            frames, ended = [], True
+        except ipc.IpcError as exc:
+            self._unreadable(peer, exc)
+            return
+        for frame in frames:
+            if peer.conn not in self.peers or self._owner_gone:
+                return  # it left (or broke the protocol) with an earlier message
+            try:
+                message = ipc.decode_to_engine(frame)
+            except ipc.IpcError as exc:
+                self._unreadable(peer, exc)
+                return
+            if isinstance(message, ipc.Shutdown) and peer is self.owner:
+                self._owner_shutdown()
             else:
-                self._leave(peer)
-            return None
-        except ipc.IpcError as exc:  # not our server speaking: stop rather than guess
+                self._handle(peer, message)
+        if ended and not self._owner_gone:
             if peer is self.owner:
-                log.error("%s: shutting the engine down", exc)
-            else:
-                log.error("front-end %d: %s: closing its connection", peer.index, exc)
+                if peer.conn in self.peers:
+                    log.warning("the server closed the connection: shutting the engine down")
+                    self._owner_gone = True
+            elif peer.conn in self.peers:
                 self._leave(peer)
-            return None
+
+    def _unreadable(self, peer: _Peer, exc: ipc.IpcError) -> None:
+        """Not our server speaking: stop rather than guess."""
+        if peer is self.owner:
+            log.error("%s: shutting the engine down", exc)
+            self._owner_gone = True
+        else:
+            log.error("front-end %d: %s: closing its connection", peer.index, exc)
+            self._leave(peer)
+
+    def _owner_shutdown(self) -> None:
+        del self.peers[self.owner.conn]  # its requests have ended: it drained first
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self.peers:
+            log.info(
+                "waiting up to %.0fs for %d front-end(s) to leave",
+                self._guests_wait_s,
+                len(self.peers),
+            )
+        self._leave_by = time.monotonic() + self._guests_wait_s
 
     def _handle(self, peer: _Peer, message: ipc.ToEngine) -> None:
         if not peer.joined:
@@ -454,6 +671,8 @@ class _Requests:
         self.fanout.remove(peer.outbox)
         for engine_id in peer.outbox.take_live():
             self.engine.abort(engine_id)
+        peer.outbox.flush(0.0)  # its writer stops; what it had not taken is dropped
+        peer.frames.close()
         peer.conn.close()
         if peer.joined:
             log.info("front-end %d left", peer.index)

@@ -7,8 +7,8 @@ timeout (milliseconds), so the answer ends before the gateway would give up on i
 can only lower the setting's deadline, never lift it; a bad value is a 400.
 
 When the deadline passes:
-- waiting for a slot, being tokenized, or before the engine saw it: 504 (`timeout`), and
-  the engine never gets the request;
+- waiting for a slot, being tokenized, waiting for its schema's compile, or before the
+  engine saw it: 504 (`timeout`), and the engine never gets the request;
 - while generating: the engine request is aborted and the answer ends visibly with
   `finish_reason` "timeout": in-band on an OpenAI stream, a cut body (no closing chunk) on
   a predict stream, and a 504 with the partial answer when not streamed.
@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from mistral_serving.errors import RequestError
@@ -52,14 +52,23 @@ def _seconds(raw: str, name: str, scale: float) -> float:
     return value
 
 
+def _values(headers: Mapping[str, str], name: str) -> list[str]:
+    """Every value of a header sent more than once (Starlette's `getlist`), else the one."""
+    getlist = getattr(headers, "getlist", None)
+    if getlist is not None:
+        return list(getlist(name))
+    raw = headers.get(name)
+    return [] if raw is None else [raw]
+
+
 def deadline_for(headers: Mapping[str, str], default_s: float, arrived_at: float) -> float | None:
-    """The monotonic time the request must be done by, or None (no limit)."""
+    """The monotonic time the request must be done by, or None (no limit). A header sent
+    more than once counts with every value: a client's own larger timeout before a
+    gateway's smaller one cannot lift it."""
     limits = [default_s] if default_s > 0 else []
-    raw = headers.get(TIMEOUT_HEADER)
-    if raw is not None:
+    for raw in _values(headers, TIMEOUT_HEADER):
         limits.append(_seconds(raw, TIMEOUT_HEADER, 1.0))
-    raw = headers.get(ENVOY_TIMEOUT_HEADER)
-    if raw is not None:
+    for raw in _values(headers, ENVOY_TIMEOUT_HEADER):
         limits.append(_seconds(raw, ENVOY_TIMEOUT_HEADER, 0.001))
     return arrived_at + min(limits) if limits else None
 
@@ -95,6 +104,35 @@ async def within(deadline: float | None, awaitable: Awaitable[T], where: str) ->
             return await awaitable
     except TimeoutError:
         raise timed_out(where) from None
+
+
+async def while_present(
+    deadline: float | None,
+    awaitable: Awaitable[T],
+    where: str,
+    is_disconnected: Callable[[], Awaitable[bool]] | None,
+    poll_s: float = 0.5,
+) -> T:
+    """`awaitable`'s result; the 504 when the deadline passes first, a 499 when the client
+    leaves first (asked every `poll_s`); either way the awaitable is cancelled. For waits
+    on work shared with others (a schema's compile), which the request must not outlast
+    its deadline or its client for."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            timeout = poll_s
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise timed_out(where)
+                timeout = min(timeout, left)
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+            if done:
+                return task.result()
+            if is_disconnected is not None and await is_disconnected():
+                raise RequestError(f"the client disconnected {where}", status=499)
+    finally:
+        task.cancel()
 
 
 async def bounded(stream: AsyncIterator[T], deadline: float) -> AsyncIterator[T]:

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -39,10 +39,10 @@ from mistral_serving.ops.telemetry import Telemetry
 from mistral_serving.ops.tracing import tracing_for
 from mistral_serving.settings import Settings
 from mistral_serving.structured.grammar import export_metrics, gate_for
-from mistral_serving.text.chat import ChatFormatError, Message, encode_chat
+from mistral_serving.text.chat import ChatFormatError, Message, encode_chat, message_texts
 from mistral_serving.text.streaming import TextStream
 from mistral_serving.text.tokenizer import Tokenizer, load_tokenizer
-from mistral_serving.tools.tool_calls import Tool
+from mistral_serving.tools.tool_calls import Tool, parameters_text, tool_texts
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +234,14 @@ class GenerationService:
 
     # ---- requests ----
 
-    async def prepare(self, req: GenerationRequest) -> PreparedRequest:
-        """Tokenize (off the event loop when long) and check against the engine."""
+    async def prepare(
+        self,
+        req: GenerationRequest,
+        deadline_at: float | None = None,
+        is_disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> PreparedRequest:
+        """Tokenize (off the event loop when long) and check against the engine; a
+        schema's check waits at most until `deadline_at` and while the client is there."""
         limits = self.engine.limits
         ids = await self.prompt_ids(req)
         try:
@@ -244,7 +250,12 @@ class GenerationService:
             raise RequestError(str(exc), param=req.param) from None
         sampling = req.sampling
         if sampling.guided is not None:  # a bad or too costly schema: a 4xx, never a 5xx
-            await self.grammar.check(sampling.guided)
+            check = self.grammar.check(sampling.guided)
+            if deadline_at is None and is_disconnected is None:
+                await check
+            else:  # a compile may queue behind others': not past the request's end
+                where = "while its schema waited for its compile"
+                await deadline.while_present(deadline_at, check, where, is_disconnected)
         if sampling.max_new_tokens != max_new:
             sampling = dataclasses.replace(sampling, max_new_tokens=max_new)
         # The model's other end-of-turn tokens (generation_config's eos_token_id list);
@@ -266,32 +277,37 @@ class GenerationService:
             if ids and (min(ids) < 0 or max(ids) >= vocab):
                 raise RequestError(f"prompt token ids must be in [0, {vocab})", param=req.param)
         else:
-            chars = (
-                sum(len(m.content) for m in req.messages)
-                if req.messages is not None
-                else len(req.prompt or "")
-            )
-            if chars > limits.max_input_len * self._max_token_chars:
-                raise RequestError(
-                    f"{req.param} is {chars} characters: more than this engine's "
-                    f"{limits.max_input_len}-token input limit can hold",
-                    param=req.param,
-                )
-            if chars > INLINE_TOKENIZE_CHARS:
+            # Every text that reaches the prompt is counted (tool descriptions, earlier
+            # calls' arguments, results), not only message contents: each is tokenized.
+            chars = sum(map(len, _texts(req)))
+            self._check_chars(req, chars)
+            # Tool schemas are measured (serialized) in the worker thread too.
+            if chars > INLINE_TOKENIZE_CHARS or req.tools:
                 ids = await asyncio.to_thread(self._encode_within, req, limits.max_input_len)
             else:
                 ids = self._encode_within(req, limits.max_input_len)
         return ids
 
+    def _check_chars(self, req: GenerationRequest, chars: int) -> None:
+        """No token is longer than `_max_token_chars`: more characters than the input
+        limit times that cannot fit, refused before anything is tokenized."""
+        limit = self.engine.limits.max_input_len
+        if chars > limit * self._max_token_chars:
+            raise RequestError(
+                f"{req.param} is {chars} characters: more than this engine's "
+                f"{limit}-token input limit can hold",
+                param=req.param,
+            )
+
     def _encode_within(self, req: GenerationRequest, limit: int) -> list[int]:
         """`_encode`, after `_probe_length` found nothing over `limit` tokens: a prompt
         far over the limit costs about what tokenizing `limit` tokens costs, not what its
         whole length (up to the character bound) would."""
-        text = (
-            "\n".join(m.content for m in req.messages)
-            if req.messages is not None
-            else req.prompt or ""
-        )
+        texts = list(_texts(req))
+        if req.tools:
+            texts.append(parameters_text(req.tools))
+            self._check_chars(req, sum(map(len, texts)))
+        text = "\n".join(texts)
         found = self._probe_length(text, limit)
         if found is not None:
             cut, count = found
@@ -475,6 +491,15 @@ class Generation:
             return Chunk(text)
         self._logprobs.extend(pending)
         return Chunk(text, pending)
+
+
+def _texts(req: GenerationRequest) -> Iterator[str]:
+    """The request's texts that reach the prompt, but the tools' parameter schemas."""
+    if req.messages is None:
+        yield req.prompt or ""
+        return
+    yield from message_texts(req.messages)
+    yield from tool_texts(req.tools)
 
 
 def _cut_before_space(text: str, at: int, reach: int = 64) -> int:

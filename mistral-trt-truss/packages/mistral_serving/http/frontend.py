@@ -394,7 +394,7 @@ class Frontend:
             admitted = self._admit(request, record.priority)
             ticket = await deadline.within(record.deadline, admitted, "while queued")
             service.telemetry.admitted(record)
-            prepared = await service.prepare(call.gen)
+            prepared = await service.prepare(call.gen, record.deadline, request.is_disconnected)
             deadline.check(record.deadline, "before generation began")
         except RequestError as err:
             if ticket is not None:

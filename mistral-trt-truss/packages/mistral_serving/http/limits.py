@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from uvicorn.protocols.http import httptools_impl
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT, FlowControl
 
 from mistral_serving.errors import RequestError
 from mistral_serving.http.scope_keys import CUT_EXTENSION, LEFT_EXTENSION
@@ -73,7 +74,8 @@ def _metrics(prefix: str, registry: CollectorRegistry) -> tuple[Counter, Gauge]:
         f"{prefix}http_connections_closed",
         "Client connections the server closed or refused, by reason: header_too_large, "
         "too_many_headers, header_timeout, idle_timeout, evicted (idle, to make room), "
-        "over_capacity, probes_only.",
+        "over_capacity, probes_only, upgrade (a request to switch protocols, answered as "
+        "HTTP/1.1, then closed), body_unread (answered before its body arrived).",
         ["reason"],
         registry=registry,
     )
@@ -96,14 +98,21 @@ class Limits:
     connections: dict[Any, None] = field(default_factory=dict)
 
     @classmethod
-    def from_settings(cls, settings: Settings, registry: CollectorRegistry = REGISTRY) -> Limits:
+    def from_settings(
+        cls,
+        settings: Settings,
+        registry: CollectorRegistry = REGISTRY,
+        max_connections: int | None = None,
+    ) -> Limits:
+        """`max_connections`: the cap in force when the open-file limit holds fewer than
+        the setting's (`fit_connections`)."""
         closed, open_ = _metrics(settings.metrics_prefix, registry)
         return cls(
             max_header_bytes=settings.max_header_bytes,
             max_header_count=settings.max_header_count,
             header_timeout_s=settings.header_timeout_seconds,
             keepalive_timeout_s=settings.keepalive_timeout_seconds,
-            max_connections=settings.max_connections,
+            max_connections=max_connections or settings.max_connections,
             probe_reserve=settings.probe_reserve_connections,
             send_buffer_bytes=settings.stream_buffer_bytes,
             closed=closed,
@@ -144,22 +153,35 @@ class Limits:
 def raise_fd_limit(max_connections: int) -> int:
     """Raise this process's soft RLIMIT_NOFILE (up to the hard limit, which needs no
     privilege) so that `max_connections` fit with room for the rest; returns the soft
-    limit now in force (a warning says so when it is still too low)."""
+    limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     need = max_connections + FD_HEADROOM
     if soft != resource.RLIM_INFINITY and soft < need:
         new = need if hard == resource.RLIM_INFINITY else min(need, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
         soft = new
-    if soft != resource.RLIM_INFINITY and soft < need:
-        log.warning(
-            "open-file limit %d is below max_connections %d + %d: raise `ulimit -n` "
-            "(nofile) for the container, or lower max_connections",
-            soft,
-            max_connections,
-            FD_HEADROOM,
-        )
     return soft
+
+
+def fit_connections(max_connections: int, probe_reserve: int) -> int:
+    """The connection cap this process can honour: `max_connections`, or fewer (with a
+    warning) when the open-file limit, raised as far as it goes, holds fewer. A cap past
+    the limit would fail accepts (EMFILE) for everyone, the kubelet's probes included,
+    instead of answering the probes from their reserve."""
+    soft = raise_fd_limit(max_connections)
+    if soft == resource.RLIM_INFINITY or soft >= max_connections + FD_HEADROOM:
+        return max_connections
+    cap = max(soft - FD_HEADROOM, probe_reserve + 1)
+    log.warning(
+        "open-file limit %d holds %d connections besides %d other descriptors: "
+        "max_connections %d is lowered to %d (raise `ulimit -n` (nofile) for the container)",
+        soft,
+        cap,
+        FD_HEADROOM,
+        max_connections,
+        cap,
+    )
+    return cap
 
 
 def refusal_parts(status: int, message: str) -> tuple[list[tuple[bytes, bytes]], bytes]:
@@ -219,6 +241,7 @@ class _Guarded:
         self._headers_seen = 0  # completed request heads: tells a new head from the old
         self._header_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        self._upgrade_asked = False  # a request asked to switch protocols: close after it
         self._on_left: Callable[[], None] | None = None  # the response in progress's watcher
         self._app = self.app
         self.app = self._serve
@@ -283,7 +306,11 @@ class _Guarded:
         raise NotImplementedError
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
+        """The header bounds, then uvicorn's parser."""
+        if self._refused or self._upgrade_asked:
             return  # read and dropped until the client closes or the linger ends
         if not self._reading_headers():
             super().data_received(data)  # type: ignore[misc]
@@ -303,12 +330,28 @@ class _Guarded:
             limit = self.limits.max_header_bytes
             self._refuse(431, f"request headers are larger than {limit} bytes", "header_too_large")
             return
-        self.data_received(data[room:])  # the head fitted: the rest is body or a new request
+        self._feed(data[room:])  # the head fitted: the rest is body or a new request
 
     def _headers_done(self) -> None:
         self._headers_seen += 1
         self._header_bytes = 0
         self._cancel_header_timer()
+
+    # ---- protocol upgrades ----
+
+    def _should_upgrade_to_ws(self) -> bool:
+        # The server speaks no WebSocket: uvicorn's upgrade hands the transport to another
+        # protocol object, so this one's `connection_lost` (which frees the connection's
+        # place in the cap) would never run.
+        return False
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # Any client can ask (WebSocket, h2c, CONNECT): no log line, a count. The request
+        # is answered as plain HTTP/1.1 (RFC 9110 lets a server ignore Upgrade), then the
+        # connection closes: what the parser makes of the bytes after it is not HTTP.
+        if not self._upgrade_asked:
+            self._upgrade_asked = True
+            self.limits.count("upgrade")
 
     def _too_many_headers(self) -> None:
         limit = self.limits.max_header_count
@@ -364,6 +407,8 @@ class _Guarded:
         if scope["type"] == "http":
             cycle = getattr(send, "__self__", None)
             if isinstance(cycle, _CYCLES):
+                if self._upgrade_asked:
+                    cycle.keep_alive = False  # answered with `connection: close`
                 cut = functools.partial(_cut, cycle, self.transport)
                 scope["extensions"] = {
                     **(scope.get("extensions") or {}),
@@ -379,14 +424,100 @@ class _Guarded:
         await self._app(scope, receive, send)
 
 
+class _HeldFlow(FlowControl):
+    """uvicorn's flow control, except that reading stays paused while the connection holds
+    input it has not parsed yet: uvicorn resumes reading after every response and on every
+    `receive()`, which let a pipelining client make it parse (and queue) without bound."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: _HttpTools) -> None:
+        super().__init__(transport)
+        self._protocol = protocol
+
+    def resume_reading(self) -> None:
+        if self._protocol.holds_input():
+            self._protocol.wake()  # what is held is parsed first (reading resumes after)
+            return
+        super().resume_reading()
+
+
 class _HttpTools(_Guarded, httptools_impl.HttpToolsProtocol):
+    """uvicorn's httptools protocol parses every request a read holds at once and queues
+    the pipelined ones (each a task-to-be with its scope and buffers: a megabyte of
+    back-to-back `GET /` became ~120 MB). Here input is parsed one request head at a time,
+    and the next head only once the previous response is complete (as uvicorn's h11
+    protocol did); what arrives meanwhile waits unparsed, with reading paused, so a
+    connection holds at most one read (plus the kernel's buffer) besides its request."""
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._in_headers = True
         self._header_count_exceeded = False
+        self._held = bytearray()  # read, not yet parsed
+        self._fed_tail = b""  # the last bytes parsed: a head's end may straddle two reads
+        self._waking = False
         super().connection_made(transport)
+        self.flow = _HeldFlow(transport, self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._held.clear()
+        super().connection_lost(exc)
 
     def _reading_headers(self) -> bool:
         return self._in_headers
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused or self._upgrade_asked:
+            return
+        self._held += data
+        self._pump()
+
+    def holds_input(self) -> bool:
+        return bool(self._held)
+
+    def wake(self) -> None:
+        """Parse what is held, soon (uvicorn asks from inside a response's `send`)."""
+        if not self._waking:
+            self._waking = True
+            self.loop.call_soon(self._woken)
+
+    def _woken(self) -> None:
+        self._waking = False
+        self._pump()
+
+    def _must_wait(self) -> bool:
+        cycle = self.cycle
+        if cycle is None:
+            return False
+        if self._in_headers:  # the next bytes begin a new request
+            return not cycle.response_complete
+        return len(cycle.body) > HIGH_WATER_LIMIT  # the app has not taken the body yet
+
+    def _pump(self) -> None:
+        held = self._held
+        while held:
+            if self._refused or self._upgrade_asked or self.transport.is_closing():
+                held.clear()
+                return
+            if self._must_wait():
+                FlowControl.pause_reading(self.flow)
+                return
+            n = self._next_piece()
+            piece = bytes(held[:n])
+            del held[:n]
+            self._fed_tail = (self._fed_tail + piece)[-3:]
+            self._feed(piece)
+        FlowControl.resume_reading(self.flow)  # nothing held: reading as uvicorn decides
+
+    def _next_piece(self) -> int:
+        """How many held bytes to parse next: up to the end of the first request head
+        (CRLFCRLF, which ends every head; llhttp accepts no bare LF), so that one call
+        completes at most one head; all of them when no head ends there."""
+        held = self._held
+        tail = self._fed_tail
+        at = (tail + bytes(held[:3])).find(b"\r\n\r\n")
+        if at != -1:
+            return at + 4 - len(tail)
+        at = held.find(b"\r\n\r\n")
+        return len(held) if at == -1 else at + 4
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(self.headers) >= self.limits.max_header_count:
@@ -402,6 +533,15 @@ class _HttpTools(_Guarded, httptools_impl.HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_headers = True  # what comes next is the next request's head
         super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+            # Answered before its body arrived (401, 404, a GET with a body): the rest of
+            # that body would be read with no timer running. Closing is what h11 did.
+            self.limits.count("body_unread")
+            self.transport.close()
+        super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
         if self._header_count_exceeded:

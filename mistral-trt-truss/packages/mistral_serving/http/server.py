@@ -3,12 +3,13 @@
 `python -m mistral_serving.http.server` (run from the Truss app folder, as the image's command
 and `make serve` do) runs Truss's own `TrussServer` with its own app, routes and uvicorn
 settings, and adds, before it starts:
-- `BodyGuard`, an ASGI middleware in front of the POST routes: when the frontend refuses
+- `BodyGuard`, an ASGI middleware in front of every route: when the frontend refuses
   at once (503 when no slot and no queue place is free, or while draining) it answers
   before reading one body byte; a body larger than `max_body_bytes` gets 413, one that
-  does not arrive within `body_timeout_seconds` gets 408, all in the route's error shape;
-  POST routes Truss has but this model does not serve (`/v1/embeddings`, `/hot-reload`)
-  get 404 without their body being read.
+  does not arrive within `body_timeout_seconds` gets 408, all in the route's error shape.
+  Default-deny: any request but a GET or HEAD that is not a POST to one of our routes
+  (POST routes Truss has but this model does not serve, `/v1/embeddings`, `/hot-reload`,
+  ..., and paths only Truss's router would match) gets 404 or 405 unread.
 - `GET /v1/models` (OpenAI's list, with vLLM's `max_model_len`), `GET /health` (200 when
   ready; 503 while loading, draining, or with a dead or stalled engine); every 503 and
   every /health answer says the server's state in `X-Server-State` (server_state.py),
@@ -62,7 +63,7 @@ from mistral_serving.artifacts.manifest import ArtifactError
 from mistral_serving.engines import fallback
 from mistral_serving.errors import RequestError
 from mistral_serving.http import listen_socket
-from mistral_serving.http.auth import ApiKeyGuard, configured_keys
+from mistral_serving.http.auth import OPEN_METHODS, ApiKeyGuard, KeySource, RedactedAccessLine
 from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.http.health import DeepProbe
 from mistral_serving.http.key_limit import KeyConcurrency
@@ -101,9 +102,12 @@ _ROUTES = {
     "/v1/messages/count_tokens": "messages_count_tokens",  # ours alone: Truss has no such route
 }
 _PREDICT = re.compile(r"/v1/models/[^/]+:predict(_binary)?|/invocations")
-_NOT_SERVED = {"/v1/embeddings", "/hot-reload"}
 _ANTHROPIC = ("messages", "messages_count_tokens")
 _STORED_RESPONSE = re.compile(r"/v1/responses/[^/]+")  # GET and DELETE by id (add_routes)
+# Starlette's route patterns end in `$`, which also matches before a trailing newline: a
+# path ending in `%0A` reached Truss's route but no exact-path guard. Such paths are
+# refused before any route.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def route_of(path: str) -> str | None:
@@ -136,7 +140,13 @@ def error_json(route: str | None, status: int, message: str, code: str | None = 
 
 class BodyGuard:
     """Reads a POST body in full before the app sees it, within a size and time limit,
-    so that no handler ever waits on (or holds) a slow or huge body."""
+    so that no handler ever waits on (or holds) a slow or huge body.
+
+    Default-deny: the app sees only GETs and HEADs (which reach no model), a stored
+    response's DELETE, and POSTs to one of our routes (`route_of`, exact paths), guarded
+    here; any other request is refused
+    unread (404, 405; 400 for a path with a control character), whatever Truss's router
+    would have made of it."""
 
     def __init__(
         self,
@@ -153,15 +163,22 @@ class BodyGuard:
         self.refuse = refuse  # 503s before the body is read: the same cost for any body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        path = scope["path"]
-        if path in _NOT_SERVED:
-            body = error_json(None, 404, f"{path} is not served by this model")
-            return await _answer(send, 404, body, scope)
+        path, method = scope["path"], scope["method"]
+        if _CONTROL.search(path):
+            body = error_json(None, 400, "the request path holds a control character")
+            return await _answer(send, 400, body, scope)
         route = route_of(path)
+        if route is None and (method in OPEN_METHODS or stored_route_of(method, path)):
+            return await self.app(scope, receive, send)  # no body, no model: nothing to read
         if route is None:
-            return await self.app(scope, receive, send)
+            body = error_json(None, 404, f"{method} {path[:200]} is not served by this model")
+            return await _answer(send, 404, body, scope)
+        if method != "POST":
+            message = f"{method} is not allowed on {path[:200]}: use POST"
+            allow = {"Allow": "POST"}
+            return await _answer(send, 405, error_json(route, 405, message), scope, allow)
         if (err := self.refuse()) is not None:
             self.count(route, err.finish_reason)
             body = error_json(route, err.status, err.message, err.code)
@@ -362,11 +379,11 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
         return frontend.stored_response(request.method, request.path_params["response_id"])
 
     routes = [
-        APIRoute("/v1/models", list_models, methods=["GET"]),
-        APIRoute("/health", health, methods=["GET"]),
+        APIRoute("/v1/models", list_models, methods=["GET", "HEAD"]),
+        APIRoute("/health", health, methods=["GET", "HEAD"]),
         APIRoute("/health/generate", DeepProbe(frontend).answer, methods=["GET"]),
-        APIRoute("/version", version, methods=["GET"]),
-        APIRoute("/metrics", metrics, methods=["GET"]),
+        APIRoute("/version", version, methods=["GET", "HEAD"]),
+        APIRoute("/metrics", metrics, methods=["GET", "HEAD"]),
         APIRoute("/v1/responses/{response_id}", stored_response, methods=["GET", "DELETE"]),
     ]
     app.router.routes[0:0] = routes  # before Truss's: /metrics must win over its mount
@@ -414,9 +431,12 @@ def extend(app: FastAPI, frontend: Frontend) -> FastAPI:
         count=count,
         refuse=frontend.early_refusal,
     )
-    keys = configured_keys(settings.api_keys_file)  # the file's and the Truss secret's
-    limit_keys(app, frontend, bool(keys))
-    if keys:  # outside the guards: an unauthenticated body is never read
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactedAccessLine) for f in access.filters):
+        access.addFilter(RedactedAccessLine())  # no `?api_key=` value in the access log
+    keys = KeySource(settings.api_keys_file)  # the file's and the Truss secret's, kept fresh
+    limit_keys(app, frontend, bool(keys.keys))
+    if keys.keys:  # outside the guards: an unauthenticated body is never read
         app.add_middleware(
             ApiKeyGuard,
             keys=keys,
@@ -460,9 +480,9 @@ def serve(
     import uvicorn
     import uvloop
 
-    from mistral_serving.http.limits import Limits, protocol_class, raise_fd_limit
+    from mistral_serving.http.limits import Limits, fit_connections, protocol_class
 
-    raise_fd_limit(settings.max_connections)
+    cap = fit_connections(settings.max_connections, settings.probe_reserve_connections)
 
     runtime = server._config.get("runtime") or {}
     transport = runtime.get("transport") or {}
@@ -473,7 +493,7 @@ def serve(
     level = "DEBUG" if runtime.get("enable_debug_logs", False) else "INFO"
     config = uvicorn.Config(
         server.create_application(),
-        http=protocol_class(Limits.from_settings(settings)),
+        http=protocol_class(Limits.from_settings(settings, max_connections=cap)),
         timeout_keep_alive=settings.keepalive_timeout_seconds,  # type: ignore[arg-type]
         host=settings.host,
         port=server._http_port,

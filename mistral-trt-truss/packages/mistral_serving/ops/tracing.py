@@ -18,6 +18,7 @@ one: the Truss server's tracer (its own spans, its own switch) is left alone.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -37,6 +38,7 @@ TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 SERVICE = "mistral-trt-truss"
 _PROPAGATOR = TraceContextTextMapPropagator()
+SHUTDOWN_FLUSH_S = 2.0  # the most a stop waits for the spans still queued
 
 
 class Tracing:
@@ -91,8 +93,21 @@ class Tracing:
             span.end(end_time=self._ns(max(start, stop)))
         root.end(end_time=self._ns(end))
 
-    def shutdown(self) -> None:
-        """Flush what is queued (the server is stopping)."""
+    def shutdown(self, timeout_s: float = SHUTDOWN_FLUSH_S) -> None:
+        """Flush what is queued (the server is stopping), for at most `timeout_s`: the
+        exporter's own timeouts and retries let a hung collector add ~30 s to every stop.
+        What is not sent by then is dropped (the flush goes on in a daemon thread)."""
+        flush = threading.Thread(target=self._flush, name="otlp-flush", daemon=True)
+        flush.start()
+        flush.join(timeout_s)
+        if flush.is_alive():
+            log.warning(
+                "the trace exporter did not flush within %gs (otlp_traces_endpoint "
+                "unreachable?); the spans still queued are dropped",
+                timeout_s,
+            )
+
+    def _flush(self) -> None:
         try:
             self.provider.shutdown()
         except Exception:  # exiting anyway: never raise from the shutdown path

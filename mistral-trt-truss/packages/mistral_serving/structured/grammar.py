@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 PARAM = "response_format"
 # Verdicts kept (a 32-byte key and at most a short message each: well under 2 MB).
 VERDICT_CACHE_ENTRIES = 4096
+# Distinct schemas that may wait for a compile per worker (each compile may take the whole
+# grammar_compile_timeout_seconds); more at once get 429.
+PENDING_PER_WORKER = 4
 # The whole schema may spend this many times one pattern's bound (xgrammar compiles each).
 PATTERN_TOTAL_FACTOR = 10
 _SATURATE = 10**12
@@ -107,61 +110,181 @@ class SchemaLimits:
         )
 
 
+# A pattern's price counts what xgrammar expands it to (`pattern_repeat`). Measured with
+# xgrammar 0.2.9 and the Mistral vocabulary (docs/reliability.md): each expanded atom
+# costs about 0.1-5 ms of compile; but where variable-length runs of a broad class (`.`,
+# a negated class, `\w`, `[a-z]`, ...) meet with nothing fixed between them
+# (`.{0,9}.{0,9}`, `(.{0,9}){0,9}`) every split of the text between them is a parse, and
+# a 118-byte pattern took minutes. Such overlap is priced AMBIGUITY_WEIGHT per unit.
+AMBIGUITY_WEIGHT = 16
+# A character class matching at least this many characters is broad (most of a
+# vocabulary's word pieces fit it): `[a-z]` is, `[0-9a-f]` is not.
+BROAD_CLASS_CHARS = 20
+_BROAD_ESCAPES = frozenset("wWSDpP")
+
+
+@dataclass
+class _Piece:
+    """One element of a pattern, priced: `size` atoms when expanded, `overlap` the
+    ambiguity inside it; `run` (atoms, runs) when it is a variable-length run of a broad
+    class, which merges with its neighbours'; `fixed` when it holds a mandatory narrow
+    atom, which ends such runs; `broad` when it matches a broad class."""
+
+    size: int
+    overlap: int = 0
+    run: tuple[int, int] | None = None
+    fixed: bool = False
+    broad: bool = False
+
+
+def _sat(value: int) -> int:
+    return min(value, _SATURATE)
+
+
+def _closed(atoms: int, runs: int) -> int:
+    """The overlap of `runs` merged runs of `atoms` atoms in all."""
+    return _sat(atoms * max(runs - 1, 0))
+
+
+def _summary(pieces: list[_Piece]) -> _Piece:
+    """A sequence of pieces as one: adjacent runs merge (a fixed piece ends them); a
+    sequence without a fixed piece stays a run, which may merge further out."""
+    if len(pieces) == 1:
+        return pieces[0]
+    size = overlap = atoms = runs = 0
+    fixed = broad = False
+    for piece in pieces:
+        size, overlap = _sat(size + piece.size), _sat(overlap + piece.overlap)
+        broad = broad or piece.broad
+        if piece.run is not None:
+            atoms, runs = _sat(atoms + piece.run[0]), _sat(runs + piece.run[1])
+        elif piece.fixed:
+            fixed = True
+            overlap = _sat(overlap + _closed(atoms, runs))
+            atoms = runs = 0
+        elif piece.broad:
+            atoms = _sat(atoms + piece.size)  # a fixed-length broad piece lengthens a run
+    if runs and not fixed:
+        return _Piece(size, overlap, (atoms, runs), broad=True)
+    return _Piece(size, _sat(overlap + _closed(atoms, runs)), fixed=fixed, broad=broad)
+
+
+def _alternatives(alts: list[list[_Piece]]) -> _Piece:
+    parts = [_summary(a) for a in alts]
+    if len(parts) == 1:
+        return parts[0]
+    size = overlap = 0
+    for part in parts:
+        size = _sat(size + part.size)
+        overlap = _sat(overlap + part.overlap + _closed(*(part.run or (0, 0))))
+    fixed = all(p.fixed for p in parts)
+    return _Piece(size, overlap, fixed=fixed, broad=any(p.broad for p in parts))
+
+
+def _repeat(piece: _Piece, low: int, high: int | None) -> _Piece:
+    """`piece` under a quantifier: `{m,n}` copies it max(m, n) times; None is a loop
+    (`*`, `+`: one copy, which xgrammar does not expand)."""
+    if high is None:
+        overlap = _sat(piece.overlap + _closed(*(piece.run or (0, 0))))
+        return _Piece(piece.size, overlap, broad=piece.broad)
+    times = max(low, high, 1)
+    size, overlap = _sat(piece.size * times), _sat(piece.overlap * times)
+    if piece.run is not None:  # every copy is variable: they all merge
+        run = (_sat(piece.run[0] * times), _sat(piece.run[1] * times))
+        return _Piece(size, overlap, run, broad=True)
+    if piece.broad and not piece.fixed and high != low:
+        return _Piece(size, overlap, (size, 1), broad=True)
+    return _Piece(size, overlap, fixed=piece.fixed and low > 0, broad=piece.broad)
+
+
+def _class_is_broad(body: str) -> bool:
+    """A `[...]` class's body (after `[`/`[^`, before `]`): broad when it holds a broad
+    escape or spans BROAD_CLASS_CHARS characters or more."""
+    count, i, n = 0, 0, len(body)
+    while i < n:
+        c = body[i]
+        if c == "\\" and i + 1 < n:
+            if body[i + 1] in _BROAD_ESCAPES:
+                return True
+            count, i = count + (10 if body[i + 1] == "d" else 1), i + 2
+            continue
+        if i + 2 < n and body[i + 1] == "-" and body[i + 2] != "\\":
+            count += max(ord(body[i + 2]) - ord(c) + 1, 1)
+            i += 3
+            continue
+        count, i = count + 1, i + 1
+    return count >= BROAD_CLASS_CHARS
+
+
 def pattern_repeat(pattern: str) -> int:
-    """How many copies of its atoms xgrammar's regex compiler makes of `pattern`, as an
-    upper bound: a bounded repetition `{m,n}` copies what it repeats max(m, n) times, so
-    nested ones multiply (`((a{0,30}){0,30}){0,30}` is 27,000); `*`, `+`, `?` are loops and
-    cost nothing extra; every alternative counts."""
-    # One frame per open group: [finished alternatives, current alternative, last atom].
-    stack: list[list[int]] = [[0, 0, 0]]
+    """The price of `pattern` in xgrammar's regex compiler, as an upper bound: the atoms it
+    expands to (a bounded repetition `{m,n}` copies what it repeats max(m, n) times, so
+    nested ones multiply: `((a{0,30}){0,30}){0,30}` is 27,000; `*`, `+` and `?` cost
+    nothing extra; every alternative counts), or AMBIGUITY_WEIGHT x the overlap of its
+    variable-length broad runs (`(.{0,9}){0,9}` is 81 atoms in 9 runs: 16 x 81 x 8),
+    whichever is more."""
+    # One frame per open group: its finished alternatives and the current one's pieces.
+    stack: list[tuple[list[list[_Piece]], list[_Piece]]] = [([], [])]
     i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
-        frame = stack[-1]
+        alts, cur = stack[-1]
         if c == "\\":
+            broad = i + 1 < n and pattern[i + 1] in _BROAD_ESCAPES
+            cur.append(_Piece(1, fixed=not broad, broad=broad))
             i += 2
-            frame[1], frame[2] = min(frame[1] + 1, _SATURATE), 1
             continue
         if c == "[":
             j = i + 1
-            if j < n and pattern[j] == "^":
+            negated = j < n and pattern[j] == "^"
+            if negated:
                 j += 1
+            start = j
             if j < n and pattern[j] == "]":
                 j += 1
             while j < n and pattern[j] != "]":
                 j += 2 if pattern[j] == "\\" else 1
+            broad = negated or _class_is_broad(pattern[start:j])
+            cur.append(_Piece(1, fixed=not broad, broad=broad))
             i = j + 1
-            frame[1], frame[2] = min(frame[1] + 1, _SATURATE), 1
             continue
         if c == "(":
-            stack.append([0, 0, 0])
+            stack.append(([], []))
+            if pattern.startswith("?", i + 1):  # (?:...), (?=...): a group all the same
+                i += 2 if i + 2 < n and pattern[i + 2] not in ":=!<" else 3
+                continue
         elif c == ")":
             if len(stack) > 1:
-                done = stack.pop()
-                size = min(done[0] + done[1], _SATURATE)
-                parent = stack[-1]
-                parent[1], parent[2] = min(parent[1] + size, _SATURATE), size
+                done_alts, done_cur = stack.pop()
+                stack[-1][1].append(_alternatives([*done_alts, done_cur]))
         elif c == "|":
-            frame[0], frame[1], frame[2] = min(frame[0] + frame[1], _SATURATE), 0, 0
+            alts.append(cur)
+            stack[-1] = (alts, [])
         elif c == "{":
             m = re.match(r"\{(\d{1,9})(,(\d{0,9}))?\}", pattern[i:])
             if m is not None:
                 low = int(m.group(1))
                 high = low if m.group(2) is None else (int(m.group(3)) if m.group(3) else low + 1)
-                times = max(low, high, 1)
-                extra = frame[2] * (times - 1)
-                frame[1] = min(frame[1] + extra, _SATURATE)
-                frame[2] = min(frame[2] * times, _SATURATE)
+                if cur:
+                    cur[-1] = _repeat(cur[-1], low, high)
                 i += m.end()
                 continue
-            frame[1], frame[2] = min(frame[1] + 1, _SATURATE), 1
-        elif c not in "*+?^$":
-            frame[1], frame[2] = min(frame[1] + 1, _SATURATE), 1
+            cur.append(_Piece(1, fixed=True))
+        elif c in "*+?":
+            if cur:
+                cur[-1] = _repeat(cur[-1], 0, 1) if c == "?" else _repeat(cur[-1], 0, None)
+        elif c == ".":
+            cur.append(_Piece(1, broad=True))
+        elif c not in "^$":
+            cur.append(_Piece(1, fixed=True))
         i += 1
     while len(stack) > 1:  # unclosed groups: xgrammar refuses them; count them anyway
-        done = stack.pop()
-        stack[-1][1] = min(stack[-1][1] + done[0] + done[1], _SATURATE)
-    return min(stack[0][0] + stack[0][1], _SATURATE)
+        done_alts, done_cur = stack.pop()
+        stack[-1][1].append(_alternatives([*done_alts, done_cur]))
+    total = _alternatives([*stack[0][0], stack[0][1]])
+    run = total.run or (0, 0)
+    overlap = _sat(total.overlap + run[0] * max(run[1] - 1, 0))
+    return _sat(max(total.size, AMBIGUITY_WEIGHT * overlap))
 
 
 def _depth(value: Any) -> int:
@@ -435,33 +558,53 @@ class GrammarGate:
         # it, and not cancelled when one of them goes away (the verdict is still cached).
         self._pending: dict[bytes, asyncio.Task[str | None]] = {}
         self.compiles = 0  # schemas sent to the pool (cached ones are not)
+        # Distinct schemas compiling or waiting for a worker; more are refused (429).
+        self.max_pending = PENDING_PER_WORKER * max(1, getattr(pool, "workers", 1))
 
     async def check(self, guided: GuidedDecoding) -> None:
         if guided.kind != "json_schema" or guided.json_schema is None:
             return  # json_object: one fixed grammar (xgrammar's builtin JSON), always cheap
         text = guided.json_schema
+        param = getattr(guided, "param", PARAM)
         key = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
         if key in self._verdicts:
             self._verdicts.move_to_end(key)
             verdict = self._verdicts[key]
+        elif (task := self._pending.get(key)) is not None:
+            verdict = await asyncio.shield(task)
+        elif (verdict := self._static_verdict(text)) is not None:
+            self._remember(key, verdict)
         else:
-            task = self._pending.get(key)
-            if task is None:
-                task = self._pending[key] = asyncio.ensure_future(self._judge(key, text))
+            if len(self._pending) >= self.max_pending:
+                # Each compile may take the whole time limit: a longer queue would hold
+                # its requests (and their admission slots) for minutes.
+                raise RequestError(
+                    f"{param}: {len(self._pending)} other schemas are being compiled; retry later",
+                    status=429,
+                    param=param,
+                    code="rate_limit_exceeded",
+                    headers={"Retry-After": str(max(1, round(self._pool.timeout_s)))},
+                )
+            task = self._pending[key] = asyncio.ensure_future(self._judge(key, text))
             verdict = await asyncio.shield(task)
         if verdict is not None:
-            raise _refuse(verdict, getattr(guided, "param", PARAM))
+            raise _refuse(verdict, param)
+
+    def _static_verdict(self, text: str) -> str | None:
+        """The static bounds' refusal of `text`, or None (microseconds, on the loop)."""
+        try:
+            size = len(text.encode("utf-8", "surrogatepass"))
+            check_schema(json.loads(text), size, self.limits)
+        except RequestError as exc:
+            return exc.message.removeprefix("response_format: ")
+        return None
 
     async def _judge(self, key: bytes, text: str) -> str | None:
+        """The compile's verdict, shared by every request that sends this schema and
+        cached (refusals too) however many of them are still waiting."""
         try:
-            try:
-                size = len(text.encode("utf-8", "surrogatepass"))
-                check_schema(json.loads(text), size, self.limits)
-            except RequestError as exc:
-                verdict = exc.message.removeprefix("response_format: ")
-            else:
-                self.compiles += 1
-                verdict = await self._pool.compile(text)
+            self.compiles += 1
+            verdict: str | None = await self._pool.compile(text)
             self._remember(key, verdict)  # a pool failure (an exception) is not remembered
             return verdict
         finally:

@@ -101,7 +101,7 @@ class CompilePool:
 
     def __init__(self, vocab: Callable[[], Vocab], workers: int, timeout_s: float) -> None:
         self._vocab = vocab  # built at the first start (most servers never need it)
-        self._workers = workers
+        self.workers = workers
         self.timeout_s = timeout_s
         self._sem: asyncio.Semaphore | None = None
         self._sem_loop: asyncio.AbstractEventLoop | None = None
@@ -116,7 +116,7 @@ class CompilePool:
         loop = asyncio.get_running_loop()
         if self._sem is None or self._sem_loop is not loop:
             self._drop_all()  # workers of another event loop (tests) cannot be used here
-            self._sem, self._sem_loop = asyncio.Semaphore(self._workers), loop
+            self._sem, self._sem_loop = asyncio.Semaphore(self.workers), loop
         async with self._sem:
             if not self._idle and self._refill is not None and not self._refill.done():
                 await asyncio.shield(self._refill)  # a replacement is starting: use it

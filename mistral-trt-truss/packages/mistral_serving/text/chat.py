@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -97,6 +97,21 @@ Message = ChatMessage | ToolCallsMessage | ToolResultMessage
 
 FALLBACK_CALLS = "TOOL_CALLS:"  # parsers.fallback_json.MARKER: what the fallback asks for
 FALLBACK_RESULTS = "TOOL_RESULTS:"
+
+
+def message_texts(messages: Sequence[Message]) -> Iterator[str]:
+    """Every text of `messages` that reaches the prompt: contents, and the ids, names and
+    arguments of earlier calls and of their results (what the length bound counts)."""
+    for m in messages:
+        yield m.content
+        if isinstance(m, ToolCallsMessage):
+            for call in m.tool_calls:
+                yield call.id
+                yield call.name
+                yield call.arguments
+        elif isinstance(m, ToolResultMessage):
+            yield m.tool_call_id
+            yield m.name or ""
 
 
 class ChatFormatError(ValueError):

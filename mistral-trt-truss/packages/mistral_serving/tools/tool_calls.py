@@ -7,8 +7,9 @@ and the constrained decoder consume; nothing here knows a model format.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,20 @@ class ToolRequest:
     def constrained(self) -> bool:
         """Whether the output must be calls (required or a named function)."""
         return bool(self.tools) and self.choice in ("required", "named")
+
+
+def tool_texts(tools: Sequence[Tool]) -> Iterator[str]:
+    """The offered tools' texts that reach the prompt and cost nothing to measure (their
+    `parameters_text` is the rest)."""
+    for tool in tools:
+        yield tool.name
+        yield tool.description
+
+
+def parameters_text(tools: Sequence[Tool]) -> str:
+    """The tools' parameter schemas as the prompt spells them (JSON): as long as the
+    body's own, so it is built off the event loop."""
+    return json.dumps([tool.parameters for tool in tools], ensure_ascii=False)
 
 
 def _check_schema(schema: Any, where: str, depth: int = 0) -> None:
