@@ -96,6 +96,10 @@ RULES: list[tuple[str, Run | Covered | NotHere]] = [
     ),  # fmt: skip
     (r"^python -m client bench --dataset prompts\.jsonl", NotHere("your own prompt file")),
     (
+        r"^python -m client bench .*--extra-body ",
+        NotHere("a structured-output load at 16 streams (GPU-sized); --extra-body is unit-tested"),
+    ),
+    (
         r"^python -m client bench --one-at-a-time --num-prompts 20",
         NotHere("20 x 128 tokens one after another: minutes on a CPU; the mode is unit-tested"),
     ),  # fmt: skip

@@ -72,7 +72,9 @@ def _joined_named(data: list[str]) -> dict[str, Any]:
     text = [e.get("delta", "") for e in events if e["type"] == "response.output_text.delta"]
     text += [e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta"]
     ends = [e["delta"] for e in events if e["type"] == "message_delta"]
-    return {"text": "".join(text), "last": _strip(events[-1]), "end": ends}
+    # A Responses event's sequence_number counts the events before it: timing, as above.
+    last = {k: v for k, v in events[-1].items() if k != "sequence_number"}
+    return {"text": "".join(text), "last": _strip(last), "end": ends}
 
 
 def _strip(value: Any) -> Any:
