@@ -63,7 +63,13 @@ from mistral_serving.artifacts.manifest import ArtifactError
 from mistral_serving.engines import fallback
 from mistral_serving.errors import RequestError
 from mistral_serving.http import listen_socket
-from mistral_serving.http.auth import OPEN_METHODS, ApiKeyGuard, KeySource, RedactedAccessLine
+from mistral_serving.http.auth import (
+    OPEN_METHODS,
+    ApiKeyGuard,
+    KeySource,
+    RedactedAccessLine,
+    send_json,
+)
 from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.http.health import DeepProbe
 from mistral_serving.http.key_limit import KeyConcurrency
@@ -270,20 +276,14 @@ async def _answer(
     passes through gets it from the frontend)."""
     request_id = request_id_from(_header(scope, b"x-request-id"))
     extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"x-request-id", request_id.encode()),
-                (b"connection", b"close"),
-                *extra,
-            ],
-        }
+    await send_json(
+        send,
+        status,
+        body,
+        (b"x-request-id", request_id.encode()),
+        (b"connection", b"close"),
+        *extra,
     )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 # ---- the generation routes, served directly ----
