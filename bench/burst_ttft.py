@@ -180,16 +180,7 @@ def print_bursts(bursts: list[dict]) -> None:
               f" | groups (prompts@ms) {groups}")  # fmt: skip
 
 
-def main() -> int:
-    from mistral_build.dev_model import build_dev_model
-    from mistral_build.local_server import (
-        launch_server,
-        prepare_app_dir,
-        render_build_context,
-        wait_ready,
-    )
-    from mistral_build.paths import CACHE_DIR
-
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--input-len", type=int, default=128)
@@ -204,18 +195,34 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8097)
     ap.add_argument("--out", type=Path, help="append the JSON line here")
     ap.add_argument("--label", default="")
-    args = ap.parse_args()
+    return ap.parse_args()
 
-    artifact = args.artifact or build_dev_model()
-    if args.context is not None:
-        context = args.context.resolve()
+
+def server_context(context: Path | None) -> Path:
+    """The Truss build context to serve: `context` (its server imports this repo's
+    packages), else one rendered from this repo."""
+    from mistral_build.local_server import prepare_app_dir, render_build_context
+    from mistral_build.paths import CACHE_DIR
+
+    if context is not None:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(ROOT / "mistral-trt-truss/packages"), os.environ.get("PYTHONPATH"))
             if p
         )  # fmt: skip
-    else:
-        context = render_build_context(CACHE_DIR / "burst-bench-context")
-        prepare_app_dir(context)
+        return context.resolve()
+    rendered = render_build_context(CACHE_DIR / "burst-bench-context")
+    prepare_app_dir(rendered)
+    return rendered
+
+
+def main() -> int:
+    from mistral_build.dev_model import build_dev_model
+    from mistral_build.local_server import launch_server, wait_ready
+    from mistral_build.paths import CACHE_DIR
+
+    args = parse_args()
+    artifact = args.artifact or build_dev_model()
+    context = server_context(args.context)
     settings = {
         "artifact": str(Path(artifact).resolve()),
         "engine": args.engine,

@@ -44,17 +44,7 @@ def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int, profi
         marks[name] = round(time.time() - t0, 2)
 
     mark("interpreter")
-    import logging
-
-    class Stamped(logging.Formatter):
-        """The engine's own log lines, stamped with seconds since the process started."""
-
-        def format(self, record: logging.LogRecord) -> str:
-            return f"[{time.time() - t0:6.2f} s] " + super().format(record)
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(Stamped("%(message)s"))
-    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    stamp_engine_logs(t0)
     import torch
 
     mark("import torch")
@@ -77,17 +67,7 @@ def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int, profi
         prof = cProfile.Profile()
         engine = prof.runcall(start_torch_engine, Path(artifact), settings, 2)
         mark("engine loaded")
-        stats = pstats.Stats(prof)
-        stats.sort_stats("cumulative")
-        # The import machinery's frames repeat every import below them: left out.
-        top = [f for f in stats.fcn_list if not f[0].startswith("<frozen") and f[0] != "~"]  # type: ignore[attr-defined]
-        for func in top[:profile]:
-            cc, nc, tt, ct, _ = stats.stats[func]  # type: ignore[attr-defined]
-            file, line, name = func
-            print(
-                f"[prof] {ct:7.2f} s cum {tt:6.2f} s self {nc:7d} x {name} {file}:{line}",
-                file=sys.stderr,
-            )
+        print_profile(pstats.Stats(prof), profile)
     else:
         engine = start_torch_engine(Path(artifact), settings, 2)
         mark("engine loaded")
@@ -103,6 +83,33 @@ def child(artifact: str, t0: float, max_batch_size: int, max_seq_len: int, profi
     mark("first request done")
     print(json.dumps({"engine": type(engine).__name__, "marks_s": marks}), flush=True)
     engine.shutdown()
+
+
+def stamp_engine_logs(t0: float) -> None:
+    """The engine's own log lines on stderr, stamped with seconds since the process started."""
+    import logging
+
+    class Stamped(logging.Formatter):
+        def format(self, record: logging.LogRecord) -> str:
+            return f"[{time.time() - t0:6.2f} s] " + super().format(record)
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(Stamped("%(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
+def print_profile(stats, top_n: int) -> None:
+    """The `top_n` functions of the load by cumulative time, on stderr."""
+    stats.sort_stats("cumulative")
+    # The import machinery's frames repeat every import below them: left out.
+    top = [f for f in stats.fcn_list if not f[0].startswith("<frozen") and f[0] != "~"]  # type: ignore[attr-defined]
+    for func in top[:top_n]:
+        cc, nc, tt, ct, _ = stats.stats[func]  # type: ignore[attr-defined]
+        file, line, name = func
+        print(
+            f"[prof] {ct:7.2f} s cum {tt:6.2f} s self {nc:7d} x {name} {file}:{line}",
+            file=sys.stderr,
+        )
 
 
 def main() -> int:

@@ -127,53 +127,67 @@ def micro_tokenizer(artifact: Path, steps: int) -> dict:
         out[f"{kind}_compile_first_ms"] = (t1 - t0) * 1e3
         out[f"{kind}_matcher_cached_ms"] = (t2 - t1) * 1e3
 
-        # A walk through the grammar: random logits, the best allowed token each step
-        # (a fresh matcher when the JSON is complete), timing mask and accept alone.
-        gen = torch.Generator().manual_seed(0)
-        pool = torch.randn(64, vocab, generator=gen)
-        work, other = torch.empty(vocab), torch.empty(vocab)
-        matcher = decoder.matcher(guided)
-        mask_ns: list[int] = []
-        accept_ns: list[int] = []
-        fill_ns: list[int] = []
-        kernel_ns: list[int] = []
-        documents = 0
-        for i in range(steps):
-            work.copy_(pool[i % len(pool)])
-            a = time.perf_counter_ns()
-            matcher.mask(work)
-            b = time.perf_counter_ns()
-            token = int(work.argmax())
-            c = time.perf_counter_ns()
-            matcher.accept(token)
-            d = time.perf_counter_ns()
-            mask_ns.append(b - a)
-            accept_ns.append(d - c)
-            if matcher.done:
-                documents += 1
-                matcher = decoder.matcher(guided)
-            # The parts, at the next state: filling the bitmask alone, and applying it
-            # with xgrammar's own CPU kernel (what `mask` used before) for comparison.
-            other.copy_(pool[i % len(pool)])
-            e = time.perf_counter_ns()
-            matcher._matcher.fill_next_token_bitmask(matcher._bitmask)
-            f = time.perf_counter_ns()
-            xgr.apply_token_bitmask_inplace(other.view(1, -1), matcher._bitmask, vocab_size=vocab)
-            g = time.perf_counter_ns()
-            fill_ns.append(f - e)
-            kernel_ns.append(g - f)
-        out[f"{kind}_mask_us_p50"] = pct(mask_ns, 50) / 1e3
-        out[f"{kind}_mask_us_mean"] = statistics.fmean(mask_ns) / 1e3
-        out[f"{kind}_accept_us_p50"] = pct(accept_ns, 50) / 1e3
-        out[f"{kind}_fill_us_p50"] = pct(fill_ns, 50) / 1e3
-        out[f"{kind}_xgrammar_cpu_kernel_apply_us_p50"] = pct(kernel_ns, 50) / 1e3
-        out[f"{kind}_xgrammar_cpu_kernel_apply_us_mean"] = statistics.fmean(kernel_ns) / 1e3
-        out[f"{kind}_accept_us_mean"] = statistics.fmean(accept_ns) / 1e3
-        out[f"{kind}_documents"] = documents
+        walk = walk_grammar(decoder, guided, vocab, steps, xgr.apply_token_bitmask_inplace)
+        out |= {f"{kind}_{name}": value for name, value in walk.items()}
 
     for name, per_row in sampler_step(decoder, vocab, 16, "cpu", max(20, steps // 20)).items():
         out[f"sampler_step16_{name}_us_per_row"] = per_row
     return out
+
+
+def walk_grammar(
+    decoder: GuidedDecoder,
+    guided: GuidedDecoding,
+    vocab: int,
+    steps: int,
+    cpu_kernel: Callable[..., None],
+) -> dict[str, float]:
+    """A walk through the grammar: random logits, the best allowed token each step
+    (a fresh matcher when the JSON is complete), timing mask and accept alone; and the
+    parts of a mask, its bitmask fill and xgrammar's own CPU kernel (`cpu_kernel`)."""
+    gen = torch.Generator().manual_seed(0)
+    pool = torch.randn(64, vocab, generator=gen)
+    work, other = torch.empty(vocab), torch.empty(vocab)
+    matcher = decoder.matcher(guided)
+    mask_ns: list[int] = []
+    accept_ns: list[int] = []
+    fill_ns: list[int] = []
+    kernel_ns: list[int] = []
+    documents = 0
+    for i in range(steps):
+        work.copy_(pool[i % len(pool)])
+        a = time.perf_counter_ns()
+        matcher.mask(work)
+        b = time.perf_counter_ns()
+        token = int(work.argmax())
+        c = time.perf_counter_ns()
+        matcher.accept(token)
+        d = time.perf_counter_ns()
+        mask_ns.append(b - a)
+        accept_ns.append(d - c)
+        if matcher.done:
+            documents += 1
+            matcher = decoder.matcher(guided)
+        # The parts, at the next state: filling the bitmask alone, and applying it
+        # with xgrammar's own CPU kernel (what `mask` used before) for comparison.
+        other.copy_(pool[i % len(pool)])
+        e = time.perf_counter_ns()
+        matcher._matcher.fill_next_token_bitmask(matcher._bitmask)
+        f = time.perf_counter_ns()
+        cpu_kernel(other.view(1, -1), matcher._bitmask, vocab_size=vocab)
+        g = time.perf_counter_ns()
+        fill_ns.append(f - e)
+        kernel_ns.append(g - f)
+    return {
+        "mask_us_p50": pct(mask_ns, 50) / 1e3,
+        "mask_us_mean": statistics.fmean(mask_ns) / 1e3,
+        "accept_us_p50": pct(accept_ns, 50) / 1e3,
+        "fill_us_p50": pct(fill_ns, 50) / 1e3,
+        "xgrammar_cpu_kernel_apply_us_p50": pct(kernel_ns, 50) / 1e3,
+        "xgrammar_cpu_kernel_apply_us_mean": statistics.fmean(kernel_ns) / 1e3,
+        "accept_us_mean": statistics.fmean(accept_ns) / 1e3,
+        "documents": documents,
+    }
 
 
 def sampler_step(

@@ -141,27 +141,24 @@ def per_call_us(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(runs) / number * 1e6
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeat", type=int, default=7)
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
+# A message measured: its label, then the old codec's encode and decode, then the new one's.
+Case = tuple[
+    str,
+    Callable[[], bytes],
+    Callable[[bytes], object],
+    Callable[[], bytes],
+    Callable[[bytes], object],
+]
 
-    rows: list[dict[str, object]] = []
-    cases: list[
-        tuple[
-            str,
-            Callable[[], bytes],
-            Callable[[bytes], object],
-            Callable[[], bytes],
-            Callable[[bytes], object],
-        ]
-    ] = []
+
+def cases() -> list[Case]:
+    """Steps of 1, 32 and 256 events (with and without top-5 logprobs), and an add."""
+    found: list[Case] = []
     for n in (1, 32, 256):
         for top in (None, 5):
             deltas = step_deltas(n, top)
             label = f"step {n:>3} events" + (", logprobs top 5" if top else "")
-            cases.append(
+            found.append(
                 (
                     label,
                     lambda d=deltas: old_step_encode(d),
@@ -170,7 +167,7 @@ def main() -> int:
                     new_step_decode,
                 )
             )
-    cases.append(
+    found.append(
         (
             "add, 128-token prompt",
             lambda: old_add(7),
@@ -179,37 +176,54 @@ def main() -> int:
             ipc.decode_to_engine,
         )
     )
+    return found
 
+
+def time_case(case: Case, repeat: int) -> list[dict[str, object]]:
+    """One message through both codecs: a printed line and a row each."""
+    label, old_enc, old_dec, new_enc, new_dec = case
+    rows: list[dict[str, object]] = []
+    old_data, new_data = old_enc(), new_enc()
+    assert new_dec(new_data) is not None and old_dec(old_data) is not None
+    for codec, enc, dec, bare, data in (
+        ("pickle", old_enc, old_dec, pickle.loads, old_data),
+        ("msgspec", new_enc, new_dec, BARE[new_dec], new_data),
+    ):
+        e = per_call_us(enc, repeat)
+        d = per_call_us(lambda dec=dec, data=data: dec(data), repeat)
+        b = per_call_us(lambda bare=bare, data=data: bare(data), repeat)
+        rows.append(
+            {
+                "message": label,
+                "codec": codec,
+                "bytes": len(data),
+                "encode_us": e,
+                "decode_us": d,
+                "bare_decode_us": b,
+            }
+        )
+        print(
+            f"{label:<32} {codec:<8} {len(data):>7} {e:>10.2f} {d:>10.2f} {e + d:>9.2f} {b:>15.2f}"
+        )
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+
+    rows: list[dict[str, object]] = []
+    measured = cases()
     print(f"python {sys.version.split()[0]}, pickle protocol {pickle.HIGHEST_PROTOCOL}")
     header = (
         f"{'message':<32} {'codec':<8} {'bytes':>7} {'encode us':>10} {'decode us':>10} "
         f"{'total us':>9} {'bare decode us':>15}"
     )
     print(header)
-    for label, old_enc, old_dec, new_enc, new_dec in cases:
-        old_data, new_data = old_enc(), new_enc()
-        assert new_dec(new_data) is not None and old_dec(old_data) is not None
-        for codec, enc, dec, bare, data in (
-            ("pickle", old_enc, old_dec, pickle.loads, old_data),
-            ("msgspec", new_enc, new_dec, BARE[new_dec], new_data),
-        ):
-            e = per_call_us(enc, args.repeat)
-            d = per_call_us(lambda dec=dec, data=data: dec(data), args.repeat)
-            b = per_call_us(lambda bare=bare, data=data: bare(data), args.repeat)
-            rows.append(
-                {
-                    "message": label,
-                    "codec": codec,
-                    "bytes": len(data),
-                    "encode_us": e,
-                    "decode_us": d,
-                    "bare_decode_us": b,
-                }
-            )
-            print(
-                f"{label:<32} {codec:<8} {len(data):>7} {e:>10.2f} {d:>10.2f} {e + d:>9.2f} "
-                f"{b:>15.2f}"
-            )
+    for case in measured:
+        rows += time_case(case, args.repeat)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 0

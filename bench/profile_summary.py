@@ -156,7 +156,21 @@ def summary(args) -> list[str]:
         "W" if c == "P" and prof.line(s).startswith("StaticTorchEngine._prefill") else c
         for c, s in zip(state, prof.engine[:n])
     )
-    lines += [
+    lines += timeline(args, n, busy, state)
+    lines += stops(prof, n, busy, dt)
+    lines += prefill_calls(state, busy, dt)
+    for label, a, b in windows(busy, state, n):
+        lines += loop_window(prof, label, a, b, dt, args.top)
+    gil = out_dir / args.gil
+    if gil.exists():
+        lines += gil_holders(gil, args.gil, dt)
+    return lines
+
+
+def timeline(args, n: int, busy: list[bool], state: str) -> list[str]:
+    """Per 200 ms: the event loop's busy share and the engine thread's states."""
+    dt = 1 / args.rate
+    lines = [
         "",
         f"# Timeline ({args.profile}: {n} samples per thread, {dt * 1000:.0f} ms apart; 200 ms bins)",
         "",
@@ -170,7 +184,12 @@ def summary(args) -> list[str]:
             f"{(seg.count('P') + seg.count('W')) / len(seg):4.0%} / {seg.count('D') / len(seg):4.0%} / "
             f"{seg.count('.') / len(seg):4.0%}"
         )
-    lines += ["", "# Stops: >= 20 consecutive samples where each thread sits on one line", ""]
+    return lines
+
+
+def stops(prof: Profile, n: int, busy: list[bool], dt: float) -> list[str]:
+    """Runs of >= 20 samples where both threads sit on one line while the loop is busy."""
+    lines = ["", "# Stops: >= 20 consecutive samples where each thread sits on one line", ""]
     loop_lines = [prof.line(s) for s in prof.loop[:n]]
     eng_lines = [prof.line(s) for s in prof.engine[:n]]
     i = 0
@@ -184,7 +203,12 @@ def summary(args) -> list[str]:
                 f"engine at {eng_lines[i]}"
             )
         i = j + 1
-    lines += [
+    return lines
+
+
+def prefill_calls(state: str, busy: list[bool], dt: float) -> list[str]:
+    """The engine's prefill calls of 3 samples or more: forward pass and GPU wait."""
+    lines = [
         "",
         "# Prefill calls (P: in the forward pass, W: waiting for the GPU at the host copy)",
         "",
@@ -196,6 +220,11 @@ def summary(args) -> list[str]:
                 f"at {a * dt:5.2f} s: {len(seg) * dt * 1000:4.0f} ms (forward {seg.count('P') * dt * 1000:.0f} ms, "
                 f"GPU wait {seg.count('W') * dt * 1000:.0f} ms), loop busy {sum(busy[a : a + len(seg)]) / len(seg):.0%}"
             )
+    return lines
+
+
+def windows(busy: list[bool], state: str, n: int) -> tuple[tuple[str, int, int], ...]:
+    """The sample windows the event loop's top functions are read in."""
     # Windows: the ramp = the loop's first 10 busy samples in a row .. first run of >= 10 decode samples;
     # steady = that decode run.
     first = re.search("1{10,}", "".join("1" if b else "0" for b in busy))
@@ -204,48 +233,54 @@ def summary(args) -> list[str]:
     t1, t2 = (t0 + m.start(), t0 + m.end()) if m else (n, n)
     idle = re.search("0{10,}", "".join("1" if b else "0" for b in busy[t0:]))
     t3 = t0 + idle.start() if idle else t1  # the loop's intake burst ends at its first idle 50 ms
-    windows = (
+    return (
         ("intake burst (round 1 arrivals, until the loop first idles 50 ms)", t0, t3),
         ("ramp (round 1 arrivals to the first full decode)", t0, t1),
         ("steady decode", t1, t2),
     )
-    for label, a, b in windows:
-        w = prof.loop[a:b]
-        if not w:
-            continue
-        on = [s for s in w if prof.loop_busy(s)]
-        lines += [
-            "",
-            f"# Event loop, {label}: {a * dt:.2f}-{b * dt:.2f} s, {len(w)} samples, busy {len(on) / len(w):.0%}",
-            "",
-        ]
-        leaf = Counter(f"{prof.line(s)} ({prof.where(s[-1]).split(' (')[-1]}" for s in on)
-        inc = Counter()
-        for s in on:
-            for k in {prof.where(i) for i in s}:
-                inc[k] += 1
-        lines.append("self (% of the window's samples):")
-        lines += [f"  {v / len(w):5.1%}  {k}" for k, v in leaf.most_common(args.top)]
-        lines.append("inclusive (% of the window's samples):")
-        lines += [f"  {v / len(w):5.1%}  {k}" for k, v in inc.most_common(args.top * 3)]
-        we = prof.engine[a:b]
-        lines.append("engine thread, self:")
-        lines += [
-            f"  {v / len(we):5.1%}  {k}"
-            for k, v in Counter(prof.line(s) for s in we).most_common(8)
-        ]
-    gil = out_dir / args.gil
-    if gil.exists():
-        d = json.loads(gil.read_text())
-        lines += [
-            "",
-            f"# {args.gil} (py-spy --gil: only the GIL holder is sampled; not time-aligned)",
-            "",
-        ]
-        for p in d["profiles"]:
-            lines.append(
-                f"{p['name']}: {len(p['samples'])} samples ({len(p['samples']) * dt:.2f} s holding the GIL)"
-            )
+
+
+def loop_window(prof: Profile, label: str, a: int, b: int, dt: float, top: int) -> list[str]:
+    """The event loop's top functions (self and inclusive) and the engine thread's in the
+    window of samples a..b."""
+    w = prof.loop[a:b]
+    if not w:
+        return []
+    on = [s for s in w if prof.loop_busy(s)]
+    lines = [
+        "",
+        f"# Event loop, {label}: {a * dt:.2f}-{b * dt:.2f} s, {len(w)} samples, busy {len(on) / len(w):.0%}",
+        "",
+    ]
+    leaf = Counter(f"{prof.line(s)} ({prof.where(s[-1]).split(' (')[-1]}" for s in on)
+    inc = Counter()
+    for s in on:
+        for k in {prof.where(i) for i in s}:
+            inc[k] += 1
+    lines.append("self (% of the window's samples):")
+    lines += [f"  {v / len(w):5.1%}  {k}" for k, v in leaf.most_common(top)]
+    lines.append("inclusive (% of the window's samples):")
+    lines += [f"  {v / len(w):5.1%}  {k}" for k, v in inc.most_common(top * 3)]
+    we = prof.engine[a:b]
+    lines.append("engine thread, self:")
+    lines += [
+        f"  {v / len(we):5.1%}  {k}" for k, v in Counter(prof.line(s) for s in we).most_common(8)
+    ]
+    return lines
+
+
+def gil_holders(gil: Path, name: str, dt: float) -> list[str]:
+    """py-spy --gil's samples per thread: how long each held the GIL."""
+    d = json.loads(gil.read_text())
+    lines = [
+        "",
+        f"# {name} (py-spy --gil: only the GIL holder is sampled; not time-aligned)",
+        "",
+    ]
+    for p in d["profiles"]:
+        lines.append(
+            f"{p['name']}: {len(p['samples'])} samples ({len(p['samples']) * dt:.2f} s holding the GIL)"
+        )
     return lines
 
 

@@ -101,16 +101,7 @@ def top_functions(raw: Path, n: int = 25) -> list[str]:
     return [f"{100 * c / total:5.1f}%  {frame}" for frame, c in own.most_common(n)]
 
 
-def main() -> int:
-    from mistral_build.dev_model import build_dev_model
-    from mistral_build.local_server import (
-        launch_server,
-        prepare_app_dir,
-        render_build_context,
-        wait_ready,
-    )
-    from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR
-
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, default=256)
     ap.add_argument("--input-len", type=int, default=16)
@@ -156,17 +147,96 @@ def main() -> int:
     args = ap.parse_args()
     if args.packages is not None and args.context is None:
         ap.error("--packages needs --context (a build context without its own packages)")
+    return args
 
-    build_dev_model()
+
+def server_context(args: argparse.Namespace) -> Path:
+    """The Truss build context to serve: --context (its server imports --packages, or
+    this repo's), else one rendered from this repo."""
+    from mistral_build.local_server import prepare_app_dir, render_build_context
+    from mistral_build.paths import CACHE_DIR
+
     if args.context is not None:
-        context = args.context.resolve()
         packages = str((args.packages or ROOT / "mistral-trt-truss/packages").resolve())
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (packages, os.environ.get("PYTHONPATH", "")) if p
         )
-    else:
-        context = render_build_context(CACHE_DIR / "replay-bench-context")
-        prepare_app_dir(context)
+        return args.context.resolve()
+    context = render_build_context(CACHE_DIR / "replay-bench-context")
+    prepare_app_dir(context)
+    return context
+
+
+def start_profiler(pid: int, raw: Path) -> subprocess.Popen:
+    """py-spy sampling process `pid` into `raw` (collapsed stacks) until SIGINT."""
+    spy = subprocess.Popen(
+        ["py-spy", "record", "-p", str(pid), "-r", "200", "--format", "raw", "-o", str(raw),
+         "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    time.sleep(1)
+    return spy
+
+
+def measured_level(
+    url: str, args: argparse.Namespace, servers: list[int], engines: list[int]
+) -> dict:
+    """The measured level, with the CPU the server's processes and the engine process
+    spent on it."""
+    child0 = tree_cpu_seconds(engines)
+    cpu0, t0 = tree_cpu_seconds(servers), time.perf_counter()
+    row = load_level(
+        url,
+        args.concurrency,
+        args.input_len,
+        args.output_len,
+        args.requests_per_worker,
+        args.client_procs,
+    )
+    cpu, wall = tree_cpu_seconds(servers) - cpu0, time.perf_counter() - t0
+    child_cpu = round(tree_cpu_seconds(engines) - child0, 2) if engines else None
+    row.update(
+        kind="service+replay",
+        set=args.set,
+        step_ms=args.step_ms,
+        server_cpu_s=round(cpu, 2),
+        server_cores_busy=round(cpu / wall, 2),
+        tok_per_s_per_core=round(row["output_tokens"] / cpu, 1),
+        engine_process_cpu_s=child_cpu,
+        server_processes=len(servers),
+    )
+    return row
+
+
+def aiperf_server_cpu(
+    url: str, settings: dict[str, str], args: argparse.Namespace, servers: list[int]
+) -> dict:
+    """AIPerf at the same level, and the server's CPU over its whole run."""
+    from bench.gpu.clients import aiperf_level
+    from mistral_build.paths import DEV_MODEL_DIR
+    from mistral_serving.settings import Settings
+
+    model = Settings.load(settings).served_model_name
+    cpu0, t0 = tree_cpu_seconds(servers), time.perf_counter()
+    aiperf = aiperf_level(url, model, str(DEV_MODEL_DIR), args.concurrency,
+                          args.input_len, args.output_len, step_ms=args.step_ms,
+                          token_ids=args.aiperf_token_ids)  # fmt: skip
+    # The server's CPU over AIPerf's whole run (its warm-up requests included).
+    cpu, wall = tree_cpu_seconds(servers) - cpu0, time.perf_counter() - t0
+    return {"figure": "aiperf_server", "server_cpu_s": round(cpu, 2),
+            "server_cores_busy": round(cpu / wall, 2), "requests": 3 * args.concurrency,
+            "ok": aiperf["figure"] == "aiperf"}  # fmt: skip
+
+
+def main() -> int:
+    from mistral_build.dev_model import build_dev_model
+    from mistral_build.local_server import launch_server, wait_ready
+    from mistral_build.paths import CACHE_DIR, DEV_MODEL_DIR
+
+    args = parse_args()
+    build_dev_model()
+    context = server_context(args)
     settings = {
         "artifact": str(DEV_MODEL_DIR),
         "engine": "replay",
@@ -185,50 +255,11 @@ def main() -> int:
         load_level(url, 8, args.input_len, 8, 1, 1)  # warm-up
         if args.profile:
             raw = Path(args.profile).with_suffix(".raw")
-            spy = subprocess.Popen(
-                [
-                    "py-spy",
-                    "record",
-                    "-p",
-                    str(proc.pid),
-                    "-r",
-                    "200",
-                    "--format",
-                    "raw",
-                    "-o",
-                    str(raw),
-                    "--nonblocking",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            time.sleep(1)
+            spy = start_profiler(proc.pid, raw)
         # engine_process=on: the replay engine's own process; frontend_processes: the
         # front-end processes under the launcher, whose CPU counts as the server's.
         servers, engines = process_tree(proc.pid)
-        child0 = tree_cpu_seconds(engines)
-        cpu0, t0 = tree_cpu_seconds(servers), time.perf_counter()
-        row = load_level(
-            url,
-            args.concurrency,
-            args.input_len,
-            args.output_len,
-            args.requests_per_worker,
-            args.client_procs,
-        )
-        cpu, wall = tree_cpu_seconds(servers) - cpu0, time.perf_counter() - t0
-        child_cpu = round(tree_cpu_seconds(engines) - child0, 2) if engines else None
-        row.update(
-            kind="service+replay",
-            set=args.set,
-            step_ms=args.step_ms,
-            server_cpu_s=round(cpu, 2),
-            server_cores_busy=round(cpu / wall, 2),
-            tok_per_s_per_core=round(row["output_tokens"] / cpu, 1),
-            engine_process_cpu_s=child_cpu,
-            server_processes=len(servers),
-        )
-        print(json.dumps(row), flush=True)
+        print(json.dumps(measured_level(url, args, servers, engines)), flush=True)
         if spy is not None:
             spy.send_signal(2)  # SIGINT: py-spy writes its output and exits
             spy.wait(timeout=30)
@@ -236,20 +267,7 @@ def main() -> int:
             Path(args.profile).write_text("\n".join(lines) + "\n")
             print("\n".join(lines[:15]))
         if args.aiperf:
-            from bench.gpu.clients import aiperf_level
-            from mistral_serving.settings import Settings
-
-            model = Settings.load(settings).served_model_name
-            cpu0, t0 = tree_cpu_seconds(servers), time.perf_counter()
-            aiperf = aiperf_level(url, model, str(DEV_MODEL_DIR), args.concurrency,
-                                  args.input_len, args.output_len, step_ms=args.step_ms,
-                                  token_ids=args.aiperf_token_ids)  # fmt: skip
-            # The server's CPU over AIPerf's whole run (its warm-up requests included).
-            cpu, wall = tree_cpu_seconds(servers) - cpu0, time.perf_counter() - t0
-            print(json.dumps({"figure": "aiperf_server", "server_cpu_s": round(cpu, 2),
-                              "server_cores_busy": round(cpu / wall, 2),
-                              "requests": 3 * args.concurrency,
-                              "ok": aiperf["figure"] == "aiperf"}), flush=True)  # fmt: skip
+            print(json.dumps(aiperf_server_cpu(url, settings, args, servers)), flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -146,7 +146,39 @@ def phase_overload(context: Path, seconds: float) -> dict:
         server.url + PREDICT, json={"prompt": "reference", "max_new_tokens": 8}, timeout=120
     ).json()["output"]
     rss_before = rss_mb(server)
-    # CPU per refusal: hold every slot and queue place with long streams, then send refusals.
+    cpu_per_refusal = refusal_cpu_when_full(server, inflight, waiting)
+    time.sleep(1)
+    # 4x the limits for `seconds`: 4 * (inflight + waiting) clients in a loop.
+    clients = 4 * (inflight + waiting)
+    cpu0 = cpu_seconds(server)
+    ok, wrong, errors, latencies_refused = overload(server, reference, clients, seconds)
+    cpu = cpu_seconds(server) - cpu0
+    rss_after = rss_mb(server)
+    server.stop()
+    return {
+        "limits": {"max_inflight": inflight, "max_waiting": waiting},
+        "clients": clients,
+        "seconds": seconds,
+        "answered_200": ok,
+        "wrong_answers": wrong,
+        "other_errors": errors,
+        "refused_503": len(latencies_refused),
+        "refusal_latency_ms_p50": round(percentile(latencies_refused, 50) * 1000, 1)
+        if latencies_refused
+        else None,
+        "refusal_latency_ms_p99": round(percentile(latencies_refused, 99) * 1000, 1)
+        if latencies_refused
+        else None,
+        "server_cpu_ms_per_refusal_when_full": cpu_per_refusal,
+        "server_cpu_s_during_overload": round(cpu, 1),
+        "rss_mb_before": round(rss_before, 1),
+        "rss_mb_after": round(rss_after, 1),
+    }
+
+
+def refusal_cpu_when_full(server: LocalServer, inflight: int, waiting: int) -> dict[str, float]:
+    """The server's CPU ms per refusal, by body size: every slot and queue place held with
+    long streams, then refusals sent; the holders let go after."""
     holders = [stream(server.url, 100_000) for _ in range(inflight)]
     readers = [h.iter_content(chunk_size=None) for h in holders]  # kept: dropping one closes it
     for reader in readers:
@@ -177,9 +209,14 @@ def phase_overload(context: Path, seconds: float) -> dict:
         h.close()
     for s in waiters:
         s.close()
-    time.sleep(1)
-    # 4x the limits for `seconds`: 4 * (inflight + waiting) clients in a loop.
-    clients = 4 * (inflight + waiting)
+    return cpu_per_refusal
+
+
+def overload(
+    server: LocalServer, reference: str, clients: int, seconds: float
+) -> tuple[int, int, int, list[float]]:
+    """`clients` threads sending the reference request in a loop for `seconds`: answers
+    200, of them wrong (not the reference), other errors, and the refusals' latencies."""
     latencies_refused: list[float] = []
     ok = wrong = errors = 0
     lock = threading.Lock()
@@ -205,32 +242,10 @@ def phase_overload(context: Path, seconds: float) -> dict:
             if r.status_code == SATURATED:
                 time.sleep(0.05)
 
-    cpu0 = cpu_seconds(server)
     with ThreadPoolExecutor(clients) as pool:
         for _ in range(clients):
             pool.submit(client)
-    cpu = cpu_seconds(server) - cpu0
-    rss_after = rss_mb(server)
-    server.stop()
-    return {
-        "limits": {"max_inflight": inflight, "max_waiting": waiting},
-        "clients": clients,
-        "seconds": seconds,
-        "answered_200": ok,
-        "wrong_answers": wrong,
-        "other_errors": errors,
-        "refused_503": len(latencies_refused),
-        "refusal_latency_ms_p50": round(percentile(latencies_refused, 50) * 1000, 1)
-        if latencies_refused
-        else None,
-        "refusal_latency_ms_p99": round(percentile(latencies_refused, 99) * 1000, 1)
-        if latencies_refused
-        else None,
-        "server_cpu_ms_per_refusal_when_full": cpu_per_refusal,
-        "server_cpu_s_during_overload": round(cpu, 1),
-        "rss_mb_before": round(rss_before, 1),
-        "rss_mb_after": round(rss_after, 1),
-    }
+    return ok, wrong, errors, latencies_refused
 
 
 def phase_sigterm(context: Path, grace: float = 10.0, n: int = 64) -> dict:

@@ -345,8 +345,7 @@ def linear_bandwidth(config: Any, device: torch.device, dtype: torch.dtype, iter
         del ws
 
 
-def main(argv: list[str] | None = None) -> None:
-    global OUT
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--tiny", action="store_true", help="a 2-layer, hidden-64 model (the CPU check)")
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
@@ -367,7 +366,12 @@ def main(argv: list[str] | None = None) -> None:
             f"--{key.replace('_', '-')}", type=int, default=None, help=f"default {value}"
         )
     p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    global OUT
+    args = parse_args(argv)
     OUT = args.out
     shape = dict(TINY if args.tiny else MISTRAL_7B)
     shape.update({k: getattr(args, k) for k in shape if getattr(args, k) is not None})
@@ -396,31 +400,45 @@ def main(argv: list[str] | None = None) -> None:
             details=engine.info.details,
         )
         for name, ops in variants(engine, args.fused):
-            use_ops(engine, ops)
-            for n in rows:
-                row = time_step(engine, n, width, args.replays)
-                emit(
-                    figure="step",
-                    ops=name,
-                    rows=n,
-                    width=width,
-                    **row,
-                    weight_gb_s=round(weights_gb / row["ms_p50"] * 1e3, 1),
-                )
-            engine._graphs.clear()
-            if not args.skip_profile:
-                for n in rows:
-                    use_ops(engine, labelled(ops))
-                    emit(
-                        figure="step_kernels",
-                        ops=name,
-                        rows=n,
-                        width=width,
-                        **breakdown(engine, n, width),
-                    )
-            use_ops(engine, ops)
+            time_variant(engine, name, ops, rows, width, weights_gb, args)
         if not args.skip_linear:
             linear_bandwidth(config, device, dtype, args.linear_iters)
+
+
+def time_variant(
+    engine: Any,
+    name: str,
+    ops: fused.TorchOps,
+    rows: list[int],
+    width: int,
+    weights_gb: float,
+    args: argparse.Namespace,
+) -> None:
+    """One variant of the ops: its step time per row count, then (unless --skip-profile)
+    each step's kernels."""
+    use_ops(engine, ops)
+    for n in rows:
+        row = time_step(engine, n, width, args.replays)
+        emit(
+            figure="step",
+            ops=name,
+            rows=n,
+            width=width,
+            **row,
+            weight_gb_s=round(weights_gb / row["ms_p50"] * 1e3, 1),
+        )
+    engine._graphs.clear()
+    if not args.skip_profile:
+        for n in rows:
+            use_ops(engine, labelled(ops))
+            emit(
+                figure="step_kernels",
+                ops=name,
+                rows=n,
+                width=width,
+                **breakdown(engine, n, width),
+            )
+    use_ops(engine, ops)
 
 
 if __name__ == "__main__":

@@ -517,20 +517,7 @@ async def run_bench(cfg: BenchConfig, checkpoint: Checkpoint | None = None) -> d
         try:
             items, prompt_info = await prepare_prompts(client, cfg)
             if cfg.warmup > 0:
-                warm = Point("warmup", "concurrency", min(cfg.warmup, max_in_flight), None, None)
-                warm_records, _ = await run_point(send, cfg, items[: cfg.warmup] or items[:1], warm)
-                failed = [r.error for r in warm_records if not r.success]
-                if len(failed) == len(warm_records):
-                    raise ClientError(f"every warm-up request failed: {failed[0]}")
-                took = [r.latency for r in warm_records if r.success and r.latency]
-                if took and cfg.progress:
-                    guess = estimate_seconds(points, cfg.num_prompts, max(took))
-                    print(
-                        f"{len(points)} level(s) x {cfg.num_prompts} requests; estimate: at "
-                        f"least {_duration(guess)} (a warm-up request took {max(took):.1f} s)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                await _warm_up(send, cfg, items, points, max_in_flight)
             runs: list[dict[str, Any]] = []
             for point in points:
                 if raw is not None and cfg.client_procs > 1 and point.mode != "rate":
@@ -539,28 +526,55 @@ async def run_bench(cfg: BenchConfig, checkpoint: Checkpoint | None = None) -> d
                     records, duration = await run_point(send, cfg, items, point)
                 if cfg.backend == "predict" and cfg.token_count == "replay":
                     await replay_counts(client, cfg, items, records, point.concurrency or 16)
-                metrics = compute_metrics(records, duration, cfg.slos, cfg.percentiles)
-                sources: dict[str, int] = {}
-                for r in records:
-                    if r.success:
-                        key = r.output_tokens_source
-                        sources[key] = sources.get(key, 0) + 1
-                metrics["output_tokens_sources"] = sources
-                runs.append(
-                    {
-                        **asdict(point),
-                        "metrics": metrics,
-                        "requests": [r.to_dict() for r in records],
-                    }
-                )
+                runs.append(_level_results(cfg, point, records, duration))
                 if cfg.report:
-                    print(format_report(point.label, metrics), flush=True)
+                    print(format_report(point.label, runs[-1]["metrics"]), flush=True)
                 if checkpoint is not None:
                     checkpoint(_results(cfg, client.model, prompt_info, monitor, runs, False))
         finally:
             if raw is not None:
                 raw.close()
     return _results(cfg, client.model, prompt_info, monitor, runs, True)
+
+
+async def _warm_up(
+    send: Send,
+    cfg: BenchConfig,
+    items: Sequence[PromptItem],
+    points: Sequence[Point],
+    max_in_flight: int,
+) -> None:
+    """The unmeasured warm-up requests: a ClientError if every one failed; with progress
+    on, the sweep's estimated duration from the slowest."""
+    warm = Point("warmup", "concurrency", min(cfg.warmup, max_in_flight), None, None)
+    warm_records, _ = await run_point(send, cfg, items[: cfg.warmup] or items[:1], warm)
+    failed = [r.error for r in warm_records if not r.success]
+    if len(failed) == len(warm_records):
+        raise ClientError(f"every warm-up request failed: {failed[0]}")
+    took = [r.latency for r in warm_records if r.success and r.latency]
+    if took and cfg.progress:
+        guess = estimate_seconds(points, cfg.num_prompts, max(took))
+        print(
+            f"{len(points)} level(s) x {cfg.num_prompts} requests; estimate: at "
+            f"least {_duration(guess)} (a warm-up request took {max(took):.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _level_results(
+    cfg: BenchConfig, point: Point, records: list[RequestTiming], duration: float
+) -> dict[str, Any]:
+    """One level's entry of `runs`: the point, its metrics (with where each successful
+    request's output token count came from) and every request."""
+    metrics = compute_metrics(records, duration, cfg.slos, cfg.percentiles)
+    sources: dict[str, int] = {}
+    for r in records:
+        if r.success:
+            key = r.output_tokens_source
+            sources[key] = sources.get(key, 0) + 1
+    metrics["output_tokens_sources"] = sources
+    return {**asdict(point), "metrics": metrics, "requests": [r.to_dict() for r in records]}
 
 
 def _results(
@@ -646,6 +660,7 @@ def _csv(kind: type, text: str) -> list[Any]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    # Kept whole: one flat list of option registrations, in the order --help shows them.
     p.add_argument("--url", default=DEFAULT_URL, help="server base URL")
     p.add_argument(
         "--backend",

@@ -792,17 +792,27 @@ def run_engine(opts: EngineOptions) -> int:
             )
     env_problems = check_environment(opts, facts, model, download)
     if opts.dry_run:
-        if opts.backend == "tensorrt_llm":
-            paths = build_paths(opts)
-            print(render_plan(opts, paths, plan_steps(opts, paths)), end="")
-        else:
-            print(f"# pytorch artifact ({opts.slug()}) -> {opts.resolved_output_dir()}")
-        for line in env_problems:
-            print(f"# note: on this machine the build would be refused: {line}")
+        print_plan(opts, env_problems)
         return 0
     if env_problems:
         return refuse(env_problems)
+    return build_and_push(opts, facts, token)
 
+
+def print_plan(opts: EngineOptions, env_problems: list[str]) -> None:
+    """--dry-run: the exact commands (or the artifact a pytorch build writes), and why
+    this machine would refuse the build."""
+    if opts.backend == "tensorrt_llm":
+        paths = build_paths(opts)
+        print(render_plan(opts, paths, plan_steps(opts, paths)), end="")
+    else:
+        print(f"# pytorch artifact ({opts.slug()}) -> {opts.resolved_output_dir()}")
+    for line in env_problems:
+        print(f"# note: on this machine the build would be refused: {line}")
+
+
+def build_and_push(opts: EngineOptions, facts: BuildFacts, token: str | None) -> int:
+    """The checked build, then the push if asked: 0, or 1 with one line on stderr."""
     try:
         if opts.backend == "tensorrt_llm":
             artifact = build_trtllm_engine(opts, facts, token)
@@ -844,6 +854,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    # Kept whole: one flat list of option registrations, in the order --help shows them.
     d = EngineOptions()
     p = subparsers.add_parser(
         "engine",

@@ -117,6 +117,19 @@ def hf_token_from_env(env: Mapping[str, str] | None = None) -> str | None:
     return source.get(TOKEN_ENV) or source.get("HUGGING_FACE_HUB_TOKEN") or None
 
 
+def verified_manifest(artifact_dir: Path) -> BuildManifest:
+    """The artifact's manifest, once every file it lists was checked against it (sizes
+    and hashes); an ArtifactError says what is missing or corrupt."""
+    manifest = read_manifest(artifact_dir)
+    if manifest is None:
+        raise ArtifactError(f"{artifact_dir}: no {MANIFEST_NAME}; build the artifact first")
+    try:
+        verify_files(artifact_dir, manifest, hashes=True)
+    except ManifestError as exc:
+        raise ArtifactError(f"refusing to push a corrupt artifact: {exc}") from None
+    return manifest
+
+
 def push_artifact(
     artifact_dir: Path,
     repo_id: str,
@@ -136,14 +149,7 @@ def push_artifact(
     from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
     from huggingface_hub.errors import RevisionNotFoundError
 
-    manifest = read_manifest(artifact_dir)
-    if manifest is None:
-        raise ArtifactError(f"{artifact_dir}: no {MANIFEST_NAME}; build the artifact first")
-    try:
-        verify_files(artifact_dir, manifest, hashes=True)
-    except ManifestError as exc:
-        raise ArtifactError(f"refusing to push a corrupt artifact: {exc}") from None
-
+    manifest = verified_manifest(artifact_dir)
     api = HfApi(endpoint=endpoint, token=token)
     files = [*manifest.files, MANIFEST_NAME]
     total = sum(r.size for r in manifest.files.values())

@@ -842,36 +842,13 @@ class StaticTorchEngine(TorchEngine):
         attention is split (`_mixed_forward`). Then, in the order the two-pass step had:
         the decode rows advance, finished prompts join the running rows and get their
         first token."""
-        dev = self._device
         n = len(self._running) if decode else 0
         counts = [c for _, c in pieces]
         starts = [n + sum(counts[:r]) for r in range(len(pieces))]  # each piece's first token
-        # The decode rows' tokens and positions are on the device already (`_tok`, `_posv`).
-        prompt_ids = [t for p, c in pieces for t in p.seq.prompt[p.done : p.done + c]]
-        prompt_pos = [j for p, c in pieces for j in range(p.done, p.done + c)]
-        ids = torch.cat([self._tok[:n], torch.tensor(prompt_ids).to(dev)])
-        pos = torch.cat([self._posv[:n], torch.tensor(prompt_pos).to(dev)])
-        slots = torch.tensor([*range(n), *(p.slot for p, c in pieces for _ in range(c))]).to(dev)
-        # The pieces' attention works on them padded to [pieces, t]: `gather` is each padded
-        # query's token on the flat axis (padding repeats the piece's last token, so its mask
-        # row is a real one; its output is dropped), `valid` the real ones.
-        t = max(counts)
-        gather = torch.tensor(
-            [[s + min(j, c - 1) for j in range(t)] for s, c in zip(starts, counts)]
-        )
-        valid = torch.arange(t)[None, :] < torch.tensor(counts)[:, None]
-        gather, valid = gather.to(dev), valid.to(dev)
-        width = max(p.done + c for p, c in pieces)
-        piece_mask = self._cols_range[:width][None, None, None, :] <= pos[gather][:, None, :, None]
-        piece_slots = torch.tensor([p.slot for p, _ in pieces], device=dev)
+        ids, pos, slots = self._flat_tokens(pieces, n)
+        attention = self._piece_attention(pieces, starts, pos)
         decode_width = self._decode_width() if n else 0  # the decode step's length bucket
-        hidden = self._mixed_forward(
-            ids,
-            pos,
-            slots,
-            (n, decode_width),
-            (piece_slots, gather, valid, piece_mask),
-        )
+        hidden = self._mixed_forward(ids, pos, slots, (n, decode_width), attention)
         lps: dict[int, list[TokenLogprob]] = {}  # kept only once every piece succeeded
         for r, (p, c) in enumerate(pieces):
             if p.lps is not None:  # echo: this piece's positions, each predicting the next
@@ -883,8 +860,58 @@ class StaticTorchEngine(TorchEngine):
         # lm_head only where a token is sampled: the decode rows and each prompt's last token.
         finishing = [r for r, (p, c) in enumerate(pieces) if p.done + c == len(p.seq.prompt)]
         rows = [*range(n), *(starts[r] + counts[r] - 1 for r in finishing)]
-        logits = self._model.lm_head(hidden[torch.tensor(rows, device=dev)]) if rows else None
+        logits = (
+            self._model.lm_head(hidden[torch.tensor(rows, device=self._device)]) if rows else None
+        )
         self._mixed_committed = True  # from here on (see `_chunk_step`)
+        self._take_mixed_step(pieces, lps, n, [pieces[r][0] for r in finishing], logits)
+
+    def _flat_tokens(
+        self, pieces: list[tuple[_Prefilling, int]], n: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ids, positions and slots of a mixed step's flat token axis: the first `n`
+        running rows' next tokens, then the pieces' prompt tokens."""
+        dev = self._device
+        # The decode rows' tokens and positions are on the device already (`_tok`, `_posv`).
+        prompt_ids = [t for p, c in pieces for t in p.seq.prompt[p.done : p.done + c]]
+        prompt_pos = [j for p, c in pieces for j in range(p.done, p.done + c)]
+        ids = torch.cat([self._tok[:n], torch.tensor(prompt_ids).to(dev)])
+        pos = torch.cat([self._posv[:n], torch.tensor(prompt_pos).to(dev)])
+        slots = torch.tensor([*range(n), *(p.slot for p, c in pieces for _ in range(c))]).to(dev)
+        return ids, pos, slots
+
+    def _piece_attention(
+        self, pieces: list[tuple[_Prefilling, int]], starts: list[int], pos: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the pieces' attention needs (`_mixed_forward`'s `pieces`): each one's slot,
+        and its queries padded to [pieces, t] with their mask."""
+        dev = self._device
+        counts = [c for _, c in pieces]
+        # `gather` is each padded query's token on the flat axis (padding repeats the piece's
+        # last token, so its mask row is a real one; its output is dropped), `valid` the
+        # real ones.
+        t = max(counts)
+        gather = torch.tensor(
+            [[s + min(j, c - 1) for j in range(t)] for s, c in zip(starts, counts)]
+        )
+        valid = torch.arange(t)[None, :] < torch.tensor(counts)[:, None]
+        gather, valid = gather.to(dev), valid.to(dev)
+        width = max(p.done + c for p, c in pieces)
+        piece_mask = self._cols_range[:width][None, None, None, :] <= pos[gather][:, None, :, None]
+        piece_slots = torch.tensor([p.slot for p, _ in pieces], device=dev)
+        return piece_slots, gather, valid, piece_mask
+
+    def _take_mixed_step(
+        self,
+        pieces: list[tuple[_Prefilling, int]],
+        lps: dict[int, list[TokenLogprob]],
+        n: int,
+        done: list[_Prefilling],
+        logits: torch.Tensor | None,
+    ) -> None:
+        """After a mixed step's pass, in the order the two-pass step had: the pieces' progress
+        (and prompt logprobs), the `n` decode rows advance, then the prompts `done` join the
+        running rows and get their first token."""
         for r, (p, c) in enumerate(pieces):
             if p.lps is not None:
                 p.lps += lps[r]
@@ -895,10 +922,9 @@ class StaticTorchEngine(TorchEngine):
             for r in range(n):
                 self._lens[r] += 1
             self._advance(list(self._running), logits[:n], first_row=0)
-        if not finishing:
+        if not done:
             return
         assert logits is not None
-        done = [pieces[r][0] for r in finishing]
         first_row = len(self._running)
         for p in done:
             self._join_prefilled(p)

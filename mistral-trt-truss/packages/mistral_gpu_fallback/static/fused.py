@@ -273,6 +273,8 @@ _KERNELS: Any = None
 def _kernels() -> Any:
     """The Triton kernels, defined on first use (importing triton costs a start time,
     so only an engine that uses them pays it)."""
+    # One function on purpose: the kernels must be defined after the lazy triton import,
+    # together, and each reads best whole; there is no logic here to split.
     global _KERNELS
     if _KERNELS is not None:
         return _KERNELS

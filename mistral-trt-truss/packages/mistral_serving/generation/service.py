@@ -25,6 +25,7 @@ from mistral_serving.engines.base import (
     EngineError,
     EngineRequestError,
     SamplingOptions,
+    TokenDelta,
     TokenLogprob,
 )
 from mistral_serving.engines.factory import start_engine
@@ -421,21 +422,13 @@ class Generation:
 
     async def _chunks(self) -> AsyncGenerator[Chunk, None]:
         service, req, record = self._service, self._req, self._record
-        table = service.tokenizer.table
-        if req.echo:
-            table = dataclasses.replace(table, strip_leading_space=False)
-        text = TextStream(table, req.stop, req.interval)
+        text = self._text_stream()
         want_logprobs = self._logprobs is not None
         pending: list[TokenLogprob] = []
         if deadline.passed(record.deadline):  # never reaches the engine
             self.outcome = self._ended(deadline.FINISH_REASON)
             return
-        engine = service.engine
-        record.submitted_at = time.monotonic()
-        tokens = engine.generate(record.engine_id, req.prompt_ids, req.sampling)
-        if record.deadline is not None:
-            tokens = deadline.bounded(tokens, record.deadline)
-        service.live.add(record.engine_id)
+        tokens = self._submit()
         engine_done = False
         engine_reason: str | None = None
         reason = "abort"  # unless we get to the end below
@@ -477,14 +470,37 @@ class Generation:
             log.exception("request %s failed", record.request_id)
             raise EngineError("generation failed") from None
         finally:
-            self._text = text.text
-            self._stop_string = text.stop_string
-            self.outcome = self._ended(reason)
-            if not engine_done:
-                engine.abort(record.engine_id)  # sync first: nothing may await past a cancel
+            self._close(text, reason, engine_done)  # sync first: nothing may await past a cancel
             if isinstance(tokens, AsyncGenerator):  # what every engine returns: close it now
                 await tokens.aclose()
             service.live.discard(record.engine_id)
+
+    def _text_stream(self) -> TextStream:
+        """The request's detokenizer, with its stop strings and streaming interval (echo
+        keeps the prompt's leading space)."""
+        table = self._service.tokenizer.table
+        if self._req.echo:
+            table = dataclasses.replace(table, strip_leading_space=False)
+        return TextStream(table, self._req.stop, self._req.interval)
+
+    def _submit(self) -> AsyncIterator[TokenDelta]:
+        """Hand the request to the engine: its deltas, bounded by its deadline."""
+        service, req, record = self._service, self._req, self._record
+        record.submitted_at = time.monotonic()
+        tokens = service.engine.generate(record.engine_id, req.prompt_ids, req.sampling)
+        if record.deadline is not None:
+            tokens = deadline.bounded(tokens, record.deadline)
+        service.live.add(record.engine_id)
+        return tokens
+
+    def _close(self, text: TextStream, reason: str, engine_done: bool) -> None:
+        """The outcome, once generation ended for `reason`; the engine's request aborted
+        unless the engine ended it."""
+        self._text = text.text
+        self._stop_string = text.stop_string
+        self.outcome = self._ended(reason)
+        if not engine_done:
+            self._service.engine.abort(self._record.engine_id)
 
     def _chunk(self, text: str, pending: list[TokenLogprob]) -> Chunk:
         if self._logprobs is None:

@@ -229,6 +229,23 @@ def key_matches(token: bytes, keys: Sequence[bytes]) -> bool:
     return found
 
 
+async def send_json(send: Send, status: int, body: bytes, *headers: tuple[bytes, bytes]) -> None:
+    """A middleware's whole JSON answer (a refusal): status, content type and length, then
+    `headers`, and the body in one message."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *headers,
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
 # What passes without a key: methods that reach no model on any route (the body guard
 # refuses them on the generation routes).
 OPEN_METHODS = frozenset({"GET", "HEAD"})
@@ -278,15 +295,4 @@ class ApiKeyGuard:
             message + ": send `Authorization: Bearer <key>` or `x-api-key: <key>`",
             "invalid_api_key",
         )
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"www-authenticate", b"Bearer"),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 401, body, (b"www-authenticate", b"Bearer"))

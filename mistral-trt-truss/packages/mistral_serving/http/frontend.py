@@ -44,7 +44,7 @@ from mistral_serving.ops.metrics import Metrics, default_metrics
 from mistral_serving.ops.record import REQUEST_ID_HEADER, RequestRecord, request_id_from
 from mistral_serving.ops.shutdown import Drainer
 from mistral_serving.ops.tracing import TRACEPARENT, TRACESTATE
-from mistral_serving.protocols import ParseContext, TruncatedStream, WireFormat
+from mistral_serving.protocols import Call, ParseContext, TruncatedStream, WireFormat
 from mistral_serving.protocols.anthropic.format import MessagesFormat
 from mistral_serving.protocols.anthropic.types import anthropic_error_body
 from mistral_serving.protocols.body import decode_json_object
@@ -408,6 +408,23 @@ class Frontend:
             return self._streaming_response(
                 generation, events, ticket, record, fmt.stream_media_type, headers, prompt_text
             )
+        return await self._whole_response(
+            request, fmt, call, generation, ticket, record, headers, prompt_text
+        )
+
+    async def _whole_response(
+        self,
+        request: Request,
+        fmt: WireFormat,
+        call: Call,
+        generation: Generation,
+        ticket: Ticket,
+        record: RequestRecord,
+        headers: dict[str, str],
+        prompt_text: str | None,
+    ) -> Response:
+        """A non-streamed answer: generated to its end, then the slot freed and the
+        request finished; an answer cut short is the route's error beside it."""
         try:
             outcome = await generation.complete(request.is_disconnected)
         except (RequestError, EngineError) as exc:
@@ -545,14 +562,7 @@ class Frontend:
             finally:
                 ticket.release()
                 await generation.aclose()  # a stream cut here stops generating now
-                outcome = generation.outcome
-                if outcome is None:
-                    # Left before generation started (e.g. while the chat role chunk was
-                    # written): nothing reached the engine.
-                    outcome = generation.cut().because("slow_reader" if slow else "client_gone")
-                elif slow and outcome.reason == "abort":
-                    outcome = outcome.because("slow_reader")
-                self._finish(record, outcome, prompt_text)
+                self._finish(record, _stream_outcome(generation, bool(slow)), prompt_text)
 
         def slow_reader() -> None:
             slow.append(True)
@@ -575,6 +585,19 @@ class Frontend:
         )
         weakref.finalize(response, gone)
         return response
+
+
+def _stream_outcome(generation: Generation, slow: bool) -> Outcome:
+    """How a stream's request ended, once its body is done (`slow`: its client stopped
+    reading)."""
+    outcome = generation.outcome
+    if outcome is None:
+        # Left before generation started (e.g. while the chat role chunk was
+        # written): nothing reached the engine.
+        return generation.cut().because("slow_reader" if slow else "client_gone")
+    if slow and outcome.reason == "abort":
+        return outcome.because("slow_reader")
+    return outcome
 
 
 def _generation_failed(exc: EngineError) -> RequestError:

@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from mistral_serving.http.auth import presented_key
+from mistral_serving.http.auth import presented_key, send_json
 
 RETRY_AFTER_SECONDS = 1
 
@@ -78,15 +78,4 @@ class KeyConcurrency:
             "retry when one has finished"
         )
         body = self.error_json(route, 429, message, "rate_limit_exceeded")
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 429,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                    (b"retry-after", str(RETRY_AFTER_SECONDS).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        await send_json(send, 429, body, (b"retry-after", str(RETRY_AFTER_SECONDS).encode()))

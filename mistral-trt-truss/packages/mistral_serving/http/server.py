@@ -63,7 +63,13 @@ from mistral_serving.artifacts.manifest import ArtifactError
 from mistral_serving.engines import fallback
 from mistral_serving.errors import RequestError
 from mistral_serving.http import listen_socket
-from mistral_serving.http.auth import OPEN_METHODS, ApiKeyGuard, KeySource, RedactedAccessLine
+from mistral_serving.http.auth import (
+    OPEN_METHODS,
+    ApiKeyGuard,
+    KeySource,
+    RedactedAccessLine,
+    send_json,
+)
 from mistral_serving.http.frontend import FRONTEND_CONFIG_KEY, Frontend
 from mistral_serving.http.health import DeepProbe
 from mistral_serving.http.key_limit import KeyConcurrency
@@ -270,20 +276,14 @@ async def _answer(
     passes through gets it from the frontend)."""
     request_id = request_id_from(_header(scope, b"x-request-id"))
     extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"x-request-id", request_id.encode()),
-                (b"connection", b"close"),
-                *extra,
-            ],
-        }
+    await send_json(
+        send,
+        status,
+        body,
+        (b"x-request-id", request_id.encode()),
+        (b"connection", b"close"),
+        *extra,
     )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 # ---- the generation routes, served directly ----
@@ -355,22 +355,7 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
         return Response(status_code=200)
 
     async def version() -> Response:
-        loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
-        answer: dict[str, Any] = {
-            "version": __version__,
-            "server": {"event_loop": loop, "http_parser": "httptools"},
-            "engine": None,
-        }
-        service = frontend.service
-        if service is not None:
-            info = service.engine.info
-            # The engine's own report (versions, dtype, limits, KV-cache kind, ...).
-            answer["engine"] = info.name
-            answer["details"] = json.loads(json.dumps(info.details, default=str))
-            answer["startup_seconds"] = service.startup  # per phase of its start
-            tokenizer = service.tokenizer  # how chats and tools are encoded and read
-            answer["chat"] = {"format": tokenizer.chat_format, "tools": tokenizer.tool_format}
-        return JSONResponse(answer)
+        return JSONResponse(version_answer(frontend))
 
     async def metrics() -> Response:
         return Response(exposition(frontend.metrics), media_type=CONTENT_TYPE_LATEST)
@@ -393,6 +378,27 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
         r for r in app.router.routes if getattr(r, "path", None) != app.openapi_url
     ]
     app.openapi_url = None
+
+
+def version_answer(frontend: Frontend) -> dict[str, Any]:
+    """`GET /version`: ours, the server's event loop and parser, and once the model is
+    loaded its engine's report, start-up phases and chat format. Called on the loop."""
+    loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]
+    answer: dict[str, Any] = {
+        "version": __version__,
+        "server": {"event_loop": loop, "http_parser": "httptools"},
+        "engine": None,
+    }
+    service = frontend.service
+    if service is not None:
+        info = service.engine.info
+        # The engine's own report (versions, dtype, limits, KV-cache kind, ...).
+        answer["engine"] = info.name
+        answer["details"] = json.loads(json.dumps(info.details, default=str))
+        answer["startup_seconds"] = service.startup  # per phase of its start
+        tokenizer = service.tokenizer  # how chats and tools are encoded and read
+        answer["chat"] = {"format": tokenizer.chat_format, "tools": tokenizer.tool_format}
+    return answer
 
 
 def limit_keys(app: FastAPI, frontend: Frontend, keyed: bool) -> None:

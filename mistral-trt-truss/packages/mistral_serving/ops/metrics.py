@@ -233,6 +233,7 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry = REGISTRY, prefix: str = PREFIX) -> None:
+        # Kept whole: a flat table of metric declarations, one per series, no logic to split.
         def name(n: str) -> str:
             return metric_name(prefix, n)
 

@@ -71,6 +71,18 @@ class RequestRecord:
         if not self.engine_id:
             self.engine_id = f"{self.request_id}-{next(_ENGINE_SEQ)}"
 
+    def gateway_said(self) -> dict[str, str | int]:
+        """What a gateway said of the request, and the priority it got, by field name: only
+        what was said (the priority comes with an objective)."""
+        said: dict[str, str | int] = {}
+        if self.objective is not None:
+            said |= {"objective": self.objective, "priority": self.priority}
+        if self.fairness_id is not None:
+            said["fairness_id"] = self.fairness_id
+        if self.session_id is not None:
+            said["session_id"] = self.session_id
+        return said
+
     @property
     def ttft_s(self) -> float | None:
         return None if self.first_token_at is None else self.first_token_at - self.arrived_at

@@ -17,18 +17,6 @@ log = logging.getLogger("mistral_serving.requests")
 REFUSED = frozenset(REFUSAL_REASONS.values())
 
 
-def gateway_fields(record: RequestRecord) -> dict[str, str | int]:
-    """What a gateway said of the request, for its log line (only what was said)."""
-    fields: dict[str, str | int] = {}
-    if record.objective is not None:
-        fields |= {"objective": record.objective, "priority": record.priority}
-    if record.fairness_id is not None:
-        fields["fairness_id"] = record.fairness_id
-    if record.session_id is not None:
-        fields["session_id"] = record.session_id
-    return fields
-
-
 class Telemetry:
     def __init__(
         self, metrics: Metrics, log_prompts: bool = False, tracing: Tracing | None = None
@@ -77,7 +65,7 @@ class Telemetry:
             "duration_s": round(duration, 4),
             "finish_reason": ending.reason,
         }
-        line |= gateway_fields(record)
+        line |= record.gateway_said()  # its log line's keys are the record's names
         if self.log_prompts:
             line |= {"prompt": prompt, "output": ending.text}
         # Under the Truss server's JSON log formatter the `extra` fields become keys of

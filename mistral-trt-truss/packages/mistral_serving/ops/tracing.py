@@ -114,17 +114,20 @@ class Tracing:
             log.warning("flushing the trace exporter failed", exc_info=True)
 
 
+# The span attribute of each field `RequestRecord.gateway_said` gives (OpenTelemetry's
+# `session.id` for the session).
+GATEWAY_ATTRIBUTES = {
+    "objective": "llm_d.objective",
+    "priority": "request.priority",
+    "fairness_id": "llm_d.fairness_id",
+    "session_id": "session.id",
+}
+
+
 def gateway_attributes(record: RequestRecord) -> dict[str, str | int]:
-    """The gateway's objective, fairness id and session (OpenTelemetry's `session.id`),
-    and the queue priority, where the request had them."""
-    attributes: dict[str, str | int] = {}
-    if record.objective is not None:
-        attributes |= {"llm_d.objective": record.objective, "request.priority": record.priority}
-    if record.fairness_id is not None:
-        attributes["llm_d.fairness_id"] = record.fairness_id
-    if record.session_id is not None:
-        attributes["session.id"] = record.session_id
-    return attributes
+    """The gateway's objective, fairness id and session, and the queue priority, where
+    the request had them."""
+    return {GATEWAY_ATTRIBUTES[name]: value for name, value in record.gateway_said().items()}
 
 
 def _phases(record: RequestRecord, end: float) -> Sequence[tuple[str, float, float]]:

@@ -216,6 +216,33 @@ def _class_is_broad(body: str) -> bool:
     return count >= BROAD_CLASS_CHARS
 
 
+# A pattern's parse, one frame per open group: its finished alternatives and the current
+# one's pieces.
+_Frames = list[tuple[list[list[_Piece]], list[_Piece]]]
+
+
+def _read_class(pattern: str, i: int) -> tuple[_Piece, int]:
+    """The `[...]` class that starts at `pattern[i]`, priced, and where it ends."""
+    n = len(pattern)
+    j = i + 1
+    negated = j < n and pattern[j] == "^"
+    if negated:
+        j += 1
+    start = j
+    if j < n and pattern[j] == "]":
+        j += 1
+    while j < n and pattern[j] != "]":
+        j += 2 if pattern[j] == "\\" else 1
+    broad = negated or _class_is_broad(pattern[start:j])
+    return _Piece(1, fixed=not broad, broad=broad), j + 1
+
+
+def _close_group(stack: _Frames) -> None:
+    """End the innermost group: its alternatives become one piece of the group around it."""
+    done_alts, done_cur = stack.pop()
+    stack[-1][1].append(_alternatives([*done_alts, done_cur]))
+
+
 def pattern_repeat(pattern: str) -> int:
     """The price of `pattern` in xgrammar's regex compiler, as an upper bound: the atoms it
     expands to (a bounded repetition `{m,n}` copies what it repeats max(m, n) times, so
@@ -223,8 +250,7 @@ def pattern_repeat(pattern: str) -> int:
     nothing extra; every alternative counts), or AMBIGUITY_WEIGHT x the overlap of its
     variable-length broad runs (`(.{0,9}){0,9}` is 81 atoms in 9 runs: 16 x 81 x 8),
     whichever is more."""
-    # One frame per open group: its finished alternatives and the current one's pieces.
-    stack: list[tuple[list[list[_Piece]], list[_Piece]]] = [([], [])]
+    stack: _Frames = [([], [])]
     i, n = 0, len(pattern)
     while i < n:
         c = pattern[i]
@@ -235,18 +261,8 @@ def pattern_repeat(pattern: str) -> int:
             i += 2
             continue
         if c == "[":
-            j = i + 1
-            negated = j < n and pattern[j] == "^"
-            if negated:
-                j += 1
-            start = j
-            if j < n and pattern[j] == "]":
-                j += 1
-            while j < n and pattern[j] != "]":
-                j += 2 if pattern[j] == "\\" else 1
-            broad = negated or _class_is_broad(pattern[start:j])
-            cur.append(_Piece(1, fixed=not broad, broad=broad))
-            i = j + 1
+            piece, i = _read_class(pattern, i)
+            cur.append(piece)
             continue
         if c == "(":
             stack.append(([], []))
@@ -255,8 +271,7 @@ def pattern_repeat(pattern: str) -> int:
                 continue
         elif c == ")":
             if len(stack) > 1:
-                done_alts, done_cur = stack.pop()
-                stack[-1][1].append(_alternatives([*done_alts, done_cur]))
+                _close_group(stack)
         elif c == "|":
             alts.append(cur)
             stack[-1] = (alts, [])
@@ -279,8 +294,7 @@ def pattern_repeat(pattern: str) -> int:
             cur.append(_Piece(1, fixed=True))
         i += 1
     while len(stack) > 1:  # unclosed groups: xgrammar refuses them; count them anyway
-        done_alts, done_cur = stack.pop()
-        stack[-1][1].append(_alternatives([*done_alts, done_cur]))
+        _close_group(stack)
     total = _alternatives([*stack[0][0], stack[0][1]])
     run = total.run or (0, 0)
     overlap = _sat(total.overlap + run[0] * max(run[1] - 1, 0))
@@ -394,69 +408,13 @@ def check_schema(schema: Any, size_bytes: int, limits: SchemaLimits) -> None:
             "(grammar_max_schema_depth)"
         )
     enum_values = 0
-    pattern_total = 0
-    total_limit = limits.max_pattern_repeat * PATTERN_TOTAL_FACTOR
-
-    def count_pattern(pattern: Any, where: str) -> None:
-        nonlocal pattern_total
-        if not isinstance(pattern, str):
-            return  # xgrammar refuses it at compile
-        cost = pattern_repeat(pattern)
-        if cost > limits.max_pattern_repeat:
-            raise _refuse(
-                f"the pattern at {where} repeats {cost} times when expanded; at most "
-                f"{limits.max_pattern_repeat} (grammar_max_pattern_repeat)"
-            )
-        pattern_total += cost
-        if pattern_total > total_limit:
-            raise _refuse(
-                f"the schema's patterns repeat {pattern_total} times in all; at most "
-                f"{total_limit} ({PATTERN_TOTAL_FACTOR} x grammar_max_pattern_repeat)"
-            )
-
+    patterns = _PatternBudget(limits.max_pattern_repeat)
     todo: list[tuple[Any, str]] = [(schema, "#")]
     while todo:
         node, where = todo.pop()
         if not isinstance(node, dict):
             continue  # true/false (or a malformed subschema: the compile answers it)
-        for key in node:
-            if key in IGNORED_KEYWORDS:
-                raise _refuse(
-                    f"the schema keyword {key!r} (at {where}) is not supported by structured "
-                    "output: the output could not be held to it; remove it"
-                )
-        if "multipleOf" in node and not (
-            node.get("type") == "integer" and isinstance(node["multipleOf"], int)
-        ):
-            raise _refuse(
-                f"the schema keyword 'multipleOf' (at {where}) is supported only with "
-                '"type": "integer" and an integer value'
-            )
-        members = node.get("allOf")
-        if (
-            isinstance(members, list)
-            and len(members) > 1
-            and not all(
-                isinstance(m, dict) and (m.get("type") == "object" or "$ref" in m) for m in members
-            )
-        ):
-            # xgrammar merges object members; of others it keeps one and drops the rest.
-            raise _refuse(
-                f"the schema keyword 'allOf' (at {where}) is supported with one subschema, or "
-                'with subschemas that are all "type": "object" (or $refs)'
-            )
-        fmt = node.get("format")
-        if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
-            raise _refuse(
-                f"the schema's format {fmt!r} (at {where}) is not supported by structured "
-                f"output; supported: {', '.join(sorted(SUPPORTED_FORMATS))}"
-            )
-        ref = node.get("$ref")
-        if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
-            raise _refuse(
-                f"the schema's $ref {ref[:80]!r} (at {where}) is not supported: only "
-                'references inside the schema ("#/$defs/...") are'
-            )
+        _check_keywords(node, where)
         for key in ("enum", "const"):
             if key in node:
                 values = node[key]
@@ -466,23 +424,99 @@ def check_schema(schema: Any, size_bytes: int, limits: SchemaLimits) -> None:
                 f"the schema has {enum_values} or more enum/const values; at most "
                 f"{limits.max_enum_values} (grammar_max_enum_values)"
             )
-        count_pattern(node.get("pattern"), f"{where}/pattern")
-        for key in _ONE:
-            if key in node:
-                todo.append((node[key], f"{where}/{key}"))
-        for key in _LIST:
-            items = node.get(key)
-            if isinstance(items, list):
-                todo.extend((s, f"{where}/{key}/{i}") for i, s in enumerate(items))
-        if isinstance(node.get("items"), list):  # draft-4 tuple form
-            todo.extend((s, f"{where}/items/{i}") for i, s in enumerate(node["items"]))
-        for key in _MAP:
-            table = node.get(key)
-            if isinstance(table, dict):
-                for name, sub in table.items():
-                    if key == "patternProperties":
-                        count_pattern(name, f"{where}/patternProperties")
-                    todo.append((sub, f"{where}/{key}/{str(name)[:40]}"))
+        patterns.count(node.get("pattern"), f"{where}/pattern")
+        if isinstance(node.get("patternProperties"), dict):
+            for name in node["patternProperties"]:
+                patterns.count(name, f"{where}/patternProperties")
+        todo.extend(_subschemas(node, where))
+
+
+def _check_keywords(node: dict[str, Any], where: str) -> None:
+    """Refuse a keyword of one subschema (at `where`) that xgrammar ignores, or supports
+    only in part."""
+    for key in node:
+        if key in IGNORED_KEYWORDS:
+            raise _refuse(
+                f"the schema keyword {key!r} (at {where}) is not supported by structured "
+                "output: the output could not be held to it; remove it"
+            )
+    if "multipleOf" in node and not (
+        node.get("type") == "integer" and isinstance(node["multipleOf"], int)
+    ):
+        raise _refuse(
+            f"the schema keyword 'multipleOf' (at {where}) is supported only with "
+            '"type": "integer" and an integer value'
+        )
+    members = node.get("allOf")
+    if (
+        isinstance(members, list)
+        and len(members) > 1
+        and not all(
+            isinstance(m, dict) and (m.get("type") == "object" or "$ref" in m) for m in members
+        )
+    ):
+        # xgrammar merges object members; of others it keeps one and drops the rest.
+        raise _refuse(
+            f"the schema keyword 'allOf' (at {where}) is supported with one subschema, or "
+            'with subschemas that are all "type": "object" (or $refs)'
+        )
+    fmt = node.get("format")
+    if isinstance(fmt, str) and fmt not in SUPPORTED_FORMATS:
+        raise _refuse(
+            f"the schema's format {fmt!r} (at {where}) is not supported by structured "
+            f"output; supported: {', '.join(sorted(SUPPORTED_FORMATS))}"
+        )
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not (ref == "#" or ref.startswith("#/")):
+        raise _refuse(
+            f"the schema's $ref {ref[:80]!r} (at {where}) is not supported: only "
+            'references inside the schema ("#/$defs/...") are'
+        )
+
+
+class _PatternBudget:
+    """The price of a schema's patterns (`pattern_repeat`): each within
+    grammar_max_pattern_repeat, all together within PATTERN_TOTAL_FACTOR times it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total_limit = limit * PATTERN_TOTAL_FACTOR
+        self.total = 0
+
+    def count(self, pattern: Any, where: str) -> None:
+        if not isinstance(pattern, str):
+            return  # xgrammar refuses it at compile
+        cost = pattern_repeat(pattern)
+        if cost > self.limit:
+            raise _refuse(
+                f"the pattern at {where} repeats {cost} times when expanded; at most "
+                f"{self.limit} (grammar_max_pattern_repeat)"
+            )
+        self.total += cost
+        if self.total > self.total_limit:
+            raise _refuse(
+                f"the schema's patterns repeat {self.total} times in all; at most "
+                f"{self.total_limit} ({PATTERN_TOTAL_FACTOR} x grammar_max_pattern_repeat)"
+            )
+
+
+def _subschemas(node: dict[str, Any], where: str) -> list[tuple[Any, str]]:
+    """A subschema's own subschemas, each with where it is (a name cut to 40 characters)."""
+    found: list[tuple[Any, str]] = []
+    for key in _ONE:
+        if key in node:
+            found.append((node[key], f"{where}/{key}"))
+    for key in _LIST:
+        items = node.get(key)
+        if isinstance(items, list):
+            found.extend((s, f"{where}/{key}/{i}") for i, s in enumerate(items))
+    if isinstance(node.get("items"), list):  # draft-4 tuple form
+        found.extend((s, f"{where}/items/{i}") for i, s in enumerate(node["items"]))
+    for key in _MAP:
+        table = node.get(key)
+        if isinstance(table, dict):
+            found.extend((sub, f"{where}/{key}/{str(name)[:40]}") for name, sub in table.items())
+    return found
 
 
 class _GrammarCollector:

@@ -231,6 +231,40 @@ def _hf_tokenizer(artifact_dir: Path, stop_ids: tuple[int, ...] = ()) -> Tokeniz
     tok = AutoTokenizer.from_pretrained(str(artifact_dir))
     spec = json.loads((artifact_dir / "tokenizer.json").read_text())
     byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
+    table = _hf_token_table(tok, byte_level)
+    eos = tok.eos_token_id
+    if eos is None:
+        raise ValueError(f"{artifact_dir}: tokenizer has no eos token")
+    bos = tok.bos_token_id
+    # Does the model's tokenizer put BOS before a text? (Its post-processor decides.)
+    add_bos = bos is not None and tok.encode("a", add_special_tokens=True)[:1] == [bos]
+    if (artifact_dir / "tokenizer.model").is_file():
+        chat_format: ChatFormat = "mistral"  # a Mistral repo read through tokenizer.json
+    elif getattr(tok, "chat_template", None):
+        chat_format = "template"
+    else:
+        chat_format = "none"
+    tool_format = template_tool_format(getattr(tok, "chat_template", None))
+    if chat_format != "template":
+        tool_format = "fallback_json"
+    return Tokenizer(
+        table,
+        bos,
+        eos,
+        lambda text: tok.encode(text, add_special_tokens=False),
+        add_bos=add_bos,
+        stop_token_ids=stop_ids,
+        chat_format=chat_format,
+        chat_template_fn=(lambda messages, tools: _render_chat(tok, messages, tools))
+        if chat_format == "template"
+        else None,
+        tool_format=tool_format,
+    )
+
+
+def _hf_token_table(tok: Any, byte_level: bool) -> TokenTable:
+    """Each token's bytes from a Hugging Face tokenizer's pieces (None for a special
+    token), as a byte-level or a SentencePiece vocabulary spells them."""
     # Added tokens marked special (SmolLM2's <repo_name>, <file_sep>, ...) are skipped by
     # the Hugging Face decoder like the named special tokens are.
     special = set(tok.all_special_ids) | {
@@ -261,35 +295,7 @@ def _hf_tokenizer(artifact_dir: Path, stop_ids: tuple[int, ...] = ()) -> Tokeniz
             token_bytes.append(piece.replace(SPIECE_UNDERLINE, " ").encode())
             is_byte.append(False)
     kind: Literal["sentencepiece", "byte_level"] = "byte_level" if byte_level else "sentencepiece"
-    table = TokenTable(kind, tuple(token_bytes), tuple(is_byte), not byte_level)
-    eos = tok.eos_token_id
-    if eos is None:
-        raise ValueError(f"{artifact_dir}: tokenizer has no eos token")
-    bos = tok.bos_token_id
-    # Does the model's tokenizer put BOS before a text? (Its post-processor decides.)
-    add_bos = bos is not None and tok.encode("a", add_special_tokens=True)[:1] == [bos]
-    if (artifact_dir / "tokenizer.model").is_file():
-        chat_format: ChatFormat = "mistral"  # a Mistral repo read through tokenizer.json
-    elif getattr(tok, "chat_template", None):
-        chat_format = "template"
-    else:
-        chat_format = "none"
-    tool_format = template_tool_format(getattr(tok, "chat_template", None))
-    if chat_format != "template":
-        tool_format = "fallback_json"
-    return Tokenizer(
-        table,
-        bos,
-        eos,
-        lambda text: tok.encode(text, add_special_tokens=False),
-        add_bos=add_bos,
-        stop_token_ids=stop_ids,
-        chat_format=chat_format,
-        chat_template_fn=(lambda messages, tools: _render_chat(tok, messages, tools))
-        if chat_format == "template"
-        else None,
-        tool_format=tool_format,
-    )
+    return TokenTable(kind, tuple(token_bytes), tuple(is_byte), not byte_level)
 
 
 def template_tool_format(template: object) -> ToolFormat:

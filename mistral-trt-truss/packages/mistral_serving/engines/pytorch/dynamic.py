@@ -219,18 +219,7 @@ class TorchEngine:
         )
         self.eos_token_id = eos_token_id
         self.limits = limits
-        self.info = EngineInfo(
-            "pytorch",
-            {
-                "device": str(self._device),
-                "dtype": str(next(model.parameters()).dtype),
-                "max_batch_size": limits.max_batch_size,
-                "max_num_tokens": options.max_num_tokens,
-                "prefill_logits_chunk": self._budget.chunk,
-                "threads": torch.get_num_threads(),
-                **self._details(),
-            },
-        )
+        self.info = self._describe(model, limits, options)
         self._committed = False  # whether the prefill under way has joined the batch
         # transformers 5.x names the KV cache argument `cache`; 4.57 (the TensorRT-LLM
         # image's pin) calls it `past_key_values`.
@@ -292,6 +281,24 @@ class TorchEngine:
     def _details(self) -> dict[str, object]:
         """What the engine adds to its `info.details`."""
         return {}
+
+    def _describe(
+        self, model: torch.nn.Module, limits: EngineLimits, options: TorchOptions
+    ) -> EngineInfo:
+        """The engine's report (`/version`, the start-up log): device, dtype and limits,
+        then the kind's own `_details`."""
+        return EngineInfo(
+            "pytorch",
+            {
+                "device": str(self._device),
+                "dtype": str(next(model.parameters()).dtype),
+                "max_batch_size": limits.max_batch_size,
+                "max_num_tokens": options.max_num_tokens,
+                "prefill_logits_chunk": self._budget.chunk,
+                "threads": torch.get_num_threads(),
+                **self._details(),
+            },
+        )
 
     # ---- the async interface (event loop side) ----
 

@@ -65,7 +65,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -140,6 +140,44 @@ def to_sampling_params(
     """
     from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
+    _refuse_unservable(
+        options,
+        logprobs_unavailable=logprobs_unavailable,
+        prompt_logprobs_unavailable=prompt_logprobs_unavailable,
+        top_logprobs_unavailable=top_logprobs_unavailable,
+        penalties_unavailable=penalties_unavailable,
+    )
+    kwargs: dict[str, Any] = {
+        "max_tokens": options.max_new_tokens,
+        "end_id": eos_token_id,
+        "pad_id": eos_token_id if pad_token_id is None else pad_token_id,
+        "detokenize": False,  # we stream ids; text is built above the engine
+        "n": 1,
+        **_decoding_kwargs(options),
+        **_penalty_kwargs(options, prompt_len),
+        **_ending_and_output_kwargs(options, eos_token_id),
+    }
+    if options.guided is not None:
+        if options.guided.kind == "json_object":
+            kwargs["guided_decoding"] = GuidedDecodingParams(json_object=True)
+        else:
+            kwargs["guided_decoding"] = GuidedDecodingParams(json=options.guided.json_schema)
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as exc:  # SamplingParams._validate: top_p / top_k / temperature range
+        raise EngineRequestError(f"invalid sampling options: {exc}") from None
+
+
+def _refuse_unservable(
+    options: SamplingOptions,
+    *,
+    logprobs_unavailable: str | None,
+    prompt_logprobs_unavailable: str | None,
+    top_logprobs_unavailable: str | None,
+    penalties_unavailable: str | None,
+) -> None:
+    """A request error for options out of range or that this engine cannot serve (each
+    `*_unavailable` says why, None where it can)."""
     if options.max_new_tokens < 1:
         raise EngineRequestError(f"max_new_tokens must be at least 1, got {options.max_new_tokens}")
     if options.repetition_penalty <= 0:
@@ -159,30 +197,33 @@ def to_sampling_params(
     )
     if penalised and penalties_unavailable:
         raise EngineRequestError(penalties_unavailable)
-    kwargs: dict[str, Any] = {
-        "max_tokens": options.max_new_tokens,
-        "end_id": eos_token_id,
-        "pad_id": eos_token_id if pad_token_id is None else pad_token_id,
-        "detokenize": False,  # we stream ids; text is built above the engine
-        "n": 1,
-    }
+
+
+def _decoding_kwargs(options: SamplingOptions) -> dict[str, Any]:
+    """How the next token is picked: greedy, or sampled with its temperature, top-k,
+    top-p and seed."""
     if options.greedy:
         # top_k=1 is greedy in every 1.x release (`_greedy_decoding`); temperature and top_p
         # stay unset: temperature=0 is only accepted by recent releases.
-        kwargs["top_k"] = 1
-        kwargs["seed"] = options.seed
-    else:
-        kwargs["temperature"] = options.temperature
+        return {"top_k": 1, "seed": options.seed}
+    return {
+        "temperature": options.temperature,
         # Set explicitly: top_k=0 means all logits; an unset top_p means the C++ default
         # (0.0 in older releases, which with top_k=0 silently turns sampling greedy).
-        kwargs["top_k"] = max(options.top_k, 0)
+        "top_k": max(options.top_k, 0),
         # 1.0 is off (the wire formats map their own spellings of "off" to it); an
         # out-of-range value goes through for SamplingParams to reject.
-        kwargs["top_p"] = options.top_p
+        "top_p": options.top_p,
         # seed=None means the C++ default seed 0 for every request: identical prompts would
         # sample identical text. Draw one per request unless the client fixed it.
-        kwargs["seed"] = options.seed if options.seed is not None else random.getrandbits(31)
-    # Neutral penalties stay unset so the runtime skips the penalty kernels.
+        "seed": options.seed if options.seed is not None else random.getrandbits(31),
+    }
+
+
+def _penalty_kwargs(options: SamplingOptions, prompt_len: int) -> dict[str, Any]:
+    """The penalties that are not neutral (neutral ones stay unset so the runtime skips the
+    penalty kernels)."""
+    kwargs: dict[str, Any] = {}
     if options.repetition_penalty != 1.0:
         kwargs["repetition_penalty"] = options.repetition_penalty
     if options.presence_penalty != 0.0:
@@ -192,6 +233,13 @@ def to_sampling_params(
     if (options.presence_penalty or options.frequency_penalty) and prompt_len > 0:
         # Upstream counts prompt tokens too unless told to skip them (PR #8127, in 1.2.0).
         kwargs["prompt_ignore_length"] = prompt_len
+    return kwargs
+
+
+def _ending_and_output_kwargs(options: SamplingOptions, eos_token_id: int) -> dict[str, Any]:
+    """What ends the answer (stop ids, ignore_eos, min_tokens) and what comes back with
+    it (logprobs, context logits)."""
+    kwargs: dict[str, Any] = {}
     stop_ids = [t for t in dict.fromkeys(options.stop_token_ids) if t != eos_token_id]
     if stop_ids:
         kwargs["stop_token_ids"] = stop_ids
@@ -206,15 +254,7 @@ def to_sampling_params(
         kwargs["logprobs"] = max(options.logprobs, 1)
     if options.prompt_logprobs is not None:
         kwargs["return_context_logits"] = True  # computed by us: see the module docstring
-    if options.guided is not None:
-        if options.guided.kind == "json_object":
-            kwargs["guided_decoding"] = GuidedDecodingParams(json_object=True)
-        else:
-            kwargs["guided_decoding"] = GuidedDecodingParams(json=options.guided.json_schema)
-    try:
-        return SamplingParams(**kwargs)
-    except ValueError as exc:  # SamplingParams._validate: top_p / top_k / temperature range
-        raise EngineRequestError(f"invalid sampling options: {exc}") from None
+    return kwargs
 
 
 def to_token_logprobs(token_ids: list[int], entries: list[Any], k: int) -> list[TokenLogprob]:
@@ -232,6 +272,52 @@ def to_token_logprobs(token_ids: list[int], entries: list[Any], k: int) -> list[
         top = tuple((int(t), float(lp.logprob)) for t, lp in ranked[:k])
         out.append(TokenLogprob(token_id=token, logprob=float(entry[token].logprob), top=top))
     return out
+
+
+@dataclass
+class _Step:
+    """One response's new tokens (the end token dropped), their logprob entries, and its
+    finish reason if it was the last."""
+
+    tokens: list[int]
+    entries: list[Any]
+    count: int  # the request's tokens so far, a dropped end token included
+    reason: FinishReason | None = None
+    stop_entry: tuple[int, Any] | None = None  # the dropped end token's entry (echo keeps it)
+
+    def logprobs(self, k: int) -> list[TokenLogprob]:
+        out = to_token_logprobs(self.tokens, self.entries, k)
+        if self.stop_entry is not None:
+            out += to_token_logprobs([self.stop_entry[0]], [self.stop_entry[1]], k)
+        return out
+
+
+def _read_step(
+    output: Any,
+    sampling: SamplingOptions,
+    count: int,
+    max_new: int,
+    stop_ids: frozenset[int],
+    echo: bool,
+) -> _Step:
+    """A response (`RequestOutput`) of a request that had `count` tokens before it."""
+    completion = output.outputs[0]
+    tokens = list(completion.token_ids_diff)
+    entries = list(completion.logprobs_diff) if sampling.logprobs is not None else []
+    step = _Step(tokens, entries, count + len(tokens))
+    if not output.finished:
+        return step
+    reason = FINISH_REASONS.get(completion.finish_reason or "")
+    if reason is None:  # not reported: infer it from the count
+        reason = "length" if step.count >= max_new else "stop"
+    step.reason = reason
+    # Whether the runtime returns the end token is not pinned down; we never do.
+    if reason == "stop" and tokens and tokens[-1] in stop_ids:
+        stopped = tokens.pop()
+        if echo and len(entries) > len(tokens):  # echo keeps its logprob
+            step.stop_entry = (stopped, entries[len(tokens)])
+        step.entries = entries[: len(tokens)]
+    return step
 
 
 def _prompt_logprobs(
@@ -455,32 +541,8 @@ class LlmApiEngine:
         if prefill_only and not echo:  # nothing to compute
             yield TokenDelta([], "length")
             return
-        params = to_sampling_params(
-            replace(sampling, max_new_tokens=max_new),
-            self.eos_token_id,
-            self.pad_token_id,
-            prompt_len=len(prompt_ids),
-            logprobs_unavailable=self.logprobs_unavailable,
-            prompt_logprobs_unavailable=self.prompt_logprobs_unavailable,
-            top_logprobs_unavailable=self.top_logprobs_unavailable,
-            penalties_unavailable=self.penalties_unavailable,
-        )
         stop_ids = stop_ids_for(self.eos_token_id, sampling)
-        if not self._results:  # work pending from now: the heartbeat counts from here
-            self._progress_at = time.monotonic()
-        try:
-            result = self.llm.generate_async(
-                list(prompt_ids), sampling_params=params, streaming=True
-            )
-        except ValueError as exc:  # refused for its inputs (_check_arguments, SamplingParams)
-            raise EngineRequestError(str(exc)) from None
-        except Exception as exc:
-            raise self._failed(request_id, exc) from exc
-        self._results[request_id] = result
-        if sampling.guided is not None:
-            self._guided.add(request_id)
-        self._aborted.discard(request_id)
-        self._stats_submitted()
+        result = self._submit(request_id, prompt_ids, sampling, max_new)
         count = 0
         finished = False
         prompt_lps: list[TokenLogprob] | None = None  # until sent with the first delta
@@ -501,34 +563,17 @@ class LlmApiEngine:
                     finished = output.finished
                     yield TokenDelta([], "length", prompt_logprobs=prompt_lps)
                     return  # `finally` aborts it if the runtime is not done with it
-                completion = output.outputs[0]
-                tokens = list(completion.token_ids_diff)
-                entries = list(completion.logprobs_diff) if sampling.logprobs is not None else []
-                count += len(tokens)
-                reason = None
-                stop_entry: tuple[int, Any] | None = None
-                if output.finished:
-                    reason = FINISH_REASONS.get(completion.finish_reason or "")
-                    if reason is None:  # not reported: infer it from the count
-                        reason = "length" if count >= max_new else "stop"
-                    # Whether the runtime returns the end token is not pinned down; we never do.
-                    if reason == "stop" and tokens and tokens[-1] in stop_ids:
-                        stopped = tokens.pop()
-                        if echo and len(entries) > len(tokens):  # echo keeps its logprob
-                            stop_entry = (stopped, entries[len(tokens)])
-                        entries = entries[: len(tokens)]
-                if tokens or reason:
+                step = _read_step(output, sampling, count, max_new, stop_ids, echo)
+                count = step.count
+                if step.tokens or step.reason:
                     if not prompt_sent and prompt_lps is None:
                         raise EngineError("TensorRT-LLM returned no context logits")
-                    finished = reason is not None
-                    logprobs = None
-                    if sampling.logprobs is not None:
-                        logprobs = to_token_logprobs(tokens, entries, sampling.logprobs)
-                        if stop_entry is not None:
-                            logprobs += to_token_logprobs(
-                                [stop_entry[0]], [stop_entry[1]], sampling.logprobs
-                            )
-                    yield TokenDelta(tokens, reason, logprobs, None if prompt_sent else prompt_lps)
+                    finished = step.reason is not None
+                    k = sampling.logprobs
+                    logprobs = None if k is None else step.logprobs(k)
+                    yield TokenDelta(
+                        step.tokens, step.reason, logprobs, None if prompt_sent else prompt_lps
+                    )
                     prompt_sent = True
                 if finished:
                     return
@@ -539,12 +584,48 @@ class LlmApiEngine:
         finally:
             # Client gone (aclose -> GeneratorExit, task cancelled -> CancelledError) or an
             # error: free the sequence's batch slot and KV cache now, not at max_tokens.
-            self._results.pop(request_id, None)
-            self._guided.discard(request_id)
-            if not finished:
-                self._abort_result(request_id, result)
-            self._aborted.discard(request_id)
-            self._ended.discard(request_id)
+            self._release(request_id, result, finished)
+
+    def _submit(
+        self, request_id: str, prompt_ids: list[int], sampling: SamplingOptions, max_new: int
+    ) -> Any:
+        """Hand the request to the executor (`max_new` tokens at most) and keep its
+        streaming result."""
+        params = to_sampling_params(
+            replace(sampling, max_new_tokens=max_new),
+            self.eos_token_id,
+            self.pad_token_id,
+            prompt_len=len(prompt_ids),
+            logprobs_unavailable=self.logprobs_unavailable,
+            prompt_logprobs_unavailable=self.prompt_logprobs_unavailable,
+            top_logprobs_unavailable=self.top_logprobs_unavailable,
+            penalties_unavailable=self.penalties_unavailable,
+        )
+        if not self._results:  # work pending from now: the heartbeat counts from here
+            self._progress_at = time.monotonic()
+        try:
+            result = self.llm.generate_async(
+                list(prompt_ids), sampling_params=params, streaming=True
+            )
+        except ValueError as exc:  # refused for its inputs (_check_arguments, SamplingParams)
+            raise EngineRequestError(str(exc)) from None
+        except Exception as exc:
+            raise self._failed(request_id, exc) from exc
+        self._results[request_id] = result
+        if sampling.guided is not None:
+            self._guided.add(request_id)
+        self._aborted.discard(request_id)
+        self._stats_submitted()
+        return result
+
+    def _release(self, request_id: str, result: Any, finished: bool) -> None:
+        """Forget a request that ended, and cancel it in the executor unless it finished."""
+        self._results.pop(request_id, None)
+        self._guided.discard(request_id)
+        if not finished:
+            self._abort_result(request_id, result)
+        self._aborted.discard(request_id)
+        self._ended.discard(request_id)
 
     def abort(self, request_id: str) -> None:
         result = self._results.get(request_id)
@@ -704,26 +785,10 @@ class TrtLlmEngine(LlmApiEngine):
         `gpu` None means detect it (NVML: no CUDA context in this process). `config` (config.json) and
         `built_capability` (from the build manifest) come from the `Artifact` when the
         caller has it; otherwise they are read from `engine_dir`."""
-        # Imported here so the package imports (and its tests run) without tensorrt_llm.
-        try:
-            import tensorrt_llm
-
-            check_engine_runtime(tensorrt_llm.__version__)  # 1.3+: no _tensorrt_engine
-            from tensorrt_llm._tensorrt_engine import LLM
-            from tensorrt_llm.llmapi import RequestError
-        except ImportError as exc:
-            raise EngineCheckError(
-                f"{engine_dir} is a TensorRT-LLM engine but tensorrt_llm cannot be imported "
-                f"({exc}); serve it from the TensorRT-LLM 1.2.x release image"
-            ) from exc
-
+        tensorrt_llm, LLM, RequestError = _import_engine_runtime(engine_dir)
         engine_dir = Path(engine_dir)
         if config is None:
-            config = read_engine_config(engine_dir)
-            manifest = read_manifest(engine_dir)
-            built_capability = (
-                manifest.gpu.compute_capability if manifest and manifest.gpu else None
-            )
+            config, built_capability = _read_engine_dir(engine_dir)
         built = check_engine(
             engine_dir,
             config,
@@ -734,84 +799,156 @@ class TrtLlmEngine(LlmApiEngine):
             max_seq_len=settings.max_seq_len,
             tokenizer_vocab_size=tokenizer_vocab_size,
         )
-        build_config = config.get("build_config", {})
-        # Prompts longer than the engine's max_num_tokens need chunked prefill
-        # (llmapi/llm_args.py: enable_chunked_prefill, default False), which needs an
-        # engine built with paged context FMHA, as `build.py engine` builds them.
-        chunked = bool(build_config.get("plugin_config", {}).get("use_paged_context_fmha"))
-        # Logprobs come from the generation logits, which the engine must gather
-        # (`_check_arguments`: logprobs need LLM(gather_generation_logits=True)).
-        gathers_logits = bool(build_config.get("gather_generation_logits"))
-        # Prompt logprobs (echo) come from the context logits, gathered only if built so.
-        gathers_context = bool(build_config.get("gather_context_logits"))
-        kwargs: dict[str, Any] = {
-            "kv_cache_config": kv_cache_config(settings),
-            "scheduler_config": scheduler_config(settings),
-            "enable_chunked_prefill": chunked,
-            "guided_decoding_backend": "xgrammar",
-        }
+        features = BuiltFeatures.of(config)
         # Aborting a request with logprobs while generation logits are gathered crashes the
         # executor (upstream issue 10810: 1.1.0, 1.2.0rc7), and every client disconnect is an
         # abort. Off unless verify-gpu showed this release survives it; then the runtime
         # switch stays off too (it also forces the single-process worker).
-        serves_logprobs = gathers_logits and settings.trtllm_logprobs_abort_safe
-        if serves_logprobs:
-            kwargs["gather_generation_logits"] = True
-        try:
-            llm = LLM(model=str(engine_dir), tokenizer=str(engine_dir), **kwargs)
-        except Exception as exc:
-            raise EngineError(f"TensorRT-LLM could not start {engine_dir}: {exc}") from exc
-        limits = effective_limits(built, settings)
-        pretrained = config["pretrained_config"]
-        info = EngineInfo(
-            name="tensorrt_llm",
-            details={
-                "engine_dir": str(engine_dir),
-                "tensorrt_llm_version": tensorrt_llm.__version__,
-                "built_with": config.get("version"),
-                "architecture": pretrained.get("architecture"),
-                "dtype": pretrained.get("dtype"),
-                "world_size": world_size(config),
-                "built_limits": vars(built),
-                "kv_cache_free_gpu_memory_fraction": settings.kv_cache_free_gpu_memory_fraction,
-                "capacity_scheduler_policy": settings.trtllm_capacity_scheduler_policy,
-                "chunked_prefill": chunked,
-                "logprobs": serves_logprobs,
-                "prompt_logprobs": gathers_context,
-            },
-        )
+        serves_logprobs = features.gathers_logits and settings.trtllm_logprobs_abort_safe
+        llm = _start_llm(LLM, engine_dir, settings, features, serves_logprobs)
+        vocab_size = int(config["pretrained_config"].get("vocab_size") or 0)
         return cls(
             llm,
-            limits=limits,
+            limits=effective_limits(built, settings),
             eos_token_id=eos_token_id,
             pad_token_id=pad_token_id,
-            info=info,
+            info=_engine_info(
+                engine_dir, config, built, settings, tensorrt_llm.__version__, serves_logprobs
+            ),
             request_error=RequestError,
             logprobs_unavailable=None
             if serves_logprobs
-            else (
-                "logprobs need engine=trtllm_pytorch (serve the checkpoint): this engine "
-                "gathers generation logits, but TensorRT-LLM 1.1.0 and 1.2.0rc7 crash when a "
-                "request with logprobs is aborted (any client disconnect); "
-                "trtllm_logprobs_abort_safe=true serves them once verify-gpu's abort check "
-                "passed with it on this release"
-                if gathers_logits
-                else "logprobs need engine=trtllm_pytorch (serve the checkpoint): engines from "
-                "build.py engine do not gather generation logits"
-            ),
-            prompt_logits=PromptLogitsBudget(
-                prompt_logits_limit(settings), int(pretrained.get("vocab_size") or 0)
-            )
-            if gathers_context
+            else logprobs_unavailable(features.gathers_logits),
+            prompt_logits=PromptLogitsBudget(prompt_logits_limit(settings), vocab_size)
+            if features.gathers_context
             else None,
             prompt_logprobs_unavailable=None
-            if gathers_context
-            else (
-                "echo with logprobs (prompt logprobs) is not available from this TensorRT "
-                "engine: it was built without gather_context_logits (serve the checkpoint "
-                "with engine=trtllm_pytorch)"
-            ),
+            if features.gathers_context
+            else ENGINE_PROMPT_LOGPROBS_UNAVAILABLE,
         )
+
+
+def _read_engine_dir(engine_dir: Path) -> tuple[dict[str, Any], str | None]:
+    """An engine directory's config.json, and the compute capability its build manifest
+    says it was built for (None without one)."""
+    config = read_engine_config(engine_dir)
+    manifest = read_manifest(engine_dir)
+    return config, manifest.gpu.compute_capability if manifest and manifest.gpu else None
+
+
+def _start_llm(
+    LLM: Any, engine_dir: Path, settings: TrtllmSettings, features: BuiltFeatures, logprobs: bool
+) -> Any:
+    """TensorRT-LLM's LLM API over the engine directory (its tokenizer files too:
+    xgrammar builds its tables from them)."""
+    kwargs: dict[str, Any] = {
+        "kv_cache_config": kv_cache_config(settings),
+        "scheduler_config": scheduler_config(settings),
+        "enable_chunked_prefill": features.chunked_prefill,
+        "guided_decoding_backend": "xgrammar",
+    }
+    if logprobs:
+        kwargs["gather_generation_logits"] = True
+    try:
+        return LLM(model=str(engine_dir), tokenizer=str(engine_dir), **kwargs)
+    except Exception as exc:
+        raise EngineError(f"TensorRT-LLM could not start {engine_dir}: {exc}") from exc
+
+
+def _engine_info(
+    engine_dir: Path,
+    config: dict[str, Any],
+    built: EngineLimits,
+    settings: TrtllmSettings,
+    version: str,
+    serves_logprobs: bool,
+) -> EngineInfo:
+    """What `/v1/models` and the start-up log say of a TensorRT engine."""
+    pretrained = config["pretrained_config"]
+    features = BuiltFeatures.of(config)
+    return EngineInfo(
+        name="tensorrt_llm",
+        details={
+            "engine_dir": str(engine_dir),
+            "tensorrt_llm_version": version,
+            "built_with": config.get("version"),
+            "architecture": pretrained.get("architecture"),
+            "dtype": pretrained.get("dtype"),
+            "world_size": world_size(config),
+            "built_limits": vars(built),
+            "kv_cache_free_gpu_memory_fraction": settings.kv_cache_free_gpu_memory_fraction,
+            "capacity_scheduler_policy": settings.trtllm_capacity_scheduler_policy,
+            "chunked_prefill": features.chunked_prefill,
+            "logprobs": serves_logprobs,
+            "prompt_logprobs": features.gathers_context,
+        },
+    )
+
+
+def _import_engine_runtime(engine_dir: Path) -> tuple[Any, Any, type[BaseException]]:
+    """tensorrt_llm, its TensorRT-engine `LLM` and its `RequestError`, imported here so the
+    package imports (and its tests run) without tensorrt_llm."""
+    try:
+        import tensorrt_llm
+
+        check_engine_runtime(tensorrt_llm.__version__)  # 1.3+: no _tensorrt_engine
+        from tensorrt_llm._tensorrt_engine import LLM
+        from tensorrt_llm.llmapi import RequestError
+    except ImportError as exc:
+        raise EngineCheckError(
+            f"{engine_dir} is a TensorRT-LLM engine but tensorrt_llm cannot be imported "
+            f"({exc}); serve it from the TensorRT-LLM 1.2.x release image"
+        ) from exc
+    return tensorrt_llm, LLM, RequestError
+
+
+@dataclass(frozen=True)
+class BuiltFeatures:
+    """What a TensorRT engine was built with that decides what it serves."""
+
+    # Prompts longer than the engine's max_num_tokens need chunked prefill
+    # (llmapi/llm_args.py: enable_chunked_prefill, default False), which needs an
+    # engine built with paged context FMHA, as `build.py engine` builds them.
+    chunked_prefill: bool
+    # Logprobs come from the generation logits, which the engine must gather
+    # (`_check_arguments`: logprobs need LLM(gather_generation_logits=True)).
+    gathers_logits: bool
+    # Prompt logprobs (echo) come from the context logits, gathered only if built so.
+    gathers_context: bool
+
+    @classmethod
+    def of(cls, config: dict[str, Any]) -> BuiltFeatures:
+        build_config = config.get("build_config", {})
+        return cls(
+            chunked_prefill=bool(
+                build_config.get("plugin_config", {}).get("use_paged_context_fmha")
+            ),
+            gathers_logits=bool(build_config.get("gather_generation_logits")),
+            gathers_context=bool(build_config.get("gather_context_logits")),
+        )
+
+
+def logprobs_unavailable(gathers_logits: bool) -> str:
+    """Why a TensorRT engine that does not serve logprobs refuses them."""
+    if gathers_logits:
+        return (
+            "logprobs need engine=trtllm_pytorch (serve the checkpoint): this engine "
+            "gathers generation logits, but TensorRT-LLM 1.1.0 and 1.2.0rc7 crash when a "
+            "request with logprobs is aborted (any client disconnect); "
+            "trtllm_logprobs_abort_safe=true serves them once verify-gpu's abort check "
+            "passed with it on this release"
+        )
+    return (
+        "logprobs need engine=trtllm_pytorch (serve the checkpoint): engines from "
+        "build.py engine do not gather generation logits"
+    )
+
+
+ENGINE_PROMPT_LOGPROBS_UNAVAILABLE = (
+    "echo with logprobs (prompt logprobs) is not available from this TensorRT "
+    "engine: it was built without gather_context_logits (serve the checkpoint "
+    "with engine=trtllm_pytorch)"
+)
 
 
 def effective_limits(built: EngineLimits, settings: TrtllmSettings) -> EngineLimits:

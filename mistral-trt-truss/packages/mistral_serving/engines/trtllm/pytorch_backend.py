@@ -102,16 +102,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
         pad_token_id: int | None = None,
         config: dict[str, Any] | None = None,
     ) -> TrtLlmPytorchEngine:
-        try:
-            import tensorrt_llm
-            from tensorrt_llm import LLM
-            from tensorrt_llm.llmapi import RequestError
-            from tensorrt_llm.llmapi.llm_args import CudaGraphConfig
-        except ImportError as exc:
-            raise EngineCheckError(
-                f"engine=trtllm_pytorch but tensorrt_llm cannot be imported ({exc}); serve "
-                "from the TensorRT-LLM release image, or set engine=pytorch"
-            ) from exc
+        tensorrt_llm, LLM, RequestError, CudaGraphConfig = _import_backend()
         if settings.trtllm_sampler == "trtllm" and not trtllm_sampler_exists(
             tensorrt_llm.__version__
         ):
@@ -129,28 +120,7 @@ class TrtLlmPytorchEngine(LlmApiEngine):
                 "serve it with engine=tensorrt_llm or auto)"
             )
         limits = checkpoint_limits(config, settings)
-        try:
-            llm = LLM(
-                model=str(checkpoint_dir),
-                tokenizer=str(checkpoint_dir),  # xgrammar builds its tables from it
-                kv_cache_config=kv_cache_config(settings),
-                scheduler_config=scheduler_config(settings),
-                max_seq_len=limits.max_seq_len,
-                max_batch_size=limits.max_batch_size,
-                max_num_tokens=settings.max_num_tokens,
-                enable_chunked_prefill=True,
-                guided_decoding_backend="xgrammar",
-                enable_iter_perf_stats=True,
-                sampler_type=SAMPLER_TYPES[settings.trtllm_sampler],
-                cuda_graph_config=CudaGraphConfig(
-                    enable_padding=settings.trtllm_cuda_graph_padding,
-                    max_batch_size=limits.max_batch_size,
-                ),
-            )
-        except Exception as exc:
-            raise EngineError(
-                f"TensorRT-LLM (PyTorch backend) could not start {checkpoint_dir}: {exc}"
-            ) from exc
+        llm = _start_llm(LLM, CudaGraphConfig, checkpoint_dir, settings, limits)
         info = EngineInfo(
             name="trtllm_pytorch",
             details={
@@ -181,3 +151,52 @@ class TrtLlmPytorchEngine(LlmApiEngine):
                 prompt_logits_limit(settings), int(config.get("vocab_size") or 0)
             ),
         )
+
+
+def _import_backend() -> tuple[Any, Any, type[BaseException], Any]:
+    """tensorrt_llm, its `LLM`, `RequestError` and `CudaGraphConfig`, imported here so the
+    package imports (and its tests run) without tensorrt_llm."""
+    try:
+        import tensorrt_llm
+        from tensorrt_llm import LLM
+        from tensorrt_llm.llmapi import RequestError
+        from tensorrt_llm.llmapi.llm_args import CudaGraphConfig
+    except ImportError as exc:
+        raise EngineCheckError(
+            f"engine=trtllm_pytorch but tensorrt_llm cannot be imported ({exc}); serve "
+            "from the TensorRT-LLM release image, or set engine=pytorch"
+        ) from exc
+    return tensorrt_llm, LLM, RequestError, CudaGraphConfig
+
+
+def _start_llm(
+    LLM: Any,
+    CudaGraphConfig: Any,
+    checkpoint_dir: Path,
+    settings: TrtllmSettings,
+    limits: EngineLimits,
+) -> Any:
+    """TensorRT-LLM's PyTorch backend over the checkpoint, with the settings' limits,
+    scheduler, sampler and CUDA graphs."""
+    try:
+        return LLM(
+            model=str(checkpoint_dir),
+            tokenizer=str(checkpoint_dir),  # xgrammar builds its tables from it
+            kv_cache_config=kv_cache_config(settings),
+            scheduler_config=scheduler_config(settings),
+            max_seq_len=limits.max_seq_len,
+            max_batch_size=limits.max_batch_size,
+            max_num_tokens=settings.max_num_tokens,
+            enable_chunked_prefill=True,
+            guided_decoding_backend="xgrammar",
+            enable_iter_perf_stats=True,
+            sampler_type=SAMPLER_TYPES[settings.trtllm_sampler],
+            cuda_graph_config=CudaGraphConfig(
+                enable_padding=settings.trtllm_cuda_graph_padding,
+                max_batch_size=limits.max_batch_size,
+            ),
+        )
+    except Exception as exc:
+        raise EngineError(
+            f"TensorRT-LLM (PyTorch backend) could not start {checkpoint_dir}: {exc}"
+        ) from exc
